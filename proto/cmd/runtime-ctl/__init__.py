@@ -1,0 +1,1 @@
+"""`lj-runtime-ctl`: inspect a Runtime through the project's client."""

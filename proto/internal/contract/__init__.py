@@ -1,0 +1,1 @@
+"""Tooling for the Runtime contract: the additive-only compatibility check."""

@@ -1,0 +1,19 @@
+"""Feature gates: which features a Runtime version supports (DESIGN section 6)."""
+
+from lj_runtimekit.proto.pkg.featuregate.gates import (
+    BASE_MINIMUM,
+    FEATURE_MINIMUMS,
+    Feature,
+    GateReport,
+    RuntimeTooOldError,
+    evaluate,
+)
+
+__all__ = [
+    "BASE_MINIMUM",
+    "FEATURE_MINIMUMS",
+    "Feature",
+    "GateReport",
+    "RuntimeTooOldError",
+    "evaluate",
+]

@@ -1,0 +1,92 @@
+"""The device assignment a scheduler records on a pod, and its encoding.
+
+The Scheduler Framework writes it (annotation `annotations.assigned_devices`),
+the Device Plugin reads it in Allocate and records what it really allocated
+(`annotations.allocated_devices`, same encoding), the Exporter reads both.
+
+Encoding: a JSON object, container name -> list of device shares; a share is
+`{"id": "<device or MIG instance id>"}` for a whole device, or
+`{"id": "...", "core": <1..100>, "memory": <1..100>}` for a TDM slice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class AssignmentError(ValueError):
+    """A malformed assignment annotation; the message says what is wrong."""
+
+
+@dataclass(frozen=True, order=True)
+class DeviceShare:
+    """What one container gets of one device: the whole device, or a slice."""
+
+    device_id: str
+    core_percent: int = 0
+    memory_percent: int = 0
+
+    @property
+    def whole(self) -> bool:
+        """True when the whole device (or MIG instance) is given."""
+        return self.core_percent == 0 and self.memory_percent == 0
+
+
+PodAssignment = Mapping[str, tuple[DeviceShare, ...]]
+"""Container name -> the device shares it gets."""
+
+
+def encode_assignment(assignment: PodAssignment) -> str:
+    """Encode an assignment as compact, key-sorted JSON."""
+    out: dict[str, list[dict[str, object]]] = {}
+    for container, shares in sorted(assignment.items()):
+        items: list[dict[str, object]] = []
+        for share in shares:
+            item: dict[str, object] = {"id": share.device_id}
+            if not share.whole:
+                item["core"] = share.core_percent
+                item["memory"] = share.memory_percent
+            items.append(item)
+        out[container] = items
+    return json.dumps(out, separators=(",", ":"), sort_keys=True)
+
+
+def _percent(item: Mapping[str, object], key: str, where: str) -> int:
+    value = item.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 100:
+        raise AssignmentError(f"{where}.{key}: must be an integer 0..100, got {value!r}")
+    return value
+
+
+def decode_assignment(text: str) -> dict[str, tuple[DeviceShare, ...]]:
+    """Decode an assignment annotation; raise AssignmentError naming the bad part."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise AssignmentError(f"not valid JSON: {exc.msg} at character {exc.pos}") from exc
+    if not isinstance(data, dict):
+        raise AssignmentError("must be a JSON object of container name -> list of devices")
+    result: dict[str, tuple[DeviceShare, ...]] = {}
+    for container, items in data.items():
+        if not isinstance(items, list):
+            raise AssignmentError(f"{container}: must be a list of devices")
+        shares: list[DeviceShare] = []
+        for i, item in enumerate(items):
+            where = f"{container}[{i}]"
+            if not isinstance(item, dict):
+                raise AssignmentError(f"{where}: must be an object with an 'id'")
+            device_id = item.get("id")
+            if not isinstance(device_id, str) or not device_id:
+                raise AssignmentError(f"{where}.id: must be a non-empty string")
+            unknown = set(item) - {"id", "core", "memory"}
+            if unknown:
+                raise AssignmentError(f"{where}: unknown fields {sorted(unknown)}")
+            shares.append(
+                DeviceShare(
+                    device_id, _percent(item, "core", where), _percent(item, "memory", where)
+                )
+            )
+        result[str(container)] = tuple(shares)
+    return result

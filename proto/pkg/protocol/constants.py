@@ -1,0 +1,217 @@
+"""Loader of `protocol.yaml`: flat dotted keys, built-in defaults (DESIGN section 3).
+
+Changing a resource name is a ConfigMap edit and a restart, never a rebuild.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import yaml
+
+DEFAULTS: Mapping[str, str] = MappingProxyType(
+    {
+        "resources.gpu": "alibabacloud.com/gpu",
+        "resources.core": "alibabacloud.com/gpu-core.percentage",
+        "resources.memory": "alibabacloud.com/gpu-memory.percentage",
+        "resources.ppu": "alibabacloud.com/ppu",
+        "resources.amd": "alibabacloud.com/amd-gpu",
+        "resources.mig_prefix": "alibabacloud.com",
+        "labels.enable": "lj_runtimekit_enable",
+        "labels.device_kind": "lingjun.com/device-kind",
+        "labels.device_model": "lingjun.com/device-model",
+        "labels.device_count": "lingjun.com/device-count",
+        "labels.device_mode": "lingjun.com/device-mode",
+        "labels.runtime_version": "lingjun.com/runtime-version",
+        "labels.topology_block": "lingjun.com/topology-block",
+        "labels.topology_switch": "lingjun.com/topology-switch",
+        "annotations.assigned_devices": "lingjun.com/assigned-devices",
+        "annotations.assume_time": "lingjun.com/assume-time",
+        "annotations.bind_phase": "lingjun.com/bind-phase",
+        "annotations.allocated_devices": "lingjun.com/allocated-devices",
+        "annotations.gpu_policy": "lingjun.com/gpu-policy",
+        "annotations.gang_group": "lingjun.com/gang-group",
+        "annotations.gang_min_members": "lingjun.com/gang-min-members",
+        "annotations.gang_timeout_seconds": "lingjun.com/gang-timeout-seconds",
+        "annotations.gang_topology": "lingjun.com/gang-topology",
+    }
+)
+
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN_RE = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+_NAME_RE = re.compile(rf"^{_NAME}$")
+
+
+class ProtocolError(ValueError):
+    """A protocol file that cannot be used; the message names the key and the file."""
+
+
+def _check_prefix(prefix: str) -> str | None:
+    if len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix):
+        return f"prefix {prefix!r} is not a DNS subdomain (lowercase, dots, at most 253 characters)"
+    return None
+
+
+def _check_qualified_name(value: str, *, prefix_required: bool) -> str | None:
+    prefix, slash, name = value.rpartition("/")
+    if not slash:
+        if prefix_required:
+            return f"{value!r} needs a domain prefix, e.g. example.com/{value}"
+        name = value
+    elif (problem := _check_prefix(prefix)) is not None:
+        return problem
+    if len(name) > 63 or not _NAME_RE.match(name):
+        return (
+            f"name {name!r} must be at most 63 characters of alphanumerics, '-', '_' or '.',"
+            " starting and ending with an alphanumeric"
+        )
+    return None
+
+
+def _check_extended_resource(value: str) -> str | None:
+    problem = _check_qualified_name(value, prefix_required=True)
+    if problem is not None:
+        return f"{value!r} is not a valid extended resource name: {problem}"
+    prefix = value.rpartition("/")[0]
+    if prefix == "kubernetes.io" or prefix.endswith(".kubernetes.io"):
+        return (
+            f"{value!r} is not a valid extended resource name: the kubernetes.io domain is reserved"
+        )
+    return None
+
+
+def _check_key(value: str) -> str | None:
+    problem = _check_qualified_name(value, prefix_required=False)
+    return None if problem is None else f"{value!r} is not a valid label/annotation key: {problem}"
+
+
+def _checker(key: str) -> Callable[[str], str | None]:
+    if key == "resources.mig_prefix":
+        return _check_prefix
+    if key.startswith("resources."):
+        return _check_extended_resource
+    return _check_key
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Extended resource names."""
+
+    gpu: str
+    core: str
+    memory: str
+    ppu: str
+    amd: str
+    mig_prefix: str
+
+    def mig(self, profile: str) -> str:
+        """Resource name of a MIG profile, e.g. `alibabacloud.com/mig-1g.10gb`."""
+        return f"{self.mig_prefix}/mig-{profile}"
+
+    def mig_profile(self, resource: str) -> str | None:
+        """The MIG profile of a resource name, or None when it is not a MIG resource."""
+        head = f"{self.mig_prefix}/mig-"
+        return resource[len(head) :] if resource.startswith(head) else None
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Node label keys."""
+
+    enable: str
+    device_kind: str
+    device_model: str
+    device_count: str
+    device_mode: str
+    runtime_version: str
+    topology_block: str
+    topology_switch: str
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """Pod annotation keys."""
+
+    assigned_devices: str
+    assume_time: str
+    bind_phase: str
+    allocated_devices: str
+    gpu_policy: str
+    gang_group: str
+    gang_min_members: str
+    gang_timeout_seconds: str
+    gang_topology: str
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """All protocol constants, grouped as in `protocol.yaml`."""
+
+    resources: Resources
+    labels: Labels
+    annotations: Annotations
+    source: str = "<built-in defaults>"
+
+    def as_flat(self) -> dict[str, str]:
+        """The flat dotted-key form, as written in `protocol.yaml`."""
+        flat: dict[str, str] = {}
+        for group in ("resources", "labels", "annotations"):
+            for name, value in vars(getattr(self, group)).items():
+                flat[f"{group}.{name}"] = value
+        return flat
+
+
+def _build(values: Mapping[str, str], source: str) -> Protocol:
+    def group(prefix: str) -> dict[str, str]:
+        return {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith(prefix + ".")}
+
+    return Protocol(
+        resources=Resources(**group("resources")),
+        labels=Labels(**group("labels")),
+        annotations=Annotations(**group("annotations")),
+        source=source,
+    )
+
+
+def parse_protocol(data: object, source: str) -> Protocol:
+    """Validate already-loaded YAML data of a protocol file named `source`."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{source}: expected a mapping of dotted keys to strings")
+    values = dict(DEFAULTS)
+    for key, value in data.items():
+        if key not in DEFAULTS:
+            raise ProtocolError(
+                f"{source}: unknown key {key!r}; known keys: {', '.join(sorted(DEFAULTS))}"
+            )
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise ProtocolError(f"{source}: key {key!r} has an empty value")
+        if not isinstance(value, str):
+            raise ProtocolError(f"{source}: key {key!r} must be a string, got {value!r}")
+        problem = _checker(key)(value)
+        if problem is not None:
+            raise ProtocolError(f"{source}: key {key!r}: {problem}")
+        values[key] = value
+    return _build(values, source)
+
+
+def load_protocol(path: str | Path | None = None) -> Protocol:
+    """Built-in defaults, overridden by the `protocol.yaml` file at `path` when given."""
+    if path is None:
+        return _build(DEFAULTS, "<built-in defaults>")
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProtocolError(f"{source}: cannot read protocol file: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ProtocolError(f"{source}: not valid YAML: {exc}") from exc
+    return parse_protocol(data, source)
