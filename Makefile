@@ -1,0 +1,55 @@
+# LJ Runtime Kit: top-level Makefile. `make help` lists the targets.
+SHELL := /usr/bin/env bash
+.DEFAULT_GOAL := help
+UV ?= uv
+
+##@ General
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z0-9_-]+:.*?##/ { printf "  %-22s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)
+
+##@ Development
+
+.PHONY: deps
+deps: ## Install everything the tests need (uv, Python deps, Debian packages, Kubernetes binaries)
+	bash hack/bootstrap.sh
+
+.PHONY: sync
+sync: ## Install the workspace into .venv (re-run after adding a module file)
+	bash hack/sync.sh
+
+.PHONY: generate
+generate: ## Generate Python and typed stubs from every .proto
+	$(UV) run bash hack/generate.sh
+
+.PHONY: check-generated
+check-generated: ## Fail when a generated stub is stale
+	$(UV) run bash hack/generate.sh --check
+
+.PHONY: check-contract
+check-contract: ## Fail when the Runtime contract lost, renumbered or retyped anything
+	$(UV) run python -m lj_runtimekit.proto.internal.contract.compat \
+		--released proto/released/runtime_v1.binpb --proto-root proto lingjun/runtime/v1/runtime.proto
+
+.PHONY: lint
+lint: check-generated check-contract ## ruff, mypy --strict, generated stubs and contract checks
+	$(UV) run ruff check .
+	$(UV) run ruff format --check .
+	$(UV) run python hack/typecheck.py
+
+.PHONY: test
+test: deps sync lint ## Run lint and every test (the CI command)
+	$(UV) run pytest
+
+.PHONY: build
+build: ## Build the wheel of every workspace member into dist/
+	bash hack/build-wheels.sh
+
+##@ Run
+
+.PHONY: sandbox
+sandbox: deps sync ## Start a Runtime simulator and show its devices (the local sandbox)
+	bash hack/sandbox.sh
+
+-include hack/mk/*.mk
