@@ -1,7 +1,7 @@
 # LJ Runtime Kit: top-level Makefile. `make help` lists the targets.
 SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
-UV ?= uv
+UV ?= $(shell command -v uv >/dev/null 2>&1 && echo uv || echo python3 -m uv)
 
 ##@ General
 
@@ -53,3 +53,14 @@ sandbox: deps sync ## Start a Runtime simulator and show its devices (the local 
 	bash hack/sandbox.sh
 
 -include hack/mk/*.mk
+
+##@ Benchmarks
+
+.PHONY: bench
+bench: deps sync ## Run every benchmark, write bench/results.json and print the table
+	@for member in $$(python3 hack/members.py); do \
+		if grep -q '^bench:' "$$member/Makefile" 2>/dev/null; then \
+			echo "== bench $$member"; $(MAKE) -C "$$member" bench || exit 1; \
+		fi; \
+	done
+	$(UV) run python hack/bench_merge.py

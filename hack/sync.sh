@@ -8,4 +8,5 @@ args=()
 while read -r name; do
   args+=(--reinstall-package "$name")
 done < <(python3 hack/members.py --names)
-uv sync --locked --quiet "${args[@]}"
+if command -v uv >/dev/null 2>&1; then uv=(uv); else uv=(python3 -m uv); fi
+"${uv[@]}" sync --locked --quiet "${args[@]}"
