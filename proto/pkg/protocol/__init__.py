@@ -16,18 +16,32 @@ from lj_runtimekit.proto.pkg.protocol.constants import (
     Resources,
     load_protocol,
 )
+from lj_runtimekit.proto.pkg.protocol.inventory import (
+    DeviceLink,
+    InventoryError,
+    MigSlot,
+    NodeDevice,
+    decode_inventory,
+    encode_inventory,
+)
 
 __all__ = [
     "DEFAULTS",
     "Annotations",
     "AssignmentError",
+    "DeviceLink",
     "DeviceShare",
+    "InventoryError",
     "Labels",
+    "MigSlot",
+    "NodeDevice",
     "PodAssignment",
     "Protocol",
     "ProtocolError",
     "Resources",
     "decode_assignment",
+    "decode_inventory",
     "encode_assignment",
+    "encode_inventory",
     "load_protocol",
 ]

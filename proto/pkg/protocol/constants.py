@@ -38,6 +38,7 @@ DEFAULTS: Mapping[str, str] = MappingProxyType(
         "annotations.gang_min_members": "lingjun.com/gang-min-members",
         "annotations.gang_timeout_seconds": "lingjun.com/gang-timeout-seconds",
         "annotations.gang_topology": "lingjun.com/gang-topology",
+        "annotations.node_devices": "lingjun.com/node-devices",
     }
 )
 
@@ -135,7 +136,7 @@ class Labels:
 
 @dataclass(frozen=True)
 class Annotations:
-    """Pod annotation keys."""
+    """Annotation keys (on pods, and `node_devices` on nodes)."""
 
     assigned_devices: str
     assume_time: str
@@ -146,6 +147,8 @@ class Annotations:
     gang_min_members: str
     gang_timeout_seconds: str
     gang_topology: str
+    node_devices: str
+    """Node annotation: the device inventory the Device Plugin publishes (inventory.py)."""
 
 
 @dataclass(frozen=True)
