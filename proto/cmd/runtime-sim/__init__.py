@@ -1,0 +1,1 @@
+"""lj-runtime-sim command."""

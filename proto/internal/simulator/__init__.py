@@ -1,0 +1,1 @@
+"""Runtime simulator: serves the lingjun.runtime.v1 contract from a YAML node description."""
