@@ -1,0 +1,46 @@
+"""LJ Runtime Kit envtest: a real Kubernetes control plane with KWOK nodes.
+
+The Python counterpart of controller-runtime's envtest (DESIGN section 7).
+"""
+
+from lj_runtimekit.envtest.controlplane import (
+    ControlPlane,
+    ControlPlaneConfig,
+    ControlPlaneError,
+    wait_for,
+)
+from lj_runtimekit.envtest.kwok import (
+    FAIL_EXIT_CODE_ANNOTATION,
+    FAIL_MESSAGE_ANNOTATION,
+    FAIL_REASON_ANNOTATION,
+    failure_annotations,
+)
+from lj_runtimekit.envtest.nodes import (
+    GROUP_LABEL,
+    GpuNodeSpec,
+    NodeFactory,
+    ProtocolNames,
+    Taint,
+    gpu_node_manifest,
+)
+from lj_runtimekit.envtest.versions import ToolsMissingError, find_tools, load_versions
+
+__all__ = [
+    "FAIL_EXIT_CODE_ANNOTATION",
+    "FAIL_MESSAGE_ANNOTATION",
+    "FAIL_REASON_ANNOTATION",
+    "GROUP_LABEL",
+    "ControlPlane",
+    "ControlPlaneConfig",
+    "ControlPlaneError",
+    "GpuNodeSpec",
+    "NodeFactory",
+    "ProtocolNames",
+    "Taint",
+    "ToolsMissingError",
+    "failure_annotations",
+    "find_tools",
+    "gpu_node_manifest",
+    "load_versions",
+    "wait_for",
+]

@@ -1,0 +1,352 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and, when
+asked, kube-controller-manager, kube-scheduler and KWOK.
+
+    with ControlPlane(ControlPlaneConfig(scheduler=True)) as cp:
+        api = cp.core_v1()
+        ...
+
+Every component runs in its own session and is torn down as a process group.
+State (PKI, kubeconfig, etcd data, logs) lives in one directory; it is removed
+after a clean stop and kept, with its path printed, after a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import ssl
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from lj_runtimekit.envtest import certs, kwok
+from lj_runtimekit.envtest.process import Process, ProcessExitedError, log_tail
+from lj_runtimekit.envtest.versions import find_tools
+
+SERVICE_CIDR = "10.0.0.0/24"
+POD_CIDR = "10.128.0.0/16"
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not start; the message names the component and its log."""
+
+
+@dataclass
+class ControlPlaneConfig:
+    """What to start and how.
+
+    `state_dir` None means a fresh temporary directory. `max_requests_inflight`
+    is raised from the API server default (400/200) so that benchmarks and
+    KWOK at scale are not throttled by the API server.
+    """
+
+    controller_manager: bool = True
+    scheduler: bool = True
+    kwok: bool = True
+    state_dir: Path | None = None
+    keep_state: bool = False
+    max_requests_inflight: int = 3000
+    max_mutating_requests_inflight: int = 1000
+    start_timeout_s: float = 90.0
+    extra_apiserver_args: list[str] = field(default_factory=list)
+    verbosity: int = 1
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def write_kubeconfig(path: Path, server: str, pki: certs.Pki, user: str = "admin") -> None:
+    """An admin kubeconfig with absolute paths to the PKI files."""
+    doc: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "envtest",
+                "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)},
+            }
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate": str(pki.admin_cert),
+                    "client-key": str(pki.admin_key),
+                },
+            }
+        ],
+        "contexts": [{"name": "envtest", "context": {"cluster": "envtest", "user": user}}],
+        "current-context": "envtest",
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    path.chmod(0o600)
+
+
+class ControlPlane:
+    """A started (or startable) control plane; see the module docstring."""
+
+    def __init__(self, config: ControlPlaneConfig | None = None) -> None:
+        self.config = config or ControlPlaneConfig()
+        self._tmp_owned = self.config.state_dir is None
+        self.state_dir = self.config.state_dir or Path(tempfile.mkdtemp(prefix="lj-envtest-"))
+        self.log_dir = self.state_dir / "logs"
+        self.kubeconfig_path = self.state_dir / "kubeconfig"
+        self.processes: list[Process] = []
+        self.pki: certs.Pki | None = None
+        self.apiserver_port = 0
+        self.etcd_port = 0
+        self.ready_s: float = 0.0
+        self._started = False
+        self._ssl: ssl.SSLContext | None = None
+
+    # -- public API -------------------------------------------------------------------------
+
+    @property
+    def server(self) -> str:
+        """https URL of the API server."""
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    def start(self) -> ControlPlane:
+        """Starts every configured component and waits until each is healthy."""
+        if self._started:
+            return self
+        began = time.monotonic()
+        try:
+            self._start()
+        except BaseException as exc:
+            self.stop(failed=True)
+            if isinstance(exc, ControlPlaneError | ProcessExitedError):
+                raise ControlPlaneError(f"{exc}\nlogs kept in {self.log_dir}") from None
+            raise
+        self.ready_s = time.monotonic() - began
+        self._started = True
+        return self
+
+    def stop(self, failed: bool = False) -> None:
+        """Stops every component (reverse order). Keeps the state directory on failure."""
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+        self._started = False
+        if failed or self.config.keep_state or not self._tmp_owned:
+            if failed:
+                print(f"envtest: control plane logs kept in {self.log_dir}", file=sys.stderr)
+            return
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def check_alive(self) -> None:
+        """Raises ControlPlaneError when a component has died."""
+        for proc in self.processes:
+            try:
+                proc.check_running()
+            except ProcessExitedError as exc:
+                raise ControlPlaneError(str(exc)) from None
+
+    def api_client(self) -> k8s_client.ApiClient:
+        """A new ApiClient for the admin user (close it, or use it as a context manager)."""
+        configuration = k8s_client.Configuration()
+        k8s_config.load_kube_config(
+            config_file=str(self.kubeconfig_path), client_configuration=configuration
+        )
+        configuration.connection_pool_maxsize = 32
+        return k8s_client.ApiClient(configuration)
+
+    def kubectl_argv(self, *args: str) -> list[str]:
+        """argv for kubectl against this control plane."""
+        tool = find_tools(("kubectl",))["kubectl"]
+        return [str(tool), f"--kubeconfig={self.kubeconfig_path}", *args]
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop(failed=exc is not None and not isinstance(exc, KeyboardInterrupt))
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        tools = find_tools()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        pki = certs.generate(self.state_dir / "pki")
+        self.pki = pki
+        self._ssl = ssl.create_default_context(cafile=str(pki.ca_cert))
+        self._ssl.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+        deadline = time.monotonic() + self.config.start_timeout_s
+
+        self.etcd_port = free_port()
+        peer_port = free_port()
+        etcd = self._spawn(
+            "etcd",
+            [
+                str(tools["etcd"]),
+                "--name=envtest",
+                f"--data-dir={self.state_dir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{self.etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{self.etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+                f"--initial-cluster=envtest=http://127.0.0.1:{peer_port}",
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes=8589934592",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_http(etcd, f"http://127.0.0.1:{self.etcd_port}/health", deadline)
+
+        self.apiserver_port = free_port()
+        write_kubeconfig(self.kubeconfig_path, self.server, pki)
+        apiserver = self._spawn(
+            "kube-apiserver",
+            [
+                str(tools["kube-apiserver"]),
+                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.apiserver_port}",
+                f"--cert-dir={self.state_dir / 'apiserver'}",
+                f"--tls-cert-file={pki.serving_cert}",
+                f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.sa_pub}",
+                f"--service-account-signing-key-file={pki.sa_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                f"--max-requests-inflight={self.config.max_requests_inflight}",
+                f"--max-mutating-requests-inflight={self.config.max_mutating_requests_inflight}",
+                "--profiling=false",
+                f"--v={self.config.verbosity}",
+                *self.config.extra_apiserver_args,
+            ],
+        )
+        self._wait_http(apiserver, f"{self.server}/readyz", deadline)
+
+        if self.config.controller_manager:
+            port = free_port()
+            kcm = self._spawn(
+                "kube-controller-manager",
+                [
+                    str(tools["kube-controller-manager"]),
+                    f"--kubeconfig={self.kubeconfig_path}",
+                    f"--authentication-kubeconfig={self.kubeconfig_path}",
+                    f"--authorization-kubeconfig={self.kubeconfig_path}",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={port}",
+                    f"--tls-cert-file={pki.serving_cert}",
+                    f"--tls-private-key-file={pki.serving_key}",
+                    f"--service-account-private-key-file={pki.sa_key}",
+                    f"--root-ca-file={pki.ca_cert}",
+                    f"--cluster-signing-cert-file={pki.ca_cert}",
+                    f"--cluster-signing-key-file={pki.ca_key}",
+                    f"--service-cluster-ip-range={SERVICE_CIDR}",
+                    "--use-service-account-credentials=false",
+                    "--leader-elect=false",
+                    "--kube-api-qps=500",
+                    "--kube-api-burst=1000",
+                    "--concurrent-job-syncs=10",
+                    f"--v={self.config.verbosity}",
+                ],
+            )
+        if self.config.scheduler:
+            sched_port = free_port()
+            scheduler = self._spawn(
+                "kube-scheduler",
+                [
+                    str(tools["kube-scheduler"]),
+                    f"--kubeconfig={self.kubeconfig_path}",
+                    f"--authentication-kubeconfig={self.kubeconfig_path}",
+                    f"--authorization-kubeconfig={self.kubeconfig_path}",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={sched_port}",
+                    f"--tls-cert-file={pki.serving_cert}",
+                    f"--tls-private-key-file={pki.serving_key}",
+                    "--leader-elect=false",
+                    f"--v={self.config.verbosity}",
+                ],
+            )
+        if self.config.kwok:
+            kwok_port = free_port()
+            stages = kwok.write_stages(self.state_dir / "kwok-stages.yaml")
+            kwok_proc = self._spawn(
+                "kwok", kwok.argv(tools["kwok"], self.kubeconfig_path, stages, kwok_port, POD_CIDR)
+            )
+        # Health checks after all spawns: the components start in parallel.
+        if self.config.controller_manager:
+            self._wait_http(kcm, f"https://127.0.0.1:{port}/healthz", deadline)
+        if self.config.scheduler:
+            self._wait_http(scheduler, f"https://127.0.0.1:{sched_port}/healthz", deadline)
+        if self.config.kwok:
+            self._wait_http(kwok_proc, f"http://127.0.0.1:{kwok_port}/healthz", deadline)
+
+    def _spawn(self, name: str, argv: list[str]) -> Process:
+        proc = Process(name, argv, self.log_dir / f"{name}.log")
+        proc.start()
+        self.processes.append(proc)
+        return proc
+
+    def _wait_http(self, proc: Process, url: str, deadline: float) -> None:
+        """Polls `url` until it answers 200 'ok'-ish, the process dies or time runs out."""
+        context = self._ssl if url.startswith("https") else None
+        last = "no answer yet"
+        while True:
+            proc.check_running()
+            try:
+                # url is built here from a loopback address: http or https only.
+                with urllib.request.urlopen(url, timeout=2, context=context) as resp:  # noqa: S310
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}"
+            except (urllib.error.URLError, OSError) as exc:
+                last = str(exc)
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    f"{proc.name} not healthy at {url} within "
+                    f"{self.config.start_timeout_s:.0f}s (last: {last}); "
+                    f"last lines of {proc.log_path}:\n{log_tail(proc.log_path)}"
+                )
+            time.sleep(0.1)
+
+
+def wait_for(
+    condition: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.2,
+    describe: Callable[[], str] | None = None,
+) -> None:
+    """Polls `condition` until true; TimeoutError naming `what` (and `describe()`) if not."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            detail = ""
+            if describe is not None:
+                with contextlib.suppress(Exception):
+                    detail = f"; last state: {describe()}"
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}{detail}")
+        time.sleep(interval_s)

@@ -1,0 +1,62 @@
+"""KWOK against the envtest API server: argv, pod lifecycle stages, failure annotations.
+
+KWOK manages only nodes annotated `kwok.x-k8s.io/node=fake` (the node factory
+sets it). Pod stages are in `kwok-stages.yaml` beside this module:
+
+- a pod bound to a fake node becomes Running;
+- a Running pod owned by a Job becomes Succeeded (exit code 0);
+- a Running pod annotated with FAIL_EXIT_CODE_ANNOTATION becomes Failed with
+  that exit code, FAIL_REASON_ANNOTATION (default "Error") and the termination
+  message FAIL_MESSAGE_ANNOTATION (default "failed by envtest"), on every
+  container and in the pod status. `failure_annotations()` builds them.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+FAKE_NODE_VALUE = "fake"
+FAIL_EXIT_CODE_ANNOTATION = "envtest.lj-runtimekit.io/exit-code"
+FAIL_REASON_ANNOTATION = "envtest.lj-runtimekit.io/reason"
+FAIL_MESSAGE_ANNOTATION = "envtest.lj-runtimekit.io/message"
+
+
+def failure_annotations(exit_code: int, message: str, reason: str = "Error") -> dict[str, str]:
+    """Pod annotations that make KWOK fail the pod's containers as asked."""
+    if not 1 <= exit_code <= 255:
+        raise ValueError(f"exit code must be in 1..255 for a failure, got {exit_code}")
+    if not message:
+        raise ValueError("a failure needs a non-empty termination message")
+    return {
+        FAIL_EXIT_CODE_ANNOTATION: str(exit_code),
+        FAIL_REASON_ANNOTATION: reason,
+        FAIL_MESSAGE_ANNOTATION: message,
+    }
+
+
+def stages_text() -> str:
+    """The Stage documents KWOK is started with."""
+    return resources.files("lj_runtimekit.envtest").joinpath("kwok-stages.yaml").read_text()
+
+
+def write_stages(path: Path) -> Path:
+    """Writes the stages to `path` (KWOK's --config) and returns it."""
+    path.write_text(stages_text())
+    return path
+
+
+def argv(binary: Path, kubeconfig: Path, stages: Path, port: int, pod_cidr: str) -> list[str]:
+    """Command line of the KWOK controller for the envtest control plane."""
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--config={stages}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}={FAKE_NODE_VALUE}",
+        f"--cidr={pod_cidr}",
+        "--node-ip=10.127.0.1",
+        f"--server-address=127.0.0.1:{port}",
+        "--node-lease-duration-seconds=40",
+    ]

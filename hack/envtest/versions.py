@@ -1,0 +1,105 @@
+"""Pinned tool versions (hack/versions.env) and where their binaries live."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+TOOLS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "helm",
+)
+
+_LINE = re.compile(r"^([A-Z0-9_]+)=(\S*)$")
+
+
+class ToolsMissingError(RuntimeError):
+    """The control plane binaries are not built; the message says how to get them."""
+
+
+@dataclass(frozen=True)
+class ToolVersions:
+    """Versions pinned in hack/versions.env."""
+
+    k8s: str
+    etcd: str
+    kwok: str
+    helm: str
+
+
+def parse_versions_env(text: str) -> dict[str, str]:
+    """Parses KEY=value lines; comments and blank lines are ignored."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _LINE.match(line)
+        if match is None:
+            raise ValueError(f"versions.env line {number}: expected KEY=value, got {raw!r}")
+        values[match.group(1)] = match.group(2)
+    return values
+
+
+def load_versions() -> ToolVersions:
+    """Reads the pinned versions; K8S_VERSION etc. in the environment override them."""
+    text = resources.files("lj_runtimekit.envtest").joinpath("versions.env").read_text()
+    values = parse_versions_env(text)
+    try:
+        return ToolVersions(
+            k8s=os.environ.get("K8S_VERSION") or values["K8S_VERSION"],
+            etcd=os.environ.get("ETCD_VERSION") or values["ETCD_VERSION"],
+            kwok=os.environ.get("KWOK_VERSION") or values["KWOK_VERSION"],
+            helm=os.environ.get("HELM_VERSION") or values["HELM_VERSION"],
+        )
+    except KeyError as exc:
+        raise ValueError(f"hack/versions.env lacks {exc.args[0]}") from None
+
+
+def cache_dir() -> Path:
+    """Root of the per-version tool cache (outside the repository)."""
+    configured = os.environ.get("LJ_RUNTIMEKIT_CACHE")
+    if configured:
+        return Path(configured)
+    return Path.home() / ".cache" / "lj-runtimekit"
+
+
+def version_dir(versions: ToolVersions | None = None) -> Path:
+    """Directory of one Kubernetes version's tools and build records."""
+    return cache_dir() / "k8s" / (versions or load_versions()).k8s
+
+
+def bin_dir(versions: ToolVersions | None = None) -> Path:
+    """Directory holding the binaries; LJ_RUNTIMEKIT_K8S_BIN overrides it."""
+    configured = os.environ.get("LJ_RUNTIMEKIT_K8S_BIN")
+    if configured:
+        return Path(configured)
+    return version_dir(versions) / "bin"
+
+
+def find_tools(names: tuple[str, ...] = TOOLS) -> dict[str, Path]:
+    """Paths of the named binaries; raises ToolsMissingError naming `make k8s-tools`."""
+    directory = bin_dir()
+    found: dict[str, Path] = {}
+    missing: list[str] = []
+    for name in names:
+        path = directory / name
+        if path.is_file() and os.access(path, os.X_OK):
+            found[name] = path
+        else:
+            missing.append(name)
+    if missing:
+        raise ToolsMissingError(
+            f"Kubernetes tools missing from {directory}: {', '.join(missing)}. "
+            "Build them with `make k8s-tools` (hack/k8s-tools.sh; a cold build takes "
+            "tens of minutes)."
+        )
+    return found

@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Provides the pinned Kubernetes tools (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubectl, kwok, helm), built from the
+# Go module proxy into a per-version cache outside the repository:
+#   ${LJ_RUNTIMEKIT_CACHE:-$HOME/.cache/lj-runtimekit}/k8s/<K8S_VERSION>/bin
+# Idempotent: a binary that exists and reports the pinned version through its
+# version command is kept. Static (CGO_ENABLED=0), -trimpath, stripped.
+#
+# Usage: hack/k8s-tools.sh            build what is missing, check everything
+#        hack/k8s-tools.sh --bin-dir  print the bin directory and exit
+#        hack/k8s-tools.sh --check    only check; exit 1 if something is missing
+# Versions come from hack/versions.env; K8S_VERSION, ETCD_VERSION,
+# KWOK_VERSION and HELM_VERSION in the environment override them.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+env_k8s=${K8S_VERSION-}
+env_etcd=${ETCD_VERSION-}
+env_kwok=${KWOK_VERSION-}
+env_helm=${HELM_VERSION-}
+# shellcheck source=/dev/null
+. "$root/hack/versions.env"
+K8S_VERSION=${env_k8s:-$K8S_VERSION}
+ETCD_VERSION=${env_etcd:-$ETCD_VERSION}
+KWOK_VERSION=${env_kwok:-$KWOK_VERSION}
+HELM_VERSION=${env_helm:-$HELM_VERSION}
+
+die() { echo "k8s-tools: error: $*" >&2; exit 1; }
+log() { echo "k8s-tools: $*" >&2; }
+
+[[ $K8S_VERSION =~ ^v1\.([0-9]+)\.([0-9]+)$ ]] \
+  || die "K8S_VERSION must look like v1.34.4, got '$K8S_VERSION'"
+k8s_minor=${BASH_REMATCH[1]}
+k8s_patch=${BASH_REMATCH[2]}
+staging_version="v0.${k8s_minor}.${k8s_patch}"
+
+cache=${LJ_RUNTIMEKIT_CACHE:-$HOME/.cache/lj-runtimekit}
+vdir="$cache/k8s/$K8S_VERSION"
+bin="$vdir/bin"
+src="$vdir/src"
+
+mode=build
+case "${1-}" in
+  --bin-dir) echo "$bin"; exit 0 ;;
+  --check) mode=check ;;
+  "") ;;
+  -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+  *) die "unknown argument '$1' (try --help)" ;;
+esac
+
+tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
+
+# version_ok NAME: the binary exists and reports the pinned version.
+version_ok() {
+  local name=$1 path="$bin/$1" out want
+  [[ -x $path ]] || return 1
+  case $name in
+    etcd) out=$("$path" --version 2>&1) || return 1; want="etcd Version: ${ETCD_VERSION#v}" ;;
+    kube-apiserver|kube-controller-manager|kube-scheduler)
+      out=$("$path" --version 2>&1) || return 1; want="Kubernetes $K8S_VERSION" ;;
+    kubectl) out=$("$path" version --client 2>&1) || return 1; want="Client Version: $K8S_VERSION" ;;
+    kwok) out=$("$path" --version 2>&1) || return 1; want="$KWOK_VERSION" ;;
+    helm) out=$("$path" version --short 2>&1) || return 1; want="$HELM_VERSION" ;;
+    *) return 1 ;;
+  esac
+  [[ $out == *"$want"* ]]
+}
+
+missing=()
+for t in "${tools[@]}"; do
+  if version_ok "$t"; then
+    log "ok      $t ($bin/$t)"
+  else
+    missing+=("$t")
+  fi
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  log "all tools present for Kubernetes $K8S_VERSION in $bin"
+  exit 0
+fi
+if [[ $mode == check ]]; then
+  die "missing or wrong version: ${missing[*]} (in $bin); run 'make k8s-tools'"
+fi
+
+command -v go >/dev/null || die "Go is needed to build the tools (https://go.dev/dl/); not found on PATH"
+mkdir -p "$bin" "$src"
+
+# One build at a time per version (CI and a person may race).
+exec 9>"$vdir/.lock"
+if command -v flock >/dev/null; then
+  log "waiting for the build lock $vdir/.lock" ; flock 9
+fi
+
+export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=mod -buildvcs=false"
+jobs=${GO_BUILD_JOBS:-2}
+build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+started=$(date +%s)
+built=()
+
+need() { local t; for t in "$@"; do [[ " ${missing[*]} " == *" $t "* ]] && return 0; done; return 1; }
+
+# new_module DIR: an empty throwaway module in DIR.
+new_module() {
+  rm -rf "$1"; mkdir -p "$1"
+  (cd "$1" && go mod init "lj-runtimekit.local/k8s-tools/$(basename "$1")" >/dev/null 2>&1)
+}
+
+step() { log "[$(( $(date +%s) - started ))s] $*"; }
+
+# record_seconds GROUP SECONDS: build time of one group (etcd, kwok, helm,
+# kubernetes) in build-seconds.env; the cold build time is their sum.
+record_seconds() {
+  local f="$vdir/build-seconds.env"
+  touch "$f"
+  sed -i "/^$1=/d" "$f"
+  echo "$1=$2" >>"$f"
+}
+
+# build_one NAME MODULE VERSION PACKAGE LDFLAGS
+build_one() {
+  local name=$1 module=$2 version=$3 pkg=$4 ld=$5 m="$src/$1" t0
+  t0=$(date +%s)
+  step "resolving $module@$version"
+  new_module "$m"
+  (cd "$m" && go get "$pkg@$version") || die "go get $pkg@$version failed (see above)"
+  step "go build -p $jobs $pkg"
+  (cd "$m" && go build -p "$jobs" -trimpath -ldflags "-s -w $ld" -o "$bin/$name" "$pkg") \
+    || die "go build of $pkg@$version failed (see above)"
+  built+=("$name")
+  record_seconds "$name" $(( $(date +%s) - t0 ))
+  step "built $name"
+}
+
+if need etcd; then
+  build_one etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3 ""
+fi
+if need kwok; then
+  build_one kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
+    "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=$K8S_VERSION"
+fi
+if need helm; then
+  build_one helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+fi
+
+if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then
+  t0=$(date +%s)
+  step "resolving k8s.io/kubernetes@$K8S_VERSION (staging modules at $staging_version)"
+  m="$src/kubernetes"
+  new_module "$m"
+  modfile=$(cd "$m" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
+    | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p') \
+    || die "the Go proxy does not serve k8s.io/kubernetes@$K8S_VERSION"
+  [[ -n $modfile && -f $modfile ]] || die "no go.mod downloaded for k8s.io/kubernetes@$K8S_VERSION"
+  mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/.*#\1#p' "$modfile")
+  [[ ${#staging[@]} -gt 0 ]] || die "no staging replace lines found in $modfile"
+  {
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo "replace ("
+    for s in "${staging[@]}"; do echo "	$s => $s $staging_version"; done
+    echo ")"
+  } >>"$m/go.mod"
+  k8s_pkgs=()
+  for t in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    need "$t" && k8s_pkgs+=("k8s.io/kubernetes/cmd/$t")
+  done
+  step "go get ${k8s_pkgs[*]} at $K8S_VERSION"
+  (cd "$m" && go get "${k8s_pkgs[@]/%/@$K8S_VERSION}") || die "go get of Kubernetes $K8S_VERSION failed (see above)"
+  ld="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$k8s_minor"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$build_date"
+  done
+  step "go build -p $jobs ${k8s_pkgs[*]} (the long part: tens of minutes on 2 cores)"
+  (cd "$m" && go build -p "$jobs" -trimpath -ldflags "$ld" -o "$bin/" "${k8s_pkgs[@]}") \
+    || die "go build of Kubernetes $K8S_VERSION failed (see above)"
+  for p in "${k8s_pkgs[@]}"; do built+=("${p##*/}"); done
+  record_seconds kubernetes $(( $(date +%s) - t0 ))
+  step "built ${k8s_pkgs[*]##*/}"
+fi
+
+
+elapsed=$(( $(date +%s) - started ))
+failed=()
+for t in "${tools[@]}"; do
+  if version_ok "$t"; then log "ok      $t"; else failed+=("$t"); fi
+done
+[[ ${#failed[@]} -eq 0 ]] || die "built but the version check failed for: ${failed[*]} (expected Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
+
+# Build record, read by the benchmark: cold_build_s is the sum of the group
+# times in build-seconds.env (each group's first build, from an empty cache).
+cold=0
+while IFS='=' read -r _ secs; do cold=$(( cold + secs )); done <"$vdir/build-seconds.env"
+cat >"$vdir/build-record.json" <<JSON
+{"k8s_version": "$K8S_VERSION", "cold_build_s": $cold, "last_run_built": "${built[*]}", "last_run_s": $elapsed, "date": "$build_date", "go": "$(go env GOVERSION)", "cpus": $(nproc)}
+JSON
+log "built ${built[*]} in ${elapsed}s; cold build total ${cold}s; all tools present for Kubernetes $K8S_VERSION in $bin"

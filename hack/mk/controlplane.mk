@@ -1,0 +1,30 @@
+# Kubernetes control plane for tests, the sandbox and benchmarks (issue 3).
+# Included by the top-level Makefile.
+
+CLUSTER_STATE_DIR ?= /tmp/lj-runtimekit-cluster
+CLUSTER_NODES ?= 2
+
+##@ Kubernetes control plane
+
+.PHONY: k8s-tools
+k8s-tools: ## Build the pinned etcd, kube-*, kubectl, kwok and helm into the cache (cold: tens of minutes)
+	bash hack/k8s-tools.sh
+
+.PHONY: cluster-up
+cluster-up: ## Start etcd + kube-apiserver + controller-manager + scheduler + KWOK in the background
+	bash hack/k8s-tools.sh
+	$(UV) run lj-envtest cluster-up --state-dir $(CLUSTER_STATE_DIR) --nodes $(CLUSTER_NODES)
+
+.PHONY: cluster-down
+cluster-down: ## Stop the background control plane started by cluster-up
+	$(UV) run lj-envtest cluster-down --state-dir $(CLUSTER_STATE_DIR)
+
+.PHONY: test-controlplane
+test-controlplane: ## Run the control plane tests (tests/controlplane)
+	bash hack/k8s-tools.sh
+	$(UV) run pytest -m controlplane tests/controlplane hack/envtest/tests
+
+.PHONY: bench-controlplane
+bench-controlplane: ## Measure cold build, warm start and 1000 KWOK nodes into bench/parts/controlplane.json
+	bash hack/k8s-tools.sh
+	$(UV) run lj-envtest bench --out bench/parts/controlplane.json

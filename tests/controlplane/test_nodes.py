@@ -1,0 +1,51 @@
+"""KWOK nodes from the factory report the Lingjun GPU resources."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client as k8s_client
+
+from lj_runtimekit.envtest import NodeFactory, Taint
+
+pytestmark = pytest.mark.controlplane
+
+
+def test_factory_node_is_ready_and_reports_gpu_resources(
+    node_factory: NodeFactory, api_client: k8s_client.ApiClient
+) -> None:
+    name = node_factory.create(
+        f"{node_factory.group}-gpu",
+        gpus=4,
+        topology_block="block-a",
+        topology_switch="sw-1",
+        taints=[Taint("lingjun.com/dedicated", "NoSchedule", "training")],
+    )
+    node = k8s_client.CoreV1Api(api_client).read_node(name)
+
+    for resources in (node.status.capacity, node.status.allocatable):
+        assert resources["alibabacloud.com/gpu"] == "4"
+        assert resources["alibabacloud.com/gpu-core.percentage"] == "400"
+        assert resources["alibabacloud.com/gpu-memory.percentage"] == "400"
+        assert resources["cpu"] == "96"
+        assert resources["pods"] == "110"
+    labels = node.metadata.labels
+    assert labels["lj_runtimekit_enable"] == "true"
+    assert labels["lingjun.com/device-count"] == "4"
+    assert labels["lingjun.com/device-model"] == "H200"
+    assert labels["lingjun.com/topology-block"] == "block-a"
+    assert labels["lingjun.com/topology-switch"] == "sw-1"
+    assert node.metadata.annotations["kwok.x-k8s.io/node"] == "fake"
+    ready = [c for c in node.status.conditions if c.type == "Ready"]
+    assert [c.status for c in ready] == ["True"]
+    assert node.status.node_info.kubelet_version.startswith("kwok-")
+    taints = {(t.key, t.value, t.effect) for t in node.spec.taints}
+    assert ("lingjun.com/dedicated", "training", "NoSchedule") in taints
+
+
+def test_node_without_enable_label_or_gpus(
+    node_factory: NodeFactory, api_client: k8s_client.ApiClient
+) -> None:
+    name = node_factory.create(f"{node_factory.group}-cpu", gpus=0, enable=False)
+    node = k8s_client.CoreV1Api(api_client).read_node(name)
+    assert "alibabacloud.com/gpu" not in node.status.allocatable
+    assert "lj_runtimekit_enable" not in node.metadata.labels

@@ -1,0 +1,86 @@
+"""hack/download-deps.sh: switching the Kubernetes version (pin + lock), bad versions."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "hack" / "download-deps.sh"
+OTHER_VERSION = "v1.33.7"  # another supported release line than the pinned 1.34
+
+_IGNORE = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+    "bench",
+)
+
+
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(cwd / "hack" / "download-deps.sh"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.fixture
+def repo_copy(tmp_path: Path) -> Path:
+    if shutil.which("go") is None or shutil.which("uv") is None:
+        pytest.fail("download-deps.sh needs go and uv on PATH (make deps)")
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT, copy, ignore=_IGNORE, symlinks=True)
+    return copy
+
+
+def test_switch_to_another_version_pins_client_and_refreshes_lock(repo_copy: Path) -> None:
+    result = run(["--skip-tools", OTHER_VERSION], repo_copy)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    versions = (repo_copy / "hack" / "versions.env").read_text()
+    assert f"K8S_VERSION={OTHER_VERSION}\n" in versions
+    pyproject = (repo_copy / "hack" / "envtest" / "pyproject.toml").read_text()
+    assert '"kubernetes>=33,<34"' in pyproject
+    lock = (repo_copy / "uv.lock").read_text()
+    match = re.search(r'name = "kubernetes"\nversion = "([^"]+)"', lock)
+    assert match is not None
+    assert match.group(1).startswith("33.")
+    # The real repository is untouched.
+    assert '"kubernetes>=34,<35"' in (ROOT / "hack" / "envtest" / "pyproject.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("version", "message"),
+    [
+        ("1.34", "malformed Kubernetes version"),
+        ("v1.34.x", "malformed Kubernetes version"),
+        ("v2.0.0", "malformed Kubernetes version"),
+        ("v1.99.0", "unknown Kubernetes version v1.99.0"),
+    ],
+)
+def test_bad_versions_are_refused_without_changes(
+    repo_copy: Path, version: str, message: str
+) -> None:
+    before = (repo_copy / "hack" / "versions.env").read_text()
+
+    result = run([version], repo_copy)
+
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert (repo_copy / "hack" / "versions.env").read_text() == before
