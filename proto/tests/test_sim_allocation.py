@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lj_runtimekit.proto.internal.simulator.allocation import (
     AllocationError,
@@ -166,3 +170,41 @@ def test_spec_for_several_devices_and_ppus() -> None:
     assert list(spec.cdi_devices) == [f"lingjun.com/ppu={first}", f"lingjun.com/ppu={second}"]
     assert spec.annotations["lingjun.com/devices"] == f"{first},{second}"
     assert spec.annotations["lingjun.com/pod-namespace"] == "ns"
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["allocate", "release"]),
+        st.integers(0, 5),  # container
+        st.integers(0, 2),  # device (0-1 TDM, 2 the first MIG instance of GPU 6)
+        st.sampled_from([0, 1, 30, 50, 70, 100, 101]),
+        st.sampled_from([0, 1, 30, 50, 70, 100, 101]),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_OPS)
+def test_sharing_invariant_holds_for_any_sequence(
+    ops: list[tuple[str, int, int, int, int]],
+) -> None:
+    state, allocator = _node("mig-8gpu.yaml")
+    targets = [state.devices[0].id, state.devices[1].id, state.devices[6].mig_instances[0].id]
+    for op, container, device, core, memory in ops:
+        key = f"pod-{container}/c"
+        if op == "release":
+            allocator.release(key)
+            continue
+        with contextlib.suppress(AllocationError):
+            allocator.allocate(_ask(key, (targets[device], core or 100, memory or 100)))
+        for target in targets:
+            grants = [
+                g
+                for a in allocator.allocations()
+                for g in a.request.grants
+                if g.device_id == target
+            ]
+            assert sum(g.core_percent for g in grants) <= 100
+            assert sum(g.memory_percent for g in grants) <= 100
+            assert not any(g.whole for g in grants) or len(grants) == 1

@@ -162,3 +162,22 @@ def test_cli_reports_bad_file_in_one_line(tmp_path: Path) -> None:
     assert missing.returncode == 1
     assert "nope.yaml: cannot read: No such file or directory" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_cli_reports_unusable_socket_dir(tmp_path: Path) -> None:
+    too_long = tmp_path / ("d" * 120)
+    result = subprocess.run(
+        [sys.executable, "-m", "lj_runtimekit.proto.cmd.runtime_sim.main", "--node",
+         str(EXAMPLE_NODES / "tdm-8gpu.yaml"), "--socket-dir", str(too_long)],
+        capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"lj-runtime-sim: error: socket path {too_long}/runtime.sock")
+    assert result.stderr.count("\n") == 1
+    bad_version = subprocess.run(
+        [sys.executable, "-m", "lj_runtimekit.proto.cmd.runtime_sim.main", "--node",
+         str(EXAMPLE_NODES / "tdm-8gpu.yaml"), "--socket-dir", str(tmp_path), "--version", "2.x"],
+        capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+    assert bad_version.returncode == 1
+    assert bad_version.stderr.startswith("lj-runtime-sim: error: --version: '2.x' is not a version")

@@ -26,6 +26,7 @@ KINDS: tuple[Kind, ...] = ("gpu", "ppu", "amd")
 MODES: tuple[Mode, ...] = ("exclusive", "tdm", "mig")
 TOPOLOGIES: tuple[Topology, ...] = ("all-to-all", "pairs")
 
+MAX_DEVICES = 256
 MIG_COMPUTE_SLICES = 7
 MIG_MAX_INSTANCES = 7
 _MIG_COMPUTE_SIZES = (1, 2, 3, 4, 7)
@@ -236,6 +237,10 @@ class _Parser:
         model = self.string(group["model"], f"{field}.model")
         memory = self.quantity(group["memory"], f"{field}.memory")
         count = self.integer(group.get("count", 1), f"{field}.count", 1)
+        if first + count > MAX_DEVICES:
+            raise self.fail(
+                f"{field}.count", f"the node would have more than {MAX_DEVICES} devices"
+            )
         numa = self.numa(group.get("numa"), f"{field}.numa", count)
         link = self.interconnect(group.get("interconnect", "pcie"), f"{field}.interconnect")
         if link.topology == "pairs" and count % 2:

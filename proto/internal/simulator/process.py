@@ -9,7 +9,6 @@ Usage::
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -107,9 +106,7 @@ class SimulatorProcess:
             raise RuntimeError("simulator already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
-        self._proc = subprocess.Popen(
-            self._args, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ)
-        )
+        self._proc = subprocess.Popen(self._args, stdout=self._log, stderr=subprocess.STDOUT)
         try:
             self.wait_ready(self.start_timeout)
         except BaseException:

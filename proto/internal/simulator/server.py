@@ -125,7 +125,11 @@ class Simulator:
         admin_pb2_grpc.add_SimulatorAdminServicer_to_server(
             SimulatorAdmin(self.state, self.faults, self.runtime.restart), admin
         )
-        self._admin = await _serve(admin, self.admin_path)
+        try:
+            self._admin = await _serve(admin, self.admin_path)
+        except SimulatorError:
+            await self.runtime.stop(None)
+            raise
         log.info("admin serving socket=%s", self.admin_path)
 
     async def stop(self, grace: float) -> None:
@@ -156,14 +160,14 @@ def _bind(server: grpc.aio.Server, path: Path) -> None:
 
 async def run(simulator: Simulator, stop: asyncio.Event, grace: float) -> None:
     """Serve until ``stop`` is set, then stop gracefully."""
+    await simulator.start()
+    log.info(
+        "simulator ready node=%s devices=%d version=%s",
+        simulator.node.name,
+        len(simulator.state.devices),
+        simulator.state.version,
+    )
     try:
-        await simulator.start()
-        log.info(
-            "simulator ready node=%s devices=%d version=%s",
-            simulator.node.name,
-            len(simulator.state.devices),
-            simulator.state.version,
-        )
         await stop.wait()
     finally:
         await simulator.stop(grace)
