@@ -10,6 +10,7 @@ protocol.yaml.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -149,13 +150,25 @@ def gpu_node_manifest(
     }
 
 
-def node_ready(node: Any) -> bool:
-    """True when the Node (client model) has Ready=True and no not-ready taint."""
+def node_ready(node: Any, untainted: bool = True) -> bool:
+    """True when the Node (client model) has Ready=True and, if `untainted`, the node
+    lifecycle controller has removed its not-ready taint (needed for scheduling)."""
     conditions = (node.status and node.status.conditions) or []
     ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    if not ready or not untainted:
+        return ready
     taints = (node.spec and node.spec.taints) or []
-    not_ready = any(t.key == "node.kubernetes.io/not-ready" for t in taints)
-    return ready and not not_ready
+    return not any(t.key == "node.kubernetes.io/not-ready" for t in taints)
+
+
+def node_dict_ready(node: Mapping[str, Any], untainted: bool = True) -> bool:
+    """node_ready for a Node as decoded JSON."""
+    conditions = node.get("status", {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    if not ready or not untainted:
+        return ready
+    taints = node.get("spec", {}).get("taints") or []
+    return not any(t.get("key") == "node.kubernetes.io/not-ready" for t in taints)
 
 
 class NodeFactory:
@@ -196,23 +209,29 @@ class NodeFactory:
         """Creates nodes without waiting."""
         made: list[str] = []
         for spec in specs:
-            self.core.create_node(gpu_node_manifest(spec, self.names, self.group))
+            manifest = gpu_node_manifest(spec, self.names, self.group)
+            self.core.create_node(manifest, _preload_content=False)
             self.created.append(spec.name)
             made.append(spec.name)
         return made
 
-    def wait_ready(self, names: Sequence[str], timeout_s: float = 60) -> None:
-        """Waits until every named node is Ready (KWOK) and untainted (node controller)."""
+    def wait_ready(
+        self, names: Sequence[str], timeout_s: float = 60, untainted: bool = True
+    ) -> None:
+        """Waits until every named node is Ready (KWOK) and, by default, untainted by the
+        node lifecycle controller (kube-controller-manager) so that pods can schedule."""
         pending = set(names)
         deadline = time.monotonic() + timeout_s
         while pending:
             if len(pending) > 20:
                 selector = f"{GROUP_LABEL}={self.group}" if self.group else None
-                listed = self.core.list_node(label_selector=selector)
-                pending -= {n.metadata.name for n in listed.items if node_ready(n)}
+                # Raw JSON: deserialising a thousand Node models takes seconds.
+                response = self.core.list_node(label_selector=selector, _preload_content=False)
+                items = json.loads(response.data)["items"]
+                pending -= {n["metadata"]["name"] for n in items if node_dict_ready(n, untainted)}
             else:
                 for name in list(pending):
-                    if node_ready(self.core.read_node(name)):
+                    if node_ready(self.core.read_node(name), untainted):
                         pending.discard(name)
             if not pending:
                 return

@@ -4,6 +4,7 @@ Enable with `pytest_plugins = ["lj_runtimekit.envtest.pytest_plugin"]` in the
 root conftest.py and mark such tests `@pytest.mark.controlplane`.
 
 Fixtures:
+    k8s_tools      (session)  {name: Path} of the pinned binaries (kubectl, helm, ...)
     control_plane  (session)  ControlPlane with etcd, kube-apiserver,
                               kube-controller-manager, kube-scheduler and KWOK;
                               started on first use, stopped at session end
@@ -66,13 +67,19 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
-def _tools_or_skip() -> None:
+def _tools_or_skip() -> dict[str, Path]:
     try:
-        find_tools()
+        return find_tools()
     except ToolsMissingError as exc:
         if _in_ci():
             pytest.fail(f"{exc} (CI=true: control plane tests never skip)", pytrace=False)
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def k8s_tools() -> dict[str, Path]:
+    """Paths of the pinned binaries by name (etcd, kube-apiserver, ..., kubectl, kwok, helm)."""
+    return _tools_or_skip()
 
 
 @pytest.fixture(scope="session")
