@@ -104,7 +104,6 @@ class NodeSpec:
     runtime_version: str
     seed: int
     devices: tuple[DeviceSpec, ...]
-    source: str
 
 
 def parse_mig_profile(name: str) -> MigProfile:
@@ -211,7 +210,7 @@ class _Parser:
                 raise self.fail(f"{field}.index", f"device {index} is overridden twice")
             seen.add(index)
             devices[index] = device
-        return NodeSpec(name, version, seed, tuple(devices), self.source)
+        return NodeSpec(name, version, seed, tuple(devices))
 
     def group(self, raw: object, field: str, number: int, first: int) -> list[DeviceSpec]:
         group = self.mapping(
