@@ -1,0 +1,1 @@
+"""LJ Runtime Kit Exporter: Prometheus metrics per device, MIG instance and pod."""

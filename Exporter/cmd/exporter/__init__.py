@@ -1,0 +1,1 @@
+"""lj-exporter: the Exporter DaemonSet command."""

@@ -1,0 +1,1 @@
+"""Exporter internals, one package per concern."""

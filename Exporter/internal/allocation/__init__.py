@@ -1,0 +1,1 @@
+"""Per-device and per-container allocation from the pods' assignment annotations."""

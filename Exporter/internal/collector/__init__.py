@@ -1,0 +1,1 @@
+"""Background collection of the Runtime and pod views into immutable snapshots."""

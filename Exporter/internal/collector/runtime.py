@@ -1,0 +1,53 @@
+"""One read of the Runtime: version and gates, inventory, device and container samples."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from lj_runtimekit.exporter.pkg.configpb import runtime_pb2 as pb
+from lj_runtimekit.proto.pkg.featuregate import Feature, GateReport, evaluate
+from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
+
+_GATED_KINDS = frozenset({pb.DEVICE_KIND_PPU, pb.DEVICE_KIND_AMD})
+
+
+@dataclass(frozen=True)
+class RuntimeView:
+    """What the Runtime reported in one collection (the messages are only read)."""
+
+    version: str
+    gates: GateReport
+    devices: tuple[pb.Device, ...]
+    device_metrics: Mapping[str, pb.DeviceMetrics]
+    container_metrics: tuple[pb.ContainerMetrics, ...] | None
+    """None when the per-container metrics feature is off for this Runtime."""
+
+
+async def read_runtime(client: RuntimeClient) -> RuntimeView:
+    """Read the Runtime once; RuntimeUnavailableError / RuntimeCallError / RuntimeTooOldError.
+
+    Device samples are taken before container samples: the Runtime's container
+    samples describe the device sample taken just before them.
+    """
+    info = await client.runtime_info()
+    gates = evaluate(info.version)
+    gates.require_base()
+    devices = await client.list_devices()
+    if not gates.is_enabled(Feature.PPU_AMD_DEVICES):
+        devices = [d for d in devices if d.kind not in _GATED_KINDS]
+    if not gates.is_enabled(Feature.MIG):
+        for device in devices:
+            del device.mig_instances[:]
+    samples = await client.device_metrics()
+    containers: tuple[pb.ContainerMetrics, ...] | None = None
+    if gates.is_enabled(Feature.CONTAINER_METRICS):
+        containers = tuple((await client.container_metrics()).containers)
+    return RuntimeView(
+        version=str(gates.runtime_version),
+        gates=gates,
+        devices=tuple(sorted(devices, key=lambda d: d.index)),
+        device_metrics=MappingProxyType({m.device_id: m for m in samples.devices}),
+        container_metrics=containers,
+    )

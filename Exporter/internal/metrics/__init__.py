@@ -1,0 +1,1 @@
+"""Prometheus metric families built from the latest snapshot."""

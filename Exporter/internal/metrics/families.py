@@ -1,0 +1,287 @@
+"""Metric families of one collection: devices, MIG instances, containers, allocation.
+
+Every name carries the one prefix `lj_runtimekit_`, values are in base units
+(bytes, seconds, joules, watts, degrees Celsius, ratios 0-1) and counters end
+in `_total`. Families are built once per collection; a scrape only yields them.
+While the Runtime is down the device, MIG and container families are absent
+(not stale-marked): Prometheus then ends those series itself at the next
+scrape, and `lj_runtimekit_runtime_up` is 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from lj_runtimekit.exporter.internal.allocation.assignments import (
+    WHOLE_PERCENT,
+    Allocations,
+    share_percents,
+)
+from lj_runtimekit.exporter.internal.collector.runtime import RuntimeView
+from lj_runtimekit.exporter.internal.pods.model import PodView
+from lj_runtimekit.exporter.pkg.configpb import runtime_pb2 as pb
+
+PREFIX = "lj_runtimekit_"
+MIG_COMPUTE_SLICES = 7
+"""Compute slices of a whole MIG-capable GPU (the `7g` of a full-GPU profile)."""
+
+DEVICE_LABELS = ("node", "device", "uuid", "model", "kind")
+MIG_LABELS = (*DEVICE_LABELS, "mig_profile", "mig_instance_id")
+CONTAINER_LABELS = (
+    "node",
+    "namespace",
+    "pod",
+    "container",
+    "device",
+    "uuid",
+    "mig_profile",
+    "mig_instance_id",
+)
+MODES = ("exclusive", "tdm", "mig")
+
+
+def kind_name(kind: int) -> str:
+    """`gpu`, `ppu`, `amd` or `unspecified`."""
+    return pb.DeviceKind.Name(kind).removeprefix("DEVICE_KIND_").lower()  # type: ignore[arg-type]
+
+
+def mode_name(mode: int) -> str:
+    """`exclusive`, `tdm`, `mig` or `unspecified`."""
+    return pb.DeviceMode.Name(mode).removeprefix("DEVICE_MODE_").lower()  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where a device ID lives: the device, and the MIG instance when it is one."""
+
+    device: pb.Device
+    instance: pb.MigInstance | None
+
+
+def _gauge(name: str, doc: str, labels: Iterable[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
+
+
+def _counter(name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
+    return CounterMetricFamily(PREFIX + name, doc, labels=list(labels))
+
+
+def build_families(
+    node: str,
+    runtime: RuntimeView | None,
+    pods: PodView | None,
+    allocations: Allocations | None,
+) -> list[Metric]:
+    """The device, MIG, container and allocation families of one collection."""
+    if runtime is None:
+        return []
+    families: list[Metric] = []
+    places: dict[str, _Place] = {}
+    device_labels: dict[str, list[str]] = {}
+
+    info = _gauge(
+        "device_info",
+        "Static facts of a device (value 1): PCI bus id and NUMA node.",
+        (*DEVICE_LABELS, "pci_bus_id", "numa_node"),
+    )
+    util = _gauge(
+        "device_utilization_ratio", "Compute utilization of the device, 0-1.", DEVICE_LABELS
+    )
+    mem_used = _gauge("device_memory_used_bytes", "Device memory in use.", DEVICE_LABELS)
+    mem_total = _gauge("device_memory_total_bytes", "Total device memory.", DEVICE_LABELS)
+    temp = _gauge("device_temperature_celsius", "Device temperature.", DEVICE_LABELS)
+    power = _gauge("device_power_watts", "Device power draw.", DEVICE_LABELS)
+    energy = _counter(
+        "device_energy_joules",
+        "Energy the device consumed since the Runtime started.",
+        DEVICE_LABELS,
+    )
+    ecc = _counter(
+        "device_ecc_errors",
+        "ECC errors since the Runtime started, by type (corrected, uncorrected).",
+        (*DEVICE_LABELS, "type"),
+    )
+    xid = _counter("device_xid_errors", "XID errors since the Runtime started.", DEVICE_LABELS)
+    healthy = _gauge(
+        "device_healthy", "1 when the Runtime reports the device healthy, else 0.", DEVICE_LABELS
+    )
+    mode = _gauge(
+        "device_mode",
+        "Sharing mode of the device: 1 for the current mode (exclusive, tdm, mig), 0 otherwise.",
+        (*DEVICE_LABELS, "mode"),
+    )
+    mig_util = _gauge(
+        "mig_utilization_ratio", "Compute utilization of the MIG instance, 0-1.", MIG_LABELS
+    )
+    mig_used = _gauge("mig_memory_used_bytes", "MIG instance memory in use.", MIG_LABELS)
+    mig_total = _gauge("mig_memory_total_bytes", "Total memory of the MIG instance.", MIG_LABELS)
+    mig_healthy = _gauge(
+        "mig_healthy", "1 when the Runtime reports the MIG instance healthy, else 0.", MIG_LABELS
+    )
+    families += [info, util, mem_used, mem_total, temp, power, energy, ecc, xid, healthy, mode]
+    families += [mig_util, mig_used, mig_total, mig_healthy]
+    mig_labels: dict[str, list[str]] = {}
+
+    for device in runtime.devices:
+        labels = [node, str(device.index), device.id, device.model, kind_name(device.kind)]
+        device_labels[device.id] = labels
+        places[device.id] = _Place(device, None)
+        info.add_metric([*labels, device.pci_bus_id, str(device.numa_node)], 1)
+        mem_total.add_metric(labels, float(device.memory_bytes))
+        healthy.add_metric(labels, 1.0 if device.health == pb.HEALTH_HEALTHY else 0.0)
+        current = mode_name(device.mode)
+        for name in MODES:
+            mode.add_metric([*labels, name], 1.0 if name == current else 0.0)
+        for instance in device.mig_instances:
+            places[instance.id] = _Place(device, instance)
+            ilabels = [*labels, instance.profile, str(instance.instance_id)]
+            mig_labels[instance.id] = ilabels
+            mig_total.add_metric(ilabels, float(instance.memory_bytes))
+            mig_healthy.add_metric(ilabels, 1.0 if instance.health == pb.HEALTH_HEALTHY else 0.0)
+        sample = runtime.device_metrics.get(device.id)
+        if sample is None:
+            continue
+        util.add_metric(labels, sample.utilization_ratio)
+        mem_used.add_metric(labels, float(sample.memory_used_bytes))
+        temp.add_metric(labels, sample.temperature_celsius)
+        power.add_metric(labels, sample.power_watts)
+        energy.add_metric(labels, sample.energy_joules)
+        ecc.add_metric([*labels, "corrected"], float(sample.ecc_corrected_errors))
+        ecc.add_metric([*labels, "uncorrected"], float(sample.ecc_uncorrected_errors))
+        xid.add_metric(labels, float(sample.xid_errors))
+        for mig in sample.mig_instances:
+            ilabels_or_none = mig_labels.get(mig.instance_id)
+            if ilabels_or_none is None:
+                continue
+            mig_util.add_metric(ilabels_or_none, mig.utilization_ratio)
+            mig_used.add_metric(ilabels_or_none, float(mig.memory_used_bytes))
+
+    if pods is not None and allocations is not None:
+        families += _allocation_families(runtime, device_labels, mig_labels, allocations)
+    families += _container_families(node, runtime, places, pods, allocations)
+    return families
+
+
+def _allocation_families(
+    runtime: RuntimeView,
+    device_labels: dict[str, list[str]],
+    mig_labels: dict[str, list[str]],
+    allocations: Allocations,
+) -> list[Metric]:
+    core = _gauge(
+        "device_core_allocated_ratio",
+        "Share of the device's compute allocated to containers (pod annotations), 0-1;"
+        " above 1 means over-committed.",
+        DEVICE_LABELS,
+    )
+    memory = _gauge(
+        "device_memory_allocated_ratio",
+        "Share of the device's memory allocated to containers (pod annotations), 0-1;"
+        " above 1 means over-committed.",
+        DEVICE_LABELS,
+    )
+    containers = _gauge(
+        "device_allocated_containers",
+        "Containers holding the device, a slice of it or one of its MIG instances.",
+        DEVICE_LABELS,
+    )
+    mig_containers = _gauge(
+        "mig_allocated_containers", "Containers holding the MIG instance.", MIG_LABELS
+    )
+    by_device = allocations.by_device
+    for device in runtime.devices:
+        labels = device_labels[device.id]
+        own = by_device.get(device.id)
+        core_ratio = own.core_percent / WHOLE_PERCENT if own else 0.0
+        memory_ratio = own.memory_percent / WHOLE_PERCENT if own else 0.0
+        count = own.containers if own else 0
+        for instance in device.mig_instances:
+            held = by_device.get(instance.id)
+            mig_containers.add_metric(mig_labels[instance.id], held.containers if held else 0)
+            if held is None or not held.containers:
+                continue
+            count += held.containers
+            core_ratio += instance.compute_slices / MIG_COMPUTE_SLICES
+            if device.memory_bytes:
+                memory_ratio += instance.memory_bytes / device.memory_bytes
+        core.add_metric(labels, round(core_ratio, 6))
+        memory.add_metric(labels, round(memory_ratio, 6))
+        containers.add_metric(labels, count)
+    return [core, memory, containers, mig_containers]
+
+
+def _container_families(
+    node: str,
+    runtime: RuntimeView,
+    places: dict[str, _Place],
+    pods: PodView | None,
+    allocations: Allocations | None,
+) -> list[Metric]:
+    """Per-container usage (Runtime) and allocation (annotations) of pods the node still runs.
+
+    Pod labels come from the pods view: without it (kubelet and fallback down)
+    no container series is exported, and a container whose pod is gone from
+    the view has no series even if the Runtime still reports it.
+    """
+    if pods is None:
+        return []
+    util = _gauge(
+        "container_utilization_ratio",
+        "Share of the device's compute the container uses, 0-1.",
+        CONTAINER_LABELS,
+    )
+    mem = _gauge(
+        "container_memory_used_bytes", "Device memory the container uses.", CONTAINER_LABELS
+    )
+    core_alloc = _gauge(
+        "container_core_allocated_ratio",
+        "Share of the device's compute allocated to the container, 0-1 (1 for a whole device"
+        " or MIG instance).",
+        CONTAINER_LABELS,
+    )
+    mem_alloc = _gauge(
+        "container_memory_allocated_ratio",
+        "Share of the device's memory allocated to the container, 0-1 (1 for a whole device"
+        " or MIG instance).",
+        CONTAINER_LABELS,
+    )
+    by_uid = pods.by_uid()
+
+    def labels_of(pod_uid: str, container: str, device_id: str) -> list[str] | None:
+        pod = by_uid.get(pod_uid)
+        place = places.get(device_id)
+        if pod is None or place is None:
+            return None
+        device, instance = place.device, place.instance
+        return [
+            node,
+            pod.namespace,
+            pod.name,
+            container,
+            str(device.index),
+            device.id,
+            instance.profile if instance else "",
+            str(instance.instance_id) if instance else "",
+        ]
+
+    if runtime.container_metrics is not None:
+        for sample in runtime.container_metrics:
+            pod_uid, _, container = sample.container_key.partition("/")
+            labels = labels_of(pod_uid, container or sample.container_name, sample.device_id)
+            if labels is None:
+                continue
+            util.add_metric(labels, sample.utilization_ratio)
+            mem.add_metric(labels, float(sample.memory_used_bytes))
+    if allocations is not None:
+        for (pod_uid, container), shares in allocations.by_container.items():
+            for device_id, share in shares.items():
+                labels = labels_of(pod_uid, container, device_id)
+                if labels is None:
+                    continue
+                core, memory = share_percents(share)
+                core_alloc.add_metric(labels, core / WHOLE_PERCENT)
+                mem_alloc.add_metric(labels, memory / WHOLE_PERCENT)
+    return [util, mem, core_alloc, mem_alloc]

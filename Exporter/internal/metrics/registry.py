@@ -1,0 +1,154 @@
+"""The Exporter's registry: the snapshot collector plus the Exporter's own metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from lj_runtimekit.exporter.internal.metrics.families import PREFIX
+from lj_runtimekit.proto.pkg.featuregate import FEATURE_MINIMUMS, GateReport
+
+ErrorSource = Literal["runtime", "kubelet", "apiserver", "annotations"]
+ERROR_SOURCES: tuple[ErrorSource, ...] = ("runtime", "kubelet", "apiserver", "annotations")
+
+SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+COLLECTION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The families of one collection, served as they are until the next one replaces them."""
+
+    families: tuple[Metric, ...] = field(default=())
+
+
+def status_families(
+    *,
+    node: str,
+    component_version: str,
+    runtime_up: bool,
+    kubelet_up: bool,
+    gates: GateReport | None,
+    pods_source: str | None,
+    pods_count: int,
+    collected_at_unix: float,
+) -> list[Metric]:
+    """runtime_up, kubelet_up, the `_info` metric, feature gates and the pods view."""
+    runtime = GaugeMetricFamily(
+        PREFIX + "runtime_up",
+        "1 when the last collection could read the Runtime, else 0.",
+        labels=["node"],
+    )
+    runtime.add_metric([node], 1.0 if runtime_up else 0.0)
+    kubelet = GaugeMetricFamily(
+        PREFIX + "kubelet_up",
+        "1 when the last collection could read the kubelet's /pods endpoint, else 0.",
+        labels=["node"],
+    )
+    kubelet.add_metric([node], 1.0 if kubelet_up else 0.0)
+    enabled = sorted(gates.enabled) if gates else []
+    info = InfoMetricFamily(
+        PREFIX + "exporter",
+        "Exporter version, the Runtime version it reads (empty while unknown) and the gated"
+        " features on.",
+        labels=["node"],
+    )
+    info.add_metric(
+        [node],
+        {
+            "version": component_version,
+            "runtime_version": str(gates.runtime_version) if gates else "",
+            "features": ",".join(enabled),
+        },
+    )
+    features = GaugeMetricFamily(
+        PREFIX + "feature_enabled",
+        "1 when a gated feature is on for the node's Runtime version, else 0 (absent while the"
+        " Runtime version is unknown).",
+        labels=["node", "feature"],
+    )
+    if gates is not None:
+        for feature in sorted(FEATURE_MINIMUMS):
+            features.add_metric([node, str(feature)], 1.0 if feature in gates.enabled else 0.0)
+    pods = GaugeMetricFamily(
+        PREFIX + "exporter_pods",
+        "Pods of the node in the last pods view, by source (kubelet or apiserver); absent when"
+        " no source answered.",
+        labels=["node", "source"],
+    )
+    if pods_source is not None:
+        pods.add_metric([node, pods_source], pods_count)
+    last = GaugeMetricFamily(
+        PREFIX + "exporter_last_collection_timestamp_seconds",
+        "Unix time the last collection finished.",
+    )
+    if collected_at_unix:
+        last.add_metric([], collected_at_unix)
+    return [runtime, kubelet, info, features, pods, last]
+
+
+class SnapshotCollector(Collector):
+    """Yields the families of the latest snapshot; a scrape never calls the Runtime."""
+
+    def __init__(self) -> None:
+        self.snapshot = Snapshot()
+
+    def collect(self) -> Iterable[Metric]:
+        """The latest snapshot's families (replaced whole, so never half-updated)."""
+        return self.snapshot.families
+
+    def describe(self) -> Iterable[Metric]:
+        """Nothing fixed to describe: the families depend on the node."""
+        return ()
+
+
+class ExporterMetrics:
+    """The registry served on /metrics and the Exporter's own instruments."""
+
+    def __init__(self) -> None:
+        # `_created` series double the counter output and help no dashboard.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.snapshots = SnapshotCollector()
+        self.registry.register(self.snapshots)
+        ProcessCollector(namespace=PREFIX + "exporter", registry=self.registry)
+        self.scrape_duration = Histogram(
+            PREFIX + "exporter_scrape_duration_seconds",
+            "Time to render /metrics.",
+            buckets=SCRAPE_BUCKETS,
+            registry=self.registry,
+        )
+        self.collection_duration = Histogram(
+            PREFIX + "exporter_collection_duration_seconds",
+            "Time of one background collection (Runtime and pods read concurrently).",
+            buckets=COLLECTION_BUCKETS,
+            registry=self.registry,
+        )
+        self.collection_errors = Counter(
+            PREFIX + "exporter_collection_errors",
+            "Failed reads during collection, by source (runtime, kubelet, apiserver,"
+            " annotations: one per pod with a malformed assignment annotation).",
+            ["source"],
+            registry=self.registry,
+        )
+        for source in ERROR_SOURCES:
+            self.collection_errors.labels(source)
+
+    def publish(self, families: Iterable[Metric]) -> None:
+        """Replace the served snapshot."""
+        self.snapshots.snapshot = Snapshot(tuple(families))
+
+    def error(self, source: ErrorSource, count: int = 1) -> None:
+        """Count failed reads of `source`."""
+        self.collection_errors.labels(source).inc(count)

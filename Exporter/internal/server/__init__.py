@@ -1,0 +1,1 @@
+"""HTTP server: /metrics (gzip when asked) and /healthz."""
