@@ -285,10 +285,13 @@ class ExporterProcess:
         return self.proc.returncode
 
 
-def run_exporter_cli(*args: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
-    """Run `lj-exporter` to completion (for flag errors)."""
+def run_exporter_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 30.0
+) -> subprocess.CompletedProcess[str]:
+    """Run `lj-exporter` to completion (for flag errors), with extra environment `env`."""
     return subprocess.run(
         [sys.executable, "-m", "lj_runtimekit.exporter.cmd.exporter.main", *args],
+        env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -201,7 +201,9 @@ def _setup_logging(level: str, fmt: str) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    # One line, even for multi-line causes (a YAML parser's caret display).
+    line = "; ".join(part.strip() for part in message.splitlines() if part.strip())
+    print(f"{PROG}: error: {line}", file=sys.stderr)
     return 1
 
 

@@ -1,0 +1,130 @@
+"""The pods view: PodList parsing, assignment annotations, kubelet errors, API server fallback."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import pytest
+
+from lj_runtimekit.exporter.internal.allocation.assignments import pod_allocations
+from lj_runtimekit.exporter.internal.pods.kubelet import KubeletPods, PodSourceError
+from lj_runtimekit.exporter.internal.pods.model import Pod, PodListError, parse_pod_list
+from lj_runtimekit.exporter.internal.pods.source import NodePods
+from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
+
+ANNOTATIONS = load_protocol().annotations
+
+
+def _pod(uid: str, annotations: dict[str, str], phase: str = "Running") -> Pod:
+    return Pod(uid, "ns", f"pod-{uid}", phase, "node-a", ("c",), annotations)
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        ([], "expected a JSON object"),
+        ({"items": {}}, "'items' must be a list"),
+        ({"items": [1]}, "items[0] must be an object"),
+        ({"items": [{"metadata": {"name": "x"}}]}, "items[0].metadata.uid is missing"),
+    ],
+)
+def test_pod_list_errors_say_what_is_wrong(data: object, problem: str) -> None:
+    with pytest.raises(PodListError, match=r"^kubelet x: .*" + re.escape(problem)):
+        parse_pod_list(data, "kubelet x")
+
+
+def test_pod_list_parsing_keeps_what_the_exporter_needs() -> None:
+    pods = parse_pod_list(
+        {
+            "items": [
+                {
+                    "metadata": {
+                        "uid": "u1",
+                        "namespace": "ns",
+                        "name": "p",
+                        "annotations": {"a": "b", "n": 1},
+                    },
+                    "spec": {"nodeName": "n1", "containers": [{"name": "c1"}, {"name": "c2"}]},
+                    "status": {"phase": "Pending"},
+                }
+            ]
+        },
+        "here",
+    )
+    assert pods == (Pod("u1", "ns", "p", "Pending", "n1", ("c1", "c2"), {"a": "b"}),)
+    assert parse_pod_list({"kind": "PodList", "items": None}, "here") == ()
+
+
+def test_allocations_prefer_what_was_allocated_over_what_was_assigned() -> None:
+    whole = encode_assignment({"c": (DeviceShare("gpu-0"),)})
+    slice_ = encode_assignment({"c": (DeviceShare("gpu-1", 30, 40),)})
+    pods = [
+        _pod("a", {ANNOTATIONS.allocated_devices: whole, ANNOTATIONS.assigned_devices: slice_}),
+        _pod("b", {ANNOTATIONS.assigned_devices: slice_}),
+        _pod("c", {ANNOTATIONS.allocated_devices: whole}, phase="Succeeded"),
+        _pod("d", {}),
+        _pod("e", {ANNOTATIONS.allocated_devices: '{"c": [{"id": "gpu-2", "core": 150}]}'}),
+    ]
+    result = pod_allocations(pods, ANNOTATIONS)
+    assert result.by_device["gpu-0"].core_percent == 100
+    assert result.by_device["gpu-0"].containers == 1
+    assert (result.by_device["gpu-1"].core_percent, result.by_device["gpu-1"].memory_percent) == (
+        30,
+        40,
+    )
+    assert "gpu-2" not in result.by_device
+    assert set(result.by_container) == {("a", "c"), ("b", "c")}
+    (problem,) = result.problems
+    assert problem.startswith(f"pod=ns/pod-e annotation {ANNOTATIONS.allocated_devices}: ")
+    assert "c[0].core" in problem
+
+
+async def test_kubelet_errors_name_the_url(lj: Any) -> None:
+    server = lj.KubeletPodsServer()
+    wrong = server.url.replace("/pods", "/wrong")
+    with pytest.raises(
+        PodSourceError, match=r"kubelet http://127\.0\.0\.1:\d+/wrong answered HTTP 404"
+    ):
+        await KubeletPods(wrong, timeout_s=2).list_pods()
+    server.close()
+    with pytest.raises(PodSourceError, match=r"not reachable: .*[Cc]onnection refused"):
+        await KubeletPods(server.url, timeout_s=2).list_pods()
+
+
+class _Lister:
+    def __init__(self, pods: tuple[Pod, ...] | None) -> None:
+        self.pods = pods
+        self.calls = 0
+
+    async def list_pods(self) -> tuple[Pod, ...]:
+        self.calls += 1
+        if self.pods is None:
+            raise PodSourceError("API server down")
+        return self.pods
+
+
+async def test_fallback_to_the_api_server_is_logged_once(
+    lj: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    kubelet = lj.KubeletPodsServer([lj.PodSpec("k1", "ns", "from-kubelet", ("c",), {})])
+    fallback = _Lister((_pod("f1", {}),))
+    source = NodePods(KubeletPods(kubelet.url, timeout_s=2), fallback)
+    read = await source.read()
+    assert read.view is not None
+    assert (read.view.source, read.kubelet_up, fallback.calls) == ("kubelet", True, 0)
+    kubelet.close()
+    with caplog.at_level(logging.WARNING):
+        first = await source.read()
+        second = await source.read()
+    for read in (first, second):
+        assert read.view is not None
+        assert (read.view.source, read.kubelet_up) == ("apiserver", False)
+        assert [s for s, _ in read.errors] == ["kubelet"]
+    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
+    assert "API server" in caplog.records[0].getMessage()
+    fallback.pods = None
+    read = await source.read()
+    assert read.view is None
+    assert [s for s, _ in read.errors] == ["kubelet", "apiserver"]
