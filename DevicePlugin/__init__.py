@@ -1,0 +1,1 @@
+"""LJ Runtime Kit Device Plugin (kubelet device plugin API v1beta1)."""

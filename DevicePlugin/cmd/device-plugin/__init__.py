@@ -1,0 +1,1 @@
+"""lj-device-plugin command."""

@@ -1,0 +1,335 @@
+"""lj-device-plugin: advertise the node's accelerators to the kubelet (device plugin API v1beta1).
+
+Composition root only: flags (mirrored by environment variables), logging,
+wiring and signals. Every operator mistake logs one clear line and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lj_runtimekit.deviceplugin.internal.allocate.allocator import Allocator
+from lj_runtimekit.deviceplugin.internal.allocate.records import ApiPodRecorder
+from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi, KubeConfigError
+from lj_runtimekit.deviceplugin.internal.nodelabels.labels import NodeLabeller, node_labels
+from lj_runtimekit.deviceplugin.internal.plugin.manager import PluginManager
+from lj_runtimekit.deviceplugin.internal.plugin.server import EndpointError
+from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods
+from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, RuntimeAccess, Snapshot
+from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError, evaluate
+from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError, load_protocol
+from lj_runtimekit.proto.pkg.runtimeclient import (
+    DEFAULT_SOCKET_DIR,
+    DEFAULT_SOCKET_NAME,
+    RetryPolicy,
+    RuntimeCallError,
+    RuntimeUnavailableError,
+)
+from lj_runtimekit.proto.pkg.version import InvalidVersionError, component_version
+
+log = logging.getLogger("lj-device-plugin")
+
+DIST = "lj-runtimekit-deviceplugin"
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
+DEFAULT_PODS_URL = "http://127.0.0.1:10255/pods"
+
+
+class StartError(Exception):
+    """The plugin cannot start; the message says what to fix."""
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        prog="lj-device-plugin",
+        description="Advertise whole GPUs, TDM core/memory slices, MIG profiles and PPU/AMD"
+        " devices of the Lingjun Runtime to the kubelet (device plugin API v1beta1).",
+    )
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    p.add_argument(
+        "--plugin-dir",
+        default=env("LJ_DP_PLUGIN_DIR", DEFAULT_PLUGIN_DIR),
+        help="kubelet device plugin directory"
+        f" (env LJ_DP_PLUGIN_DIR, default {DEFAULT_PLUGIN_DIR})",
+    )
+    p.add_argument(
+        "--runtime-socket-dir",
+        default=env("LJ_RUNTIME_SOCKET_DIR", DEFAULT_SOCKET_DIR),
+        help=f"Runtime socket directory (env LJ_RUNTIME_SOCKET_DIR, default {DEFAULT_SOCKET_DIR})",
+    )
+    p.add_argument(
+        "--runtime-socket-name",
+        default=env("LJ_RUNTIME_SOCKET_NAME", DEFAULT_SOCKET_NAME),
+        help="Runtime socket file name"
+        f" (env LJ_RUNTIME_SOCKET_NAME, default {DEFAULT_SOCKET_NAME})",
+    )
+    p.add_argument(
+        "--protocol",
+        default=env("LJ_PROTOCOL_FILE"),
+        help="protocol.yaml with resource, label and annotation names (env LJ_PROTOCOL_FILE;"
+        " built-in defaults when unset)",
+    )
+    p.add_argument(
+        "--node-name",
+        default=env("NODE_NAME", ""),
+        help="this node's name, for labels and the API server fallback (env NODE_NAME)",
+    )
+    p.add_argument(
+        "--kubelet-pods-url",
+        default=env("LJ_DP_KUBELET_PODS_URL", DEFAULT_PODS_URL),
+        help=f"kubelet read-only pod list (env LJ_DP_KUBELET_PODS_URL, default {DEFAULT_PODS_URL})",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=env("KUBECONFIG"),
+        help="kubeconfig for API server access (env KUBECONFIG; in-cluster config when unset)",
+    )
+    p.add_argument(
+        "--label-node",
+        type=_bool,
+        default=_bool(env("LJ_DP_LABEL_NODE", "true")),
+        help="label the Node with device kind, model, count, mode and Runtime version"
+        " (env LJ_DP_LABEL_NODE, default true; needs API access and --node-name)",
+    )
+    p.add_argument(
+        "--release-grace",
+        type=float,
+        default=float(env("LJ_DP_RELEASE_GRACE_S", "60")),
+        help="seconds a pod may be missing from the pod list before its Runtime allocation is"
+        " released (env LJ_DP_RELEASE_GRACE_S, default 60)",
+    )
+    p.add_argument(
+        "--collect-interval",
+        type=float,
+        default=float(env("LJ_DP_COLLECT_INTERVAL_S", "30")),
+        help="seconds between clean-up rounds of finished pods' allocations"
+        " (env LJ_DP_COLLECT_INTERVAL_S, default 30)",
+    )
+    p.add_argument(
+        "--grace-period",
+        type=float,
+        default=2.0,
+        help="seconds open streams get on shutdown (default 2)",
+    )
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        default=env("LJ_DP_LOG_LEVEL", "INFO").upper(),
+        help="log level (env LJ_DP_LOG_LEVEL, default INFO)",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("auto", "json", "text"),
+        default=env("LJ_DP_LOG_FORMAT", "auto"),
+        help="log format: JSON lines, readable text, or auto (text on a TTY)"
+        " (env LJ_DP_LOG_FORMAT)",
+    )
+    return p
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json" or (fmt == "auto" and not sys.stderr.isatty()):
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated settings."""
+
+    plugin_dir: Path
+    runtime_socket_dir: str
+    runtime_socket_name: str
+    protocol: Protocol
+    node_name: str
+    kubelet_pods_url: str
+    api: KubeApi | None
+    label_node: bool
+    release_grace_s: float
+    collect_interval_s: float
+    grace_s: float
+
+
+def _config(args: argparse.Namespace) -> Config:
+    try:
+        protocol = load_protocol(args.protocol)
+    except ProtocolError as exc:
+        raise StartError(str(exc)) from exc
+    try:
+        api = KubeApi.load(args.kubeconfig)
+    except KubeConfigError as exc:
+        raise StartError(str(exc)) from exc
+    if args.label_node and api is None:
+        raise StartError(
+            "--label-node needs API server access: run in-cluster or pass --kubeconfig,"
+            " or set --label-node=false"
+        )
+    if args.label_node and not args.node_name:
+        raise StartError("--label-node needs the node name: set --node-name or NODE_NAME")
+    if not args.kubelet_pods_url.startswith(("http://", "https://")):
+        raise StartError(f"--kubelet-pods-url {args.kubelet_pods_url!r} is not an http(s) URL")
+    for flag in ("release_grace", "collect_interval", "grace_period"):
+        if getattr(args, flag) < 0:
+            raise StartError(f"--{flag.replace('_', '-')} must not be negative")
+    return Config(
+        plugin_dir=Path(args.plugin_dir),
+        runtime_socket_dir=args.runtime_socket_dir,
+        runtime_socket_name=args.runtime_socket_name,
+        protocol=protocol,
+        node_name=args.node_name,
+        kubelet_pods_url=args.kubelet_pods_url,
+        api=api,
+        label_node=args.label_node,
+        release_grace_s=args.release_grace,
+        collect_interval_s=max(args.collect_interval, 0.1),
+        grace_s=args.grace_period,
+    )
+
+
+async def _run(cfg: Config) -> None:
+    runtime = RuntimeAccess(cfg.runtime_socket_dir, cfg.runtime_socket_name, RetryPolicy())
+    pods = NodePods(cfg.kubelet_pods_url, cfg.node_name, cfg.api)
+    try:
+        try:
+            info = await runtime.client.runtime_info()
+            gates = evaluate(info.version, component_version(DIST))
+            gates.require_base()
+            devices = tuple(await runtime.client.list_devices())
+        except (RuntimeUnavailableError, RuntimeCallError, RuntimeTooOldError) as exc:
+            raise StartError(str(exc)) from exc
+        except InvalidVersionError as exc:
+            raise StartError(f"Runtime reports a bad version: {exc}") from exc
+        log.info(
+            "runtime found version=%s node=%s devices=%d",
+            info.version,
+            info.node_name,
+            len(devices),
+        )
+        for message in gates.messages:
+            log.warning("feature gate message=%r", message)
+        rm = ResourceManager(runtime, cfg.protocol, gates, devices)
+        await _serve(cfg, runtime, pods, rm, info.version)
+    finally:
+        pods.close()
+        await runtime.close()
+
+
+async def _serve(
+    cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: ResourceManager, version: str
+) -> None:
+    recorder = (
+        ApiPodRecorder(cfg.api, cfg.protocol.annotations.allocated_devices) if cfg.api else None
+    )
+    if recorder is None:
+        log.warning("no API server access: allocation records are kept by the Runtime only")
+    allocator = Allocator(
+        rm,
+        runtime,
+        pods,
+        cfg.protocol,
+        recorder=recorder,
+        node_name=cfg.node_name,
+        release_grace_s=cfg.release_grace_s,
+    )
+    try:
+        await allocator.rebuild()
+    except (RuntimeUnavailableError, RuntimeCallError) as exc:
+        raise StartError(f"cannot read the Runtime's allocations: {exc}") from exc
+    manager = PluginManager(cfg.plugin_dir, rm, allocator, grace_s=cfg.grace_s)
+    try:
+        await manager.start()
+    except EndpointError as exc:
+        await manager.stop()
+        raise StartError(str(exc)) from exc
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    tasks: list[asyncio.Task[None]] = [
+        asyncio.create_task(rm.run(), name="runtime-watch"),
+        asyncio.create_task(allocator.run_collector(stop, cfg.collect_interval_s), name="gc"),
+    ]
+    if cfg.label_node and cfg.api is not None:
+        labeller = NodeLabeller(cfg.api, cfg.node_name)
+        pending: asyncio.Queue[Snapshot] = asyncio.Queue()
+        rm.add_listener(pending.put_nowait)
+
+        async def label_loop() -> None:
+            await labeller.apply(node_labels(rm.snapshot.devices, version, cfg.protocol))
+            while True:
+                snap = await pending.get()
+                await labeller.apply(node_labels(snap.devices, version, cfg.protocol))
+
+        tasks.append(asyncio.create_task(label_loop(), name="labels"))
+    log.info(
+        "serving resources=%s plugin_dir=%s",
+        ",".join(sorted(manager.endpoints)),
+        cfg.plugin_dir,
+    )
+    try:
+        await manager.run(stop)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await allocator.close()
+        log.info("stopped, sockets removed")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run until SIGTERM or SIGINT; 1 on an operator mistake or an unusable Runtime."""
+    args = _parser().parse_args(argv)
+    if args.version:
+        print(f"lj-device-plugin {component_version(DIST)}")
+        return 0
+    _setup_logging(args.log_level, args.log_format)
+    try:
+        cfg = _config(args)
+        asyncio.run(_run(cfg))
+    except StartError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

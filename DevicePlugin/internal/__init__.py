@@ -1,0 +1,1 @@
+"""Device Plugin internals, one package per concern."""

@@ -1,0 +1,1 @@
+"""Allocate: find the pod by identity, ask the Runtime, answer the kubelet."""

@@ -1,0 +1,1 @@
+"""Kubernetes API access (in-cluster or kubeconfig)."""

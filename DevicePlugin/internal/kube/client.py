@@ -1,0 +1,72 @@
+"""Kubernetes API access: configuration, the node's pod list, pod and node patches.
+
+Blocking calls of the official client; callers run them in a thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+log = logging.getLogger(__name__)
+
+
+class KubeConfigError(Exception):
+    """No usable API server configuration."""
+
+
+class KubeApi:
+    """The calls the Device Plugin makes to the API server."""
+
+    def __init__(self, api_client: Any) -> None:
+        self._core = k8s_client.CoreV1Api(api_client)
+
+    @classmethod
+    def load(cls, kubeconfig: str | None) -> KubeApi | None:
+        """From `kubeconfig`, else in-cluster; None when neither exists."""
+        if kubeconfig:
+            if not os.path.exists(kubeconfig):
+                raise KubeConfigError(f"kubeconfig {kubeconfig} does not exist")
+            try:
+                api_client = k8s_config.new_client_from_config(config_file=kubeconfig)
+            except Exception as exc:
+                raise KubeConfigError(f"kubeconfig {kubeconfig} is not usable: {exc}") from exc
+            return cls(api_client)
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            configuration = k8s_client.Configuration()
+            try:
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            except k8s_config.ConfigException as exc:
+                raise KubeConfigError(f"in-cluster configuration is not usable: {exc}") from exc
+            return cls(k8s_client.ApiClient(configuration))
+        return None
+
+    def list_node_pods(self, node_name: str) -> bytes:
+        """The raw PodList of the pods bound to `node_name`."""
+        response = self._core.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node_name}", _preload_content=False
+        )
+        data: bytes = response.data
+        return data
+
+    def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge-patch annotations onto a pod."""
+        self._core.patch_namespaced_pod(
+            name, namespace, {"metadata": {"annotations": dict(annotations)}}
+        )
+
+    def label_node(self, node_name: str, labels: Mapping[str, str | None]) -> None:
+        """Merge-patch labels onto a node (None removes a label)."""
+        self._core.patch_node(node_name, {"metadata": {"labels": dict(labels)}})
+
+    def node_labels(self, node_name: str) -> dict[str, str]:
+        """The node's current labels."""
+        response = self._core.read_node(node_name, _preload_content=False)
+        labels = json.loads(response.data).get("metadata", {}).get("labels") or {}
+        return {str(k): str(v) for k, v in labels.items()}

@@ -1,0 +1,1 @@
+"""A kubelet shim on the real device plugin API v1beta1 (tests, benchmarks, the sandbox)."""

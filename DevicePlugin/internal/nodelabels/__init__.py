@@ -1,0 +1,1 @@
+"""Node labels: device kind, model, count, mode, Runtime version."""

@@ -1,0 +1,94 @@
+"""Node labels: device kind, model, count, mode and Runtime version (keys from the protocol).
+
+The scheduler filters nodes and gates features on these. Values follow the
+label value syntax (at most 63 characters of alphanumerics, `-`, `_`, `.`).
+A node with devices of several kinds, models or modes is labelled `mixed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Iterable, Mapping
+
+from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
+
+from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi
+from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
+from lj_runtimekit.proto.pkg.protocol import Protocol
+
+log = logging.getLogger(__name__)
+
+_KINDS = {rpb.DEVICE_KIND_GPU: "gpu", rpb.DEVICE_KIND_PPU: "ppu", rpb.DEVICE_KIND_AMD: "amd"}
+_MODES = {
+    rpb.DEVICE_MODE_EXCLUSIVE: "exclusive",
+    rpb.DEVICE_MODE_TDM: "tdm",
+    rpb.DEVICE_MODE_MIG: "mig",
+}
+MIXED = "mixed"
+
+
+def label_value(text: str) -> str:
+    """`text` made a valid label value (invalid characters become `-`, trimmed to 63)."""
+    value = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63]
+    return value.strip("-_.")
+
+
+def _one(values: Iterable[str]) -> str:
+    distinct = sorted(set(values))
+    if not distinct:
+        return ""
+    return distinct[0] if len(distinct) == 1 else MIXED
+
+
+def node_labels(
+    devices: Iterable[rpb.Device], runtime_version: str, protocol: Protocol
+) -> dict[str, str | None]:
+    """The labels for a node's devices; None removes a label that no longer applies."""
+    devs = list(devices)
+    keys = protocol.labels
+    kind = _one(_KINDS.get(d.kind, "unknown") for d in devs)
+    model = _one(label_value(d.model) for d in devs if d.model)
+    mode = _one(_MODES.get(d.mode, "unknown") for d in devs)
+    return {
+        keys.device_kind: kind or None,
+        keys.device_model: model or None,
+        keys.device_count: str(len(devs)),
+        keys.device_mode: mode or None,
+        keys.runtime_version: label_value(runtime_version) or None,
+    }
+
+
+class NodeLabeller:
+    """Patches the labels onto the Node when they change."""
+
+    def __init__(self, api: KubeApi, node_name: str, attempts: int = 5) -> None:
+        self._api = api
+        self.node_name = node_name
+        self._attempts = attempts
+        self._applied: Mapping[str, str | None] | None = None
+
+    async def apply(self, labels: Mapping[str, str | None]) -> bool:
+        """Patch `labels` when they differ from the last applied; False when the API refused."""
+        if labels == self._applied:
+            return True
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._attempts),
+            wait=wait_exponential(multiplier=0.2, max=5),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await asyncio.to_thread(self._api.label_node, self.node_name, labels)
+        except Exception as exc:
+            log.warning("node labels not written node=%s reason=%r", self.node_name, str(exc))
+            return False
+        self._applied = dict(labels)
+        log.info(
+            "node labelled node=%s labels=%s",
+            self.node_name,
+            ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if v is not None),
+        )
+        return True

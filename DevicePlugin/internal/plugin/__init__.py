@@ -1,0 +1,1 @@
+"""Per-resource DevicePlugin gRPC servers, registration with the kubelet, restart handling."""

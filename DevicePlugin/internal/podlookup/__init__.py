@@ -1,0 +1,1 @@
+"""The node's pods: kubelet read-only /pods, API server fallback."""

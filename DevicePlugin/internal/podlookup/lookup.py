@@ -1,0 +1,271 @@
+"""The node's pods, read from the kubelet read-only port, else from the API server.
+
+The kubelet's `/pods` (`http://127.0.0.1:10255/pods` by default) lists exactly
+the pods the kubelet knows, which is what Allocate needs. Newer kubelets keep
+that port closed; then the node's pods are listed from the API server by
+`spec.nodeName` and the switch is logged once (and once more when the kubelet
+port answers again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class PodLookupError(Exception):
+    """Neither the kubelet nor the API server gave the node's pods."""
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """A container's name and its integer extended-resource limits."""
+
+    name: str
+    limits: Mapping[str, int]
+    init: bool = False
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What Allocate needs of a pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    phase: str
+    deleting: bool
+    creation: str
+    annotations: Mapping[str, str]
+    containers: tuple[ContainerInfo, ...]
+    node_name: str = ""
+
+    @property
+    def ref(self) -> str:
+        """`namespace/name`, for logs and messages."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def active(self) -> bool:
+        """False for pods that finished or are being deleted."""
+        return self.phase not in TERMINAL_PHASES and not self.deleting
+
+
+def _count(value: object) -> int | None:
+    """An extended-resource quantity as an integer, or None when it is not one."""
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text)
+    suffixes = {"k": 10**3, "M": 10**6, "G": 10**9}
+    try:
+        if text and text[-1] in suffixes:
+            number = Decimal(text[:-1]) * suffixes[text[-1]]
+        else:
+            number = Decimal(text)
+    except InvalidOperation:
+        return None
+    return int(number) if number == number.to_integral_value() and number >= 0 else None
+
+
+def _containers(spec: Mapping[str, Any], key: str, init: bool) -> list[ContainerInfo]:
+    out = []
+    for c in spec.get(key) or ():
+        resources = c.get("resources") or {}
+        merged = dict(resources.get("requests") or {})
+        merged.update(resources.get("limits") or {})
+        limits = {}
+        for name, value in merged.items():
+            if "/" in name:
+                number = _count(value)
+                if number is not None:
+                    limits[name] = number
+        out.append(ContainerInfo(str(c.get("name", "")), limits, init))
+    return out
+
+
+def parse_pod(item: Mapping[str, Any]) -> PodInfo:
+    """A PodInfo from one pod object of a PodList (JSON)."""
+    meta = item.get("metadata") or {}
+    spec = item.get("spec") or {}
+    status = item.get("status") or {}
+    return PodInfo(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        phase=str(status.get("phase", "")),
+        deleting=bool(meta.get("deletionTimestamp")),
+        creation=str(meta.get("creationTimestamp", "")),
+        annotations={str(k): str(v) for k, v in (meta.get("annotations") or {}).items()},
+        containers=tuple(
+            _containers(spec, "initContainers", True) + _containers(spec, "containers", False)
+        ),
+        node_name=str(spec.get("nodeName", "")),
+    )
+
+
+def parse_pod_list(body: bytes, source: str) -> list[PodInfo]:
+    """Parse a PodList; raise PodLookupError naming `source` when it is not one."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise PodLookupError(f"{source} did not answer a JSON PodList: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("items", []), list):
+        raise PodLookupError(f"{source} did not answer a PodList")
+    return [parse_pod(item) for item in data.get("items") or () if isinstance(item, dict)]
+
+
+class PodApi(Protocol):
+    """The API server side: a PodList of the node as JSON bytes."""
+
+    def list_node_pods(self, node_name: str) -> bytes:
+        """The raw PodList of pods with `spec.nodeName == node_name`."""
+
+
+class _KubeletHttp:
+    """A keep-alive HTTP client of the kubelet's `/pods` (blocking; used from a thread)."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"kubelet pods URL {url!r} is not an http(s) URL")
+        self.url = url
+        self._scheme = parsed.scheme
+        self._host = parsed.hostname
+        self._port = parsed.port
+        self._path = parsed.path or "/pods"
+        if parsed.query:
+            self._path += "?" + parsed.query
+        self._timeout_s = timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+        return cls(self._host, self._port, timeout=self._timeout_s)
+
+    def get(self) -> bytes:
+        with self._lock:
+            for attempt in (1, 2):
+                if self._conn is None:
+                    self._conn = self._connect()
+                try:
+                    self._conn.request("GET", self._path, headers={"Accept": "application/json"})
+                    response = self._conn.getresponse()
+                    body = response.read()
+                except (OSError, http.client.HTTPException):
+                    self._conn.close()
+                    self._conn = None
+                    if attempt == 2:
+                        raise
+                    continue
+                if response.status != 200:
+                    raise PodLookupError(f"kubelet {self.url} answered HTTP {response.status}")
+                return body
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+@dataclass
+class _Source:
+    on_kubelet: bool = True
+    retry_kubelet_at: float = 0.0
+    logged: set[str] = field(default_factory=set)
+
+
+class NodePods:
+    """Lists the node's pods: kubelet `/pods` first, API server by node name as the fallback."""
+
+    def __init__(
+        self,
+        kubelet_url: str,
+        node_name: str,
+        api: PodApi | None,
+        *,
+        timeout_s: float = 2.0,
+        kubelet_retry_s: float = 30.0,
+    ) -> None:
+        self._kubelet = _KubeletHttp(kubelet_url, timeout_s)
+        self.node_name = node_name
+        self._api = api
+        self._kubelet_retry_s = kubelet_retry_s
+        self._source = _Source()
+
+    @property
+    def kubelet_url(self) -> str:
+        """Where the kubelet's pod list is read."""
+        return self._kubelet.url
+
+    async def list_pods(self) -> list[PodInfo]:
+        """The node's pods, from whichever source answers."""
+        src = self._source
+        now = time.monotonic()
+        if src.on_kubelet or now >= src.retry_kubelet_at:
+            try:
+                body = await asyncio.to_thread(self._kubelet.get)
+            except (OSError, http.client.HTTPException, PodLookupError) as exc:
+                kubelet_error: str = str(exc) or type(exc).__name__
+                src.retry_kubelet_at = now + self._kubelet_retry_s
+                if src.on_kubelet:
+                    src.on_kubelet = False
+                    self._log_once(
+                        "fallback",
+                        "kubelet pod list unavailable, listing the node's pods from the API"
+                        " server instead url=%s node=%s reason=%r",
+                        self._kubelet.url,
+                        self.node_name,
+                        kubelet_error,
+                    )
+            else:
+                if not src.on_kubelet:
+                    src.on_kubelet = True
+                    log.info("kubelet pod list answers again url=%s", self._kubelet.url)
+                return parse_pod_list(body, f"kubelet {self._kubelet.url}")
+        else:
+            kubelet_error = "closed at last try"
+        return await self._from_api(kubelet_error)
+
+    async def _from_api(self, kubelet_error: str) -> list[PodInfo]:
+        if self._api is None or not self.node_name:
+            raise PodLookupError(
+                f"cannot list the node's pods: kubelet {self._kubelet.url} failed"
+                f" ({kubelet_error}) and there is no API server access with a node name"
+                " to fall back to (set --node-name/NODE_NAME and run in-cluster or with"
+                " --kubeconfig)"
+            )
+        api = self._api
+        try:
+            body = await asyncio.to_thread(api.list_node_pods, self.node_name)
+        except Exception as exc:
+            raise PodLookupError(
+                f"cannot list the node's pods: kubelet {self._kubelet.url} failed"
+                f" ({kubelet_error}) and the API server failed too: {exc}"
+            ) from exc
+        pods = parse_pod_list(body, "API server")
+        return [p for p in pods if not p.node_name or p.node_name == self.node_name]
+
+    def _log_once(self, key: str, message: str, *args: object) -> None:
+        if key not in self._source.logged:
+            self._source.logged.add(key)
+            log.warning(message, *args)
+
+    def close(self) -> None:
+        """Close the kubelet connection."""
+        self._kubelet.close()
