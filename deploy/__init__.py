@@ -1,0 +1,1 @@
+"""LJ Runtime Kit deployment helper (rendering and checks behind deploy/deploy-all.sh)."""

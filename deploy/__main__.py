@@ -1,0 +1,3 @@
+from lj_runtimekit.deploy.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,290 @@
+"""`lj-deploy`: the helper that deploy/deploy-all.sh calls (rendering and checks).
+
+Operators use deploy-all.sh; this command is its typed, tested core. Every
+operator mistake prints one `error: ...` line saying what to fix and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lj_runtimekit.deploy import generate, manifests, verify
+from lj_runtimekit.deploy.components import (
+    BY_NAME,
+    DEFAULT_NAMESPACE,
+    DEFAULT_REGISTRY,
+    DeployError,
+    check_version,
+    parse_components,
+    parse_image_overrides,
+)
+from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
+
+
+def _load_json(path: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise DeployError(f"cannot read {path}: {exc}") from exc
+
+
+def _items(path: str) -> list[dict[str, Any]]:
+    data = _load_json(path)
+    items: list[dict[str, Any]] = data.get("items", []) if isinstance(data, dict) else []
+    return items
+
+
+def _protocol_text(path: str) -> str:
+    load_protocol(path)  # validates: names the key and the file
+    return Path(path).read_text()
+
+
+def _print_report(report: verify.Report) -> int:
+    for line in report.ok:
+        print(f"ok      {line}")
+    for line in report.problems:
+        print(f"PROBLEM {line}")
+    return 1 if report.problems else 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    components = parse_components(args.components)
+    version = check_version(args.version)
+    opts = manifests.Options(
+        protocol_text=_protocol_text(args.protocol),
+        version=version,
+        namespace=args.namespace,
+        registry=args.registry,
+        images=parse_image_overrides(args.image or []),
+        runtime_class_api=args.runtime_class_api,
+    )
+    if args.workloads_only:
+        objs = [manifests.workload(c, opts) for c in components]
+    else:
+        objs = manifests.render(components, opts, common=not args.no_common)
+    text = manifests.dump(objs)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+    return 0
+
+
+def cmd_components(args: argparse.Namespace) -> int:
+    """One line per component: name kind workload resource configmap app images..."""
+    for c in parse_components(args.components):
+        print(c.name, c.kind, c.workload, c.resource, c.configmap, c.app)
+    return 0
+
+
+def cmd_check_version(args: argparse.Namespace) -> int:
+    check_version(args.version, args.what)
+    return 0
+
+
+def cmd_server_version(args: argparse.Namespace) -> int:
+    try:
+        major, minor, git = verify.server_version(_load_json(args.json))
+    except ValueError as exc:
+        raise DeployError(str(exc)) from exc
+    if (major, minor) < (1, 18):
+        print(f"PROBLEM Kubernetes {git} is older than 1.18; fix: upgrade the cluster")
+        return 1
+    note = "" if (major, minor) >= (1, 20) else " (RuntimeClass is rendered as node.k8s.io/v1beta1)"
+    print(f"ok      Kubernetes {git} >= 1.18{note}")
+    return 0
+
+
+def cmd_protocol(args: argparse.Namespace) -> int:
+    """Print one protocol value by its dotted key (e.g. labels.enable)."""
+    flat = load_protocol(args.protocol).as_flat()
+    if args.key not in flat:
+        raise DeployError(f"unknown protocol key {args.key!r}; known: {', '.join(sorted(flat))}")
+    print(flat[args.key])
+    return 0
+
+
+def cmd_gang(args: argparse.Namespace) -> int:
+    """Print `required <min-version>` when gang scheduling needs JobSet, else `not-required`."""
+    gang = manifests.settings(BY_NAME["scheduler-framework"]).get("gang", {})
+    if gang.get("enabled") and gang.get("requireJobSet"):
+        print("required", gang.get("minJobSetVersion", "v0.8.0"))
+    else:
+        print("not-required")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    components = parse_components(args.components)
+    protocol = load_protocol(args.protocol)
+    snap = Path(args.snapshot)
+    report = verify.Report()
+    workloads = _items(str(snap / "workloads.json"))
+    pods = _items(str(snap / "pods.json"))
+    nodes = _items(str(snap / "nodes.json"))
+    report.extend(
+        verify.check_workloads(components, workloads, pods, args.namespace, protocol.labels.enable)
+    )
+    if any(c.name == "device-plugin" for c in components):
+        report.extend(verify.check_nodes(nodes, protocol))
+    report.extend(verify.stale_report(nodes, protocol))
+    with_protocol = [c for c in components]
+    report.extend(
+        verify.check_configmaps(
+            _items(str(snap / "configmaps.json")),
+            protocol,
+            args.protocol_name,
+            with_protocol,
+            args.namespace,
+        )
+    )
+    return _print_report(report)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    components = parse_components(args.components)
+    snap = Path(args.snapshot)
+    lines = verify.status_lines(
+        components, _items(str(snap / "workloads.json")), _items(str(snap / "pods.json"))
+    )
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_stale(args: argparse.Namespace) -> int:
+    """Print `<node> <json patch>` per node that carries stale protocol resources."""
+    patches = verify.cleanup_patches(_items(args.nodes), load_protocol(args.protocol))
+    for node, ops in sorted(patches.items()):
+        print(node, json.dumps(ops, separators=(",", ":")))
+    return 0
+
+
+def cmd_check_metrics(args: argparse.Namespace) -> int:
+    if args.url:
+        if not args.url.startswith(("http://", "https://")):
+            raise DeployError(f"--metrics-url={args.url}: expected an http:// or https:// URL")
+        try:
+            with urllib.request.urlopen(args.url, timeout=10) as answer:  # noqa: S310
+                text = answer.read().decode("utf-8", "replace")
+        except OSError as exc:
+            print(f"PROBLEM exporter {args.url}: no answer ({exc}); fix: check the URL")
+            return 1
+        return _print_report(verify.check_metrics(text, args.url))
+    if not args.file:
+        raise DeployError("check-metrics: give a FILE or --url")
+    return _print_report(verify.check_metrics(Path(args.file).read_text(), args.where))
+
+
+def cmd_images(args: argparse.Namespace) -> int:
+    """Print `<resource> <container>=<image>...` of the workloads in a rendered file."""
+    for doc in yaml.safe_load_all(Path(args.file).read_text()):
+        if not doc or doc.get("kind") not in ("DaemonSet", "Deployment"):
+            continue
+        short = "ds" if doc["kind"] == "DaemonSet" else "deploy"
+        containers = doc["spec"]["template"]["spec"]["containers"]
+        pairs = " ".join(f"{c['name']}={c['image']}" for c in containers)
+        print(f"{short}/{doc['metadata']['name']} {pairs}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    stale = generate.generate(Path(args.deploy_dir), check=args.check)
+    root = Path(args.deploy_dir).resolve().parent
+    for path in stale:
+        shown = path.resolve().relative_to(root)
+        print(f"{'stale' if args.check else 'wrote'} {shown}")
+    if args.check and stale:
+        print("error: generated deploy files are stale; run: make -C deploy manifests")
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lj-deploy", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("render", help="render the manifests with the operator's options")
+    p.add_argument("--protocol", required=True, help="deploy/protocol.yaml")
+    p.add_argument("--components", default="")
+    p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    p.add_argument("--registry", default=DEFAULT_REGISTRY)
+    p.add_argument("--version", required=True)
+    p.add_argument("--image", action="append", help="<component>=<image reference>")
+    p.add_argument("--runtime-class-api", default="node.k8s.io/v1")
+    p.add_argument("--no-common", action="store_true", help="leave out the RuntimeClass")
+    p.add_argument("--workloads-only", action="store_true")
+    p.add_argument("-o", "--output", default="-")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("components", help="validate --components and list them")
+    p.add_argument("--components", default="")
+    p.set_defaults(func=cmd_components)
+
+    p = sub.add_parser("check-version", help="validate a v{major}.{feature}.{iteration} version")
+    p.add_argument("version")
+    p.add_argument("--what", default="--version")
+    p.set_defaults(func=cmd_check_version)
+
+    p = sub.add_parser("server-version", help="check `kubectl version -o json` >= 1.18")
+    p.add_argument("--json", required=True)
+    p.set_defaults(func=cmd_server_version)
+
+    p = sub.add_parser("protocol", help="print one protocol value")
+    p.add_argument("--protocol", required=True)
+    p.add_argument("key")
+    p.set_defaults(func=cmd_protocol)
+
+    p = sub.add_parser("gang", help="does the scheduler configuration need JobSet?")
+    p.set_defaults(func=cmd_gang)
+
+    for name, func in (("verify", cmd_verify), ("status", cmd_status)):
+        p = sub.add_parser(name, help=f"{name} report from a kubectl snapshot directory")
+        p.add_argument("--snapshot", required=True)
+        p.add_argument("--components", default="")
+        p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+        p.add_argument("--protocol", required=True)
+        p.add_argument("--protocol-name", default="deploy/protocol.yaml")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("stale-patches", help="JSON patches removing stale node resources")
+    p.add_argument("--nodes", required=True)
+    p.add_argument("--protocol", required=True)
+    p.set_defaults(func=cmd_stale)
+
+    p = sub.add_parser("check-metrics", help="the answer has # HELP/# TYPE lines")
+    p.add_argument("file", nargs="?")
+    p.add_argument("--where", default="metrics")
+    p.add_argument("--url", help="fetch the metrics from this http(s) URL instead")
+    p.set_defaults(func=cmd_check_metrics)
+
+    p = sub.add_parser("images", help="list the workload images of a rendered file")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_images)
+
+    p = sub.add_parser("generate", help="write the plain YAML, kustomizations and Helm chart")
+    p.add_argument("--deploy-dir", required=True)
+    p.add_argument("--check", action="store_true", help="only report stale files")
+    p.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (DeployError, ProtocolError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,469 @@
+#!/usr/bin/env bash
+# Deploys and operates the LJ Runtime Kit components.
+#
+# Usage: deploy/deploy-all.sh COMMAND [options]
+#
+# Commands:
+#   precheck                 cluster reachable, Kubernetes >= 1.18, RuntimeClass,
+#                            JobSet CRD (when gang scheduling needs it), labelled nodes
+#   deploy                   render and apply every object (server-side apply), wait for rollout
+#   status                   workloads, ready counts, images, pods and their nodes
+#   verify                   pods Running+ready, node capacity = device count, exporter
+#                            metrics, protocol ConfigMaps agree, no stale resources
+#   upgrade --version=V      set the images to V, wait for the rollout, report old -> new
+#   rollback                 return each workload to its previous revision
+#   delete                   remove every object deploy created
+#   cleanup-stale-resources  remove old protocol resource names from node status
+#
+# Options:
+#   --components=LIST   device-plugin,scheduler-framework,exporter,controller (default: all)
+#   --namespace=NS      default kube-system
+#   --registry=REG      default lj-runtimekit-registry.cn-hangzhou.cr.aliyuncs.com/lj-runtimekit
+#   --version=V         v{major}.{feature}.{iteration}; default the VERSION file
+#   --image=C=REF       image of one component (device-plugin, scheduler-framework,
+#                       exporter, controller, job-agent); repeatable
+#   --dry-run           server-side dry run: validate and show, change nothing
+#   --kubeconfig=FILE   default $KUBECONFIG, then ~/.kube/config
+#   --timeout=DURATION  rollout wait, default 300s
+#   --metrics-url=URL   verify: read the exporter metrics here (e.g. a port-forward)
+#                       instead of through the API server proxy
+#
+# Environment: KUBECTL (kubectl binary), LJ_DEPLOY_PYTHON (Python with the
+# lj-runtimekit-deploy helper installed), LJ_DEPLOY_LOG_DIR (log directory).
+# Every operation is logged with timestamps to a file whose path is printed.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+
+op=""
+components=""
+namespace="kube-system"
+registry="lj-runtimekit-registry.cn-hangzhou.cr.aliyuncs.com/lj-runtimekit"
+version=""
+images=()
+dry_run=false
+kubeconfig="${KUBECONFIG:-}"
+timeout="300s"
+metrics_url=""
+
+usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+# -- logging ----------------------------------------------------------------------------------
+
+log_dir="${LJ_DEPLOY_LOG_DIR:-$root/_output/deploy-logs}"
+log_file=""
+
+ts() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+
+log() {
+  local line
+  line="$(ts) [${op:-deploy-all}] $*"
+  echo "$line"
+  if [[ -n $log_file ]]; then echo "$line" >>"$log_file"; fi
+}
+
+die() {
+  local line
+  line="$(ts) [${op:-deploy-all}] error: $*"
+  echo "$line" >&2
+  if [[ -n $log_file ]]; then
+    echo "$line" >>"$log_file"
+    echo "log: $log_file" >&2
+  fi
+  exit 1
+}
+
+start_log() {
+  mkdir -p "$log_dir" || die "cannot create the log directory $log_dir; set LJ_DEPLOY_LOG_DIR"
+  log_file="$log_dir/deploy-all-$op-$(date -u +%Y%m%dT%H%M%SZ)-$$.log"
+  : >"$log_file" || die "cannot write the log file $log_file; set LJ_DEPLOY_LOG_DIR"
+  log "log file: $log_file"
+  log "command: $0 ${original_args[*]}"
+}
+
+# run CMD...: runs a command, its output shown and logged; returns its status.
+run() {
+  log "\$ $*"
+  "$@" 2>&1 | tee -a "$log_file"
+  return "${PIPESTATUS[0]}"
+}
+
+# -- arguments --------------------------------------------------------------------------------
+
+original_args=("$@")
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -h|--help|help) usage; exit 0 ;;
+    --components=*) components=${1#*=} ;;
+    --namespace=*) namespace=${1#*=} ;;
+    --registry=*) registry=${1#*=} ;;
+    --version=*) version=${1#*=} ;;
+    --image=*) images+=("${1#*=}") ;;
+    --dry-run) dry_run=true ;;
+    --kubeconfig=*) kubeconfig=${1#*=} ;;
+    --timeout=*) timeout=${1#*=} ;;
+    --metrics-url=*) metrics_url=${1#*=} ;;
+    --components|--namespace|--registry|--version|--image|--kubeconfig|--timeout|--metrics-url)
+      die "$1 needs a value: write $1=VALUE" ;;
+    -*) die "unknown option '$1' (see $0 --help)" ;;
+    *)
+      [[ -z $op ]] || die "one command at a time: got '$op' and '$1' (see $0 --help)"
+      op=$1 ;;
+  esac
+  shift
+done
+
+case $op in
+  precheck|deploy|status|verify|upgrade|rollback|delete|cleanup-stale-resources) ;;
+  "") usage >&2; die "no command given" ;;
+  *) die "unknown command '$op'; commands: precheck deploy status verify upgrade rollback delete cleanup-stale-resources" ;;
+esac
+
+start_log
+
+# -- the helper (rendering and checks) ---------------------------------------------------------
+
+if [[ -n ${LJ_DEPLOY_PYTHON:-} ]]; then
+  py=$LJ_DEPLOY_PYTHON
+elif [[ -x $root/.venv/bin/python ]]; then
+  py=$root/.venv/bin/python
+else
+  py=$(command -v python3 || true)
+fi
+[[ -n $py ]] || die "python3 not found; install Python >= 3.11"
+"$py" -c 'import lj_runtimekit.deploy' 2>/dev/null \
+  || die "the deploy helper is not installed for $py: run 'make sync' in $root (or pip install $root/proto $root/deploy), or set LJ_DEPLOY_PYTHON"
+
+helper() { "$py" -m lj_runtimekit.deploy "$@"; }
+
+protocol="$here/protocol.yaml"
+work=$(mktemp -d "${TMPDIR:-/tmp}/lj-deploy.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+component_lines=$(helper components --components="$components" 2>&1) || die "${component_lines#error: }"
+mapfile -t selected < <(printf '%s\n' "$component_lines")
+names=()
+for line in "${selected[@]}"; do names+=("${line%% *}"); done
+all_selected=false
+[[ ${#names[@]} -eq 4 ]] && all_selected=true
+
+if [[ $op == upgrade && -z $version ]]; then
+  die "upgrade needs --version=v{major}.{feature}.{iteration} (the version to upgrade to)"
+fi
+if [[ -z $version ]]; then
+  version=$(tr -d '[:space:]' <"$root/VERSION")
+fi
+out=$(helper check-version "$version" 2>&1) || die "${out#error: }"
+image_args=()
+for image in ${images[@]+"${images[@]}"}; do image_args+=("--image=$image"); done
+[[ -f $protocol ]] || die "$protocol is missing (the one source of protocol.yaml)"
+out=$(helper protocol --protocol="$protocol" labels.enable 2>&1) || die "${out#error: }"
+enable_label=$out
+log "components: ${names[*]}; namespace $namespace; version $version; dry-run $dry_run"
+
+# -- kubectl and the cluster ------------------------------------------------------------------
+
+kubectl_bin=${KUBECTL:-kubectl}
+command -v "$kubectl_bin" >/dev/null 2>&1 \
+  || die "kubectl not found ('$kubectl_bin'): install kubectl (https://kubernetes.io/docs/tasks/tools/) or set KUBECTL=/path/to/kubectl"
+kc=("$kubectl_bin")
+if [[ -n $kubeconfig ]]; then
+  [[ -f $kubeconfig ]] || die "kubeconfig $kubeconfig does not exist: fix --kubeconfig or KUBECONFIG"
+  kc+=("--kubeconfig=$kubeconfig")
+fi
+kcn=("${kc[@]}" "--namespace=$namespace")
+
+if ! "${kc[@]}" version -o json --request-timeout=15s >"$work/version.json" 2>"$work/version.err"; then
+  server=$("${kc[@]}" config view --minify -o 'jsonpath={.clusters[0].cluster.server}' 2>/dev/null || true)
+  cat "$work/version.err" >>"$log_file"
+  reason=$(grep -v '^\s*$' "$work/version.err" | tail -n 1 || true)
+  die "cannot reach the cluster${server:+ at $server} (kubeconfig ${kubeconfig:-default}): ${reason:-no answer}; fix: check --kubeconfig/KUBECONFIG, the network and that the API server runs"
+fi
+out=$(helper server-version --json="$work/version.json" 2>&1) || { log "$out"; die "the cluster is too old or unreadable: $out"; }
+log "${out#ok      }"
+
+runtime_class_api=node.k8s.io/v1
+api_versions=$("${kc[@]}" api-versions 2>/dev/null || true)
+if ! grep -qx 'node.k8s.io/v1' <<<"$api_versions"; then
+  runtime_class_api=node.k8s.io/v1beta1
+fi
+
+dry_flags=()
+$dry_run && dry_flags=(--dry-run=server)
+
+render() {
+  helper render --protocol="$protocol" --components="$components" --namespace="$namespace" \
+    --registry="$registry" --version="$version" --runtime-class-api="$runtime_class_api" \
+    ${image_args[@]+"${image_args[@]}"} "$@"
+}
+
+resource_of() { # NAME -> ds/... or deploy/...
+  local line
+  for line in "${selected[@]}"; do
+    if [[ ${line%% *} == "$1" ]]; then read -r _ _ _ res _ <<<"$line"; echo "$res"; return; fi
+  done
+}
+
+images_of() { # RESOURCE -> container=image ...
+  "${kcn[@]}" get "$1" -o 'jsonpath={range .spec.template.spec.containers[*]}{.name}={.image} {end}' 2>/dev/null || true
+}
+
+snapshot() {
+  local selector="app.kubernetes.io/part-of=lj-runtimekit"
+  "${kcn[@]}" get daemonsets,deployments -l "$selector" -o json >"$work/workloads.json" \
+    || die "cannot list the workloads in namespace $namespace"
+  "${kcn[@]}" get pods -l "$selector" -o json >"$work/pods.json" || die "cannot list the pods"
+  "${kcn[@]}" get configmaps -l "$selector" -o json >"$work/configmaps.json" || die "cannot list the ConfigMaps"
+  "${kc[@]}" get nodes -o json >"$work/nodes.json" || die "cannot list the nodes"
+}
+
+namespace_exists() { "${kc[@]}" get namespace "$namespace" -o name >/dev/null 2>&1; }
+
+wait_rollouts() {
+  local name res failed=()
+  for name in "${names[@]}"; do
+    res=$(resource_of "$name")
+    if ! run "${kcn[@]}" rollout status "$res" --timeout="$timeout"; then failed+=("$name"); fi
+  done
+  if [[ ${#failed[@]} -gt 0 ]]; then
+    die "not rolled out within $timeout: ${failed[*]}; fix: see '$0 status --components=$(IFS=,; echo "${failed[*]}") --namespace=$namespace' and kubectl -n $namespace describe pods -l app=lj-runtimekit-<component>"
+  fi
+}
+
+# -- commands ---------------------------------------------------------------------------------
+
+cmd_precheck() {
+  local problems=0
+  log "ok      cluster reachable"
+  local rc_handler
+  if rc_handler=$("${kc[@]}" get runtimeclass lj-runtime -o 'jsonpath={.handler}' 2>/dev/null); then
+    if [[ $rc_handler == lj-runtime ]]; then
+      log "ok      RuntimeClass lj-runtime (handler lj-runtime)"
+    else
+      log "PROBLEM RuntimeClass lj-runtime has handler '$rc_handler', want lj-runtime; fix: kubectl delete runtimeclass lj-runtime, then $0 deploy"
+      problems=$((problems + 1))
+    fi
+  else
+    log "ok      RuntimeClass lj-runtime absent: deploy creates it ($runtime_class_api); the node's container runtime must define the lj-runtime handler (hack/node-precheck.sh)"
+  fi
+  read -r gang min_jobset <<<"$(helper gang)"
+  if [[ $gang == required ]]; then
+    if "${kc[@]}" get crd jobsets.jobset.x-k8s.io -o name >/dev/null 2>&1; then
+      local jobset_image
+      jobset_image=$("${kc[@]}" get deployments -A -l control-plane=controller-manager,app.kubernetes.io/name=jobset \
+        -o 'jsonpath={.items[0].spec.template.spec.containers[0].image}' 2>/dev/null || true)
+      log "ok      JobSet CRD jobsets.jobset.x-k8s.io present (gang scheduling needs >= $min_jobset; controller image: ${jobset_image:-not found})"
+    else
+      log "PROBLEM gang scheduling is enabled in the scheduler configuration and needs JobSet >= $min_jobset, but the CRD jobsets.jobset.x-k8s.io is missing; fix: kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/$min_jobset/manifests.yaml"
+      problems=$((problems + 1))
+    fi
+  else
+    log "ok      gang scheduling needs no JobSet"
+  fi
+  local labelled
+  labelled=$("${kc[@]}" get nodes -l "$enable_label=true" -o name 2>/dev/null | wc -l)
+  if [[ $labelled -gt 0 ]]; then
+    log "ok      $labelled node(s) labelled $enable_label=true"
+  else
+    log "PROBLEM no node is labelled $enable_label=true; fix: kubectl label node <gpu-node> $enable_label=true"
+    problems=$((problems + 1))
+  fi
+  if namespace_exists; then
+    log "ok      namespace $namespace exists"
+  else
+    log "ok      namespace $namespace absent: deploy creates it"
+  fi
+  if [[ $problems -gt 0 ]]; then die "precheck: $problems problem(s), see the PROBLEM lines above"; fi
+  log "precheck passed"
+}
+
+cmd_deploy() {
+  render -o "$work/manifests.yaml" 2>"$work/render.err" || die "$(sed 's/^error: //' "$work/render.err")"
+  cp "$work/manifests.yaml" "$log_file.manifests.yaml"
+  log "rendered $(grep -c '^kind:' "$work/manifests.yaml") objects into $log_file.manifests.yaml"
+  if ! namespace_exists; then
+    if $dry_run; then
+      die "namespace $namespace does not exist; a server-side dry run needs it: create it (kubectl create namespace $namespace) or drop --dry-run"
+    fi
+    printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n  labels:\n    app.kubernetes.io/part-of: lj-runtimekit\n' \
+      "$namespace" >"$work/namespace.yaml"
+    run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy -f "$work/namespace.yaml" \
+      || die "cannot create namespace $namespace"
+  fi
+  local diff_status=0
+  "${kc[@]}" diff --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \
+    -f "$work/manifests.yaml" >"$work/diff.txt" 2>&1 || diff_status=$?
+  cat "$work/diff.txt" >>"$log_file"
+  if [[ $diff_status -eq 0 ]]; then
+    log "no change: every object is already as rendered"
+  elif [[ $diff_status -eq 1 ]]; then
+    log "changes: $(grep -c '^diff ' "$work/diff.txt" || true) object(s) differ (diff in the log)"
+  else
+    log "kubectl diff could not compare (status $diff_status); applying anyway"
+  fi
+  run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \
+    ${dry_flags[@]+"${dry_flags[@]}"} -f "$work/manifests.yaml" \
+    || die "apply failed (see the kubectl message above); fix that object or option and run deploy again (it is idempotent)"
+  if $dry_run; then
+    log "dry run: the API server accepted every object; nothing changed"
+    return
+  fi
+  local labelled
+  labelled=$("${kc[@]}" get nodes -l "$enable_label=true" -o name 2>/dev/null | wc -l)
+  if [[ $labelled -eq 0 ]]; then
+    log "warning: no node is labelled $enable_label=true, so the DaemonSets run nowhere; label GPU nodes: kubectl label node <gpu-node> $enable_label=true"
+  fi
+  wait_rollouts
+  cmd_status
+  log "deploy done"
+}
+
+cmd_status() {
+  snapshot
+  helper status --snapshot="$work" --components="$components" --namespace="$namespace" \
+    --protocol="$protocol" | tee -a "$log_file"
+}
+
+cmd_verify() {
+  snapshot
+  local problems=0 out
+  if ! helper verify --snapshot="$work" --components="$components" --namespace="$namespace" \
+    --protocol="$protocol" --protocol-name=deploy/protocol.yaml >"$work/verify.txt" 2>&1; then
+    problems=$((problems + $(grep -c '^PROBLEM' "$work/verify.txt" || true)))
+    grep -q '^PROBLEM' "$work/verify.txt" || problems=$((problems + 1))
+  fi
+  tee -a "$log_file" <"$work/verify.txt"
+  if "${kc[@]}" get runtimeclass lj-runtime -o name >/dev/null 2>&1; then
+    log "ok      RuntimeClass lj-runtime"
+  else
+    log "PROBLEM RuntimeClass lj-runtime is missing; fix: $0 deploy"
+    problems=$((problems + 1))
+  fi
+  if [[ " ${names[*]} " == *" exporter "* ]]; then
+    if [[ -n $metrics_url ]]; then
+      out=$(helper check-metrics --url="$metrics_url" 2>&1) || problems=$((problems + 1))
+      log "$out"
+    else
+      local pods pod checked=0
+      pods=$("${kcn[@]}" get pods -l app=lj-runtimekit-exporter --field-selector=status.phase=Running \
+        -o 'jsonpath={range .items[*]}{.metadata.name}{"\n"}{end}' 2>/dev/null || true)
+      for pod in $pods; do
+        [[ $checked -lt 3 ]] || break
+        checked=$((checked + 1))
+        if "${kcn[@]}" get --raw "/api/v1/namespaces/$namespace/pods/$pod:9400/proxy/metrics" \
+          --request-timeout=10s >"$work/metrics.txt" 2>"$work/metrics.err"; then
+          out=$(helper check-metrics "$work/metrics.txt" --where="pod $namespace/$pod") || problems=$((problems + 1))
+          log "$out"
+        else
+          log "PROBLEM exporter pod $namespace/$pod: metrics not reachable through the API server proxy ($(tail -n 1 "$work/metrics.err")); fix: check the pod, or use --metrics-url with kubectl port-forward"
+          problems=$((problems + 1))
+        fi
+      done
+      if [[ $checked -eq 0 ]]; then
+        log "PROBLEM no Running exporter pod to read metrics from; fix: $0 status --components=exporter"
+        problems=$((problems + 1))
+      fi
+    fi
+  fi
+  if [[ $problems -gt 0 ]]; then die "verify: $problems problem(s), see the PROBLEM lines above"; fi
+  log "verify passed"
+}
+
+cmd_delete() {
+  local extra=()
+  $all_selected || extra=(--no-common)
+  render ${extra[@]+"${extra[@]}"} -o "$work/manifests.yaml" 2>"$work/render.err" \
+    || die "$(sed 's/^error: //' "$work/render.err")"
+  run "${kc[@]}" delete --ignore-not-found --wait=true --timeout="$timeout" \
+    ${dry_flags[@]+"${dry_flags[@]}"} -f "$work/manifests.yaml" \
+    || die "delete failed (see above); run delete again (it is idempotent)"
+  if $all_selected && namespace_exists; then
+    local owner
+    owner=$("${kc[@]}" get namespace "$namespace" -o 'jsonpath={.metadata.labels.app\.kubernetes\.io/part-of}' 2>/dev/null || true)
+    if [[ $owner == lj-runtimekit ]]; then
+      run "${kc[@]}" delete namespace "$namespace" --ignore-not-found --wait=false \
+        ${dry_flags[@]+"${dry_flags[@]}"} || die "cannot delete namespace $namespace"
+    fi
+  fi
+  log "delete done"
+}
+
+cmd_upgrade() {
+  local name res before=()
+  for name in "${names[@]}"; do
+    res=$(resource_of "$name")
+    "${kcn[@]}" get "$res" -o name >/dev/null 2>&1 \
+      || die "$name is not deployed in namespace $namespace ($res); fix: $0 deploy --components=$name --namespace=$namespace"
+    before+=("$(images_of "$res")")
+  done
+  render --workloads-only -o "$work/workloads.yaml" 2>"$work/render.err" \
+    || die "$(sed 's/^error: //' "$work/render.err")"
+  run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \
+    ${dry_flags[@]+"${dry_flags[@]}"} -f "$work/workloads.yaml" \
+    || die "setting the images failed (see above); nothing else was changed"
+  if $dry_run; then log "dry run: the API server accepted the new images"; return; fi
+  local failed=() i=0
+  for name in "${names[@]}"; do
+    res=$(resource_of "$name")
+    if run "${kcn[@]}" rollout status "$res" --timeout="$timeout"; then
+      log "upgraded $name: ${before[$i]% } -> $(images_of "$res" | sed 's/ $//')"
+    else
+      failed+=("$name")
+    fi
+    i=$((i + 1))
+  done
+  if [[ ${#failed[@]} -gt 0 ]]; then
+    die "upgrade to $version did not roll out within $timeout: ${failed[*]}; to return: $0 rollback --components=$(IFS=,; echo "${failed[*]}") --namespace=$namespace"
+  fi
+  log "upgrade to $version done"
+}
+
+cmd_rollback() {
+  local name res before failed=()
+  for name in "${names[@]}"; do
+    res=$(resource_of "$name")
+    before=$(images_of "$res")
+    [[ -n $before ]] || die "$name is not deployed in namespace $namespace ($res)"
+    if ! run "${kcn[@]}" rollout undo "$res" ${dry_flags[@]+"${dry_flags[@]}"}; then
+      die "cannot roll back $name ($res): see the kubectl message above (no previous revision after a first deploy)"
+    fi
+    $dry_run && continue
+    if run "${kcn[@]}" rollout status "$res" --timeout="$timeout"; then
+      log "rolled back $name: ${before% } -> $(images_of "$res" | sed 's/ $//')"
+    else
+      failed+=("$name")
+    fi
+  done
+  if [[ ${#failed[@]} -gt 0 ]]; then
+    die "rollback did not finish within $timeout: ${failed[*]}; fix: see $0 status"
+  fi
+  log "rollback done"
+}
+
+cmd_cleanup() {
+  "${kc[@]}" get nodes -o json >"$work/nodes.json" || die "cannot list the nodes"
+  local lines node patch count=0
+  lines=$(helper stale-patches --nodes="$work/nodes.json" --protocol="$protocol")
+  if [[ -z $lines ]]; then
+    log "no stale protocol resources on any node"
+    return
+  fi
+  while read -r node patch; do
+    run "${kc[@]}" patch node "$node" --subresource=status --type=json -p "$patch" \
+      ${dry_flags[@]+"${dry_flags[@]}"} || die "cannot patch the status of node $node (needs nodes/status patch rights)"
+    count=$((count + 1))
+  done <<<"$lines"
+  log "removed stale resources from $count node(s)"
+}
+
+case $op in
+  precheck) cmd_precheck ;;
+  deploy) cmd_deploy ;;
+  status) cmd_status ;;
+  verify) cmd_verify ;;
+  upgrade) cmd_upgrade ;;
+  rollback) cmd_rollback ;;
+  delete) cmd_delete ;;
+  cleanup-stale-resources) cmd_cleanup ;;
+esac

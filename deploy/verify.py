@@ -1,0 +1,370 @@
+"""Checks of a live deployment, on JSON that deploy-all.sh fetched with kubectl.
+
+Pure functions over Kubernetes objects (dicts as `kubectl get -o json` writes
+them), so each rule is unit-tested without a cluster and the script keeps one
+client (kubectl, with the operator's kubeconfig).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from lj_runtimekit.deploy.components import Component
+from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError
+from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
+
+Obj = Mapping[str, Any]
+_QUANTITY_RE = re.compile(r"^(\d+)$")
+
+
+@dataclass
+class Report:
+    """Lines for the operator: `ok` ones and `problems` (each says what to fix)."""
+
+    ok: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def extend(self, other: Report) -> None:
+        self.ok += other.ok
+        self.problems += other.problems
+
+
+def _name(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("name", "?"))
+
+
+def _labels(obj: Obj) -> Mapping[str, str]:
+    labels: Mapping[str, str] = obj.get("metadata", {}).get("labels") or {}
+    return labels
+
+
+def _int(value: object) -> int | None:
+    match = _QUANTITY_RE.match(str(value)) if value is not None else None
+    return int(match.group(1)) if match else None
+
+
+# -- pods and workloads ----------------------------------------------------------------------
+
+
+def _pod_problem(pod: Obj) -> str | None:
+    status = pod.get("status", {})
+    phase = status.get("phase", "Unknown")
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in status.get("conditions") or []
+    )
+    if phase == "Running" and ready:
+        return None
+    reasons = []
+    for cs in status.get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        for key in ("waiting", "terminated"):
+            if key in state and state[key].get("reason"):
+                reasons.append(f"{cs.get('name')}: {state[key]['reason']}")
+    detail = f" ({'; '.join(reasons)})" if reasons else ""
+    return f"phase {phase}, ready={str(ready).lower()}{detail}"
+
+
+def check_workloads(
+    components: Iterable[Component],
+    workloads: Iterable[Obj],
+    pods: Iterable[Obj],
+    namespace: str,
+    enable_label: str,
+) -> Report:
+    """Every chosen component's workload exists, is rolled out, and its pods are Running+Ready."""
+    report = Report()
+    by_key = {(w.get("kind"), _name(w)): w for w in workloads}
+    pods = list(pods)
+    for component in components:
+        workload = by_key.get((component.kind, component.workload))
+        if workload is None:
+            report.problems.append(
+                f"{component.name}: {component.resource} not found in namespace {namespace};"
+                f" fix: deploy-all.sh deploy --components={component.name}"
+                f" --namespace={namespace}"
+            )
+            continue
+        status = workload.get("status") or {}
+        if component.kind == "DaemonSet":
+            desired = int(status.get("desiredNumberScheduled") or 0)
+            ready = int(status.get("numberReady") or 0)
+            if desired == 0:
+                report.problems.append(
+                    f"{component.name}: {component.resource} runs on no node: no node carries"
+                    f" {enable_label}=true; fix: kubectl label node <gpu-node> {enable_label}=true"
+                )
+                continue
+        else:
+            desired = int((workload.get("spec") or {}).get("replicas", 1))
+            ready = int(status.get("readyReplicas") or 0)
+        mine = [p for p in pods if _labels(p).get("app") == component.app]
+        bad = [(p, problem) for p in mine if (problem := _pod_problem(p)) is not None]
+        for pod, problem in bad:
+            node = pod.get("spec", {}).get("nodeName") or "<unscheduled>"
+            report.problems.append(
+                f"{component.name}: pod {namespace}/{_name(pod)} on node {node}: {problem};"
+                f" fix: kubectl -n {namespace} describe pod {_name(pod)}"
+            )
+        if ready < desired and not bad:
+            report.problems.append(
+                f"{component.name}: {component.resource} {ready}/{desired} ready;"
+                f" fix: kubectl -n {namespace} rollout status {component.resource}"
+            )
+        if ready >= desired and not bad:
+            nodes = sorted({p.get("spec", {}).get("nodeName") or "?" for p in mine})
+            where = f" on {', '.join(nodes)}" if component.kind == "DaemonSet" else ""
+            report.ok.append(
+                f"{component.name}: {component.resource} {ready}/{desired} ready{where}"
+            )
+    return report
+
+
+def status_lines(
+    components: Iterable[Component], workloads: Iterable[Obj], pods: Iterable[Obj]
+) -> list[str]:
+    """One line per component and per pod: what `deploy-all.sh status` prints."""
+    by_key = {(w.get("kind"), _name(w)): w for w in workloads}
+    pods = list(pods)
+    lines: list[str] = []
+    for component in components:
+        workload = by_key.get((component.kind, component.workload))
+        if workload is None:
+            lines.append(f"{component.name:<20} {component.resource}: not deployed")
+            continue
+        status = workload.get("status") or {}
+        if component.kind == "DaemonSet":
+            counts = (
+                f"{status.get('numberReady', 0)}/{status.get('desiredNumberScheduled', 0)} ready"
+            )
+        else:
+            counts = f"{status.get('readyReplicas', 0)}/{workload['spec'].get('replicas', 1)} ready"
+        containers = workload["spec"]["template"]["spec"]["containers"]
+        images = ", ".join(c["image"] for c in containers)
+        lines.append(f"{component.name:<20} {component.resource}: {counts}; image {images}")
+        for pod in sorted((p for p in pods if _labels(p).get("app") == component.app), key=_name):
+            problem = _pod_problem(pod)
+            node = pod.get("spec", {}).get("nodeName") or "<unscheduled>"
+            state = "Running, ready" if problem is None else problem
+            lines.append(f"    pod {_name(pod)} node={node}: {state}")
+    return lines
+
+
+# -- nodes -----------------------------------------------------------------------------------
+
+
+def _device_resource(protocol: Protocol, kind: str) -> str:
+    return {"ppu": protocol.resources.ppu, "amd": protocol.resources.amd}.get(
+        kind.lower(), protocol.resources.gpu
+    )
+
+
+def check_nodes(nodes: Iterable[Obj], protocol: Protocol) -> Report:
+    """Each enabled node's protocol resource capacity equals its device-count label."""
+    report = Report()
+    labels = protocol.labels
+    res = protocol.resources
+    enabled = [n for n in nodes if _labels(n).get(labels.enable) == "true"]
+    if not enabled:
+        report.problems.append(
+            f"no node carries {labels.enable}=true; fix: kubectl label node <gpu-node>"
+            f" {labels.enable}=true"
+        )
+    for node in enabled:
+        name = _name(node)
+        node_labels = _labels(node)
+        capacity = (node.get("status") or {}).get("capacity") or {}
+        count = _int(node_labels.get(labels.device_count))
+        if count is None:
+            report.problems.append(
+                f"node {name}: no {labels.device_count} label (the Device Plugin writes it);"
+                f" fix: check the device plugin pod on {name}"
+                f" (deploy-all.sh status --components=device-plugin)"
+            )
+            continue
+        kind = node_labels.get(labels.device_kind, "gpu")
+        mode = node_labels.get(labels.device_mode, "").lower()
+        expected: dict[str, int] = {}
+        if mode == "mig":
+            mig = {k: _int(v) or 0 for k, v in capacity.items() if res.mig_profile(k) is not None}
+            if not any(mig.values()):
+                report.problems.append(
+                    f"node {name}: MIG mode but no {res.mig_prefix}/mig-* capacity;"
+                    " fix: check the device plugin pod on the node"
+                )
+            else:
+                total = ", ".join(f"{k}={v}" for k, v in sorted(mig.items()))
+                report.ok.append(f"node {name}: MIG capacity {total}")
+            continue
+        expected[_device_resource(protocol, kind)] = count
+        if kind.lower() == "gpu" and (mode == "tdm" or res.core in capacity or mode == ""):
+            expected[res.core] = 100 * count
+            expected[res.memory] = 100 * count
+        wrong = [
+            f"{r}={capacity.get(r, '<none>')} (want {want})"
+            for r, want in expected.items()
+            if _int(capacity.get(r)) != want
+        ]
+        if wrong:
+            report.problems.append(
+                f"node {name}: {labels.device_count}={count} but capacity {'; '.join(wrong)};"
+                f" fix: check the device plugin pod on {name} and the Runtime there"
+                " (hack/node-precheck.sh)"
+            )
+        else:
+            report.ok.append(
+                f"node {name}: capacity matches {labels.device_count}={count}"
+                f" ({', '.join(f'{r}={v}' for r, v in expected.items())})"
+            )
+    return report
+
+
+def _domains(protocol: Protocol) -> set[str]:
+    res = protocol.resources
+    names = (res.gpu, res.core, res.memory, res.ppu, res.amd)
+    return {n.rpartition("/")[0] for n in names} | {res.mig_prefix}
+
+
+def stale_resources(nodes: Iterable[Obj], protocol: Protocol) -> dict[str, list[str]]:
+    """node -> extended resources under a protocol domain but not a current protocol name,
+    with capacity > 0 and allocatable 0: the residue of a renamed resource."""
+    res = protocol.resources
+    current = {res.gpu, res.core, res.memory, res.ppu, res.amd}
+    domains = _domains(protocol)
+    stale: dict[str, list[str]] = {}
+    for node in nodes:
+        status = node.get("status") or {}
+        capacity = status.get("capacity") or {}
+        allocatable = status.get("allocatable") or {}
+        for resource, value in capacity.items():
+            domain, slash, _ = resource.rpartition("/")
+            if not slash or domain not in domains or resource in current:
+                continue
+            if res.mig_profile(resource) is not None:
+                continue
+            if (_int(value) or 0) > 0 and (_int(allocatable.get(resource, "0")) or 0) == 0:
+                stale.setdefault(_name(node), []).append(resource)
+    return stale
+
+
+def stale_report(nodes: Iterable[Obj], protocol: Protocol) -> Report:
+    report = Report()
+    stale = stale_resources(nodes, protocol)
+    for node, resources in sorted(stale.items()):
+        report.problems.append(
+            f"node {node}: stale resource(s) {', '.join(sorted(resources))} (capacity > 0,"
+            " allocatable 0: an old protocol name); fix: deploy-all.sh cleanup-stale-resources"
+        )
+    if not stale:
+        report.ok.append("no stale protocol resources on any node")
+    return report
+
+
+def json_pointer(resource: str) -> str:
+    return resource.replace("~", "~0").replace("/", "~1")
+
+
+def cleanup_patches(nodes: Iterable[Obj], protocol: Protocol) -> dict[str, list[dict[str, str]]]:
+    """node -> JSON patch of its status removing the stale resources (capacity, allocatable)."""
+    nodes = list(nodes)
+    stale = stale_resources(nodes, protocol)
+    patches: dict[str, list[dict[str, str]]] = {}
+    for node in nodes:
+        name = _name(node)
+        if name not in stale:
+            continue
+        status = node.get("status") or {}
+        ops: list[dict[str, str]] = []
+        for resource in sorted(stale[name]):
+            for part in ("capacity", "allocatable"):
+                if resource in (status.get(part) or {}):
+                    ops.append({"op": "remove", "path": f"/status/{part}/{json_pointer(resource)}"})
+        patches[name] = ops
+    return patches
+
+
+# -- ConfigMaps ------------------------------------------------------------------------------
+
+
+def check_configmaps(
+    configmaps: Iterable[Obj],
+    source: Protocol,
+    source_name: str,
+    components: Iterable[Component],
+    namespace: str,
+) -> Report:
+    """The protocol ConfigMaps agree with each other and with the source, key by key."""
+    report = Report()
+    by_name = {_name(cm): cm for cm in configmaps}
+    flats: dict[str, dict[str, str]] = {}
+    for component in components:
+        cm = by_name.get(component.configmap)
+        if cm is None:
+            report.problems.append(
+                f"{component.name}: ConfigMap {namespace}/{component.configmap} not found;"
+                f" fix: deploy-all.sh deploy --components={component.name}"
+            )
+            continue
+        text = (cm.get("data") or {}).get("protocol.yaml")
+        where = f"ConfigMap {namespace}/{component.configmap} key protocol.yaml"
+        if text is None:
+            report.problems.append(f"{component.name}: {where} is missing; fix: redeploy it")
+            continue
+        try:
+            flats[component.name] = parse_protocol(yaml.safe_load(text), where).as_flat()
+        except (ProtocolError, yaml.YAMLError) as exc:
+            report.problems.append(f"{component.name}: {exc}; fix: redeploy it")
+    want = source.as_flat()
+    drifted = 0
+    for key in sorted(want):
+        values = {name: flat[key] for name, flat in flats.items()}
+        if all(v == want[key] for v in values.values()):
+            continue
+        drifted += 1
+        each = ", ".join(f"{name}={value}" for name, value in values.items())
+        report.problems.append(f"protocol drift: {key}: {each} ({source_name}: {want[key]})")
+    if drifted:
+        report.problems.append(
+            f"{drifted} protocol key(s) drift; fix: deploy-all.sh deploy"
+            f" --components={','.join(flats)} (renders every ConfigMap from {source_name})"
+        )
+    elif flats:
+        report.ok.append(f"protocol ConfigMaps agree with {source_name}: {', '.join(flats)}")
+    return report
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+
+def check_metrics(text: str, where: str) -> Report:
+    report = Report()
+    helps = sum(1 for line in text.splitlines() if line.startswith("# HELP "))
+    types = sum(1 for line in text.splitlines() if line.startswith("# TYPE "))
+    if helps and types:
+        report.ok.append(f"exporter {where}: {helps} metric families (# HELP/# TYPE)")
+    else:
+        report.problems.append(
+            f"exporter {where}: no # HELP/# TYPE lines in the answer; fix: kubectl logs the"
+            " exporter pod"
+        )
+    return report
+
+
+# -- versions --------------------------------------------------------------------------------
+
+_SERVER_RE = re.compile(r"^v?(\d+)\.(\d+)")
+
+
+def server_version(version_json: Obj) -> tuple[int, int, str]:
+    """(major, minor, gitVersion) of `kubectl version -o json`'s serverVersion."""
+    server = version_json.get("serverVersion") or {}
+    git = str(server.get("gitVersion", ""))
+    match = _SERVER_RE.match(git)
+    if not match:
+        raise ValueError(f"cannot read the server version from {git!r}")
+    return int(match.group(1)), int(match.group(2)), git

@@ -1,0 +1,287 @@
+"""deploy-all.sh against the real control plane: deploy, status, verify, drift, stale
+resources, upgrade, rollback, delete. One deployed state for the module, tests in order."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s_client
+
+from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
+from lj_runtimekit.envtest.nodes import NodeFactory
+from lj_runtimekit.envtest.versions import find_tools
+
+pytestmark = pytest.mark.controlplane
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "deploy" / "deploy-all.sh"
+VERSION = (ROOT / "VERSION").read_text().strip()
+WORKLOADS = {
+    "device-plugin": ("daemonset", "lj-runtimekit-device-plugin-ds"),
+    "scheduler-framework": ("deployment", "lj-runtimekit-scheduler-framework"),
+    "exporter": ("daemonset", "lj-runtimekit-exporter-ds"),
+    "controller": ("deployment", "lj-runtimekit-controller"),
+}
+CLUSTER_OBJECTS = [
+    ("runtimeclass", "lj-runtime"),
+    ("priorityclass", "lj-runtimekit-node-agent"),
+    *(
+        (kind, f"lj-runtimekit-{c}")
+        for c in WORKLOADS
+        for kind in ("clusterrole", "clusterrolebinding")
+    ),
+]
+
+
+class Env:
+    """The module's namespace, nodes and a runner of deploy-all.sh."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, tmp: Path) -> None:
+        self.cp = cp
+        self.namespace = namespace
+        self.kubectl = str(find_tools(("kubectl",))["kubectl"])
+        self.env = dict(
+            os.environ,
+            KUBECTL=self.kubectl,
+            KUBECONFIG=str(cp.kubeconfig_path),
+            LJ_DEPLOY_LOG_DIR=str(tmp / "logs"),
+        )
+
+    def run(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        argv = ["bash", str(SCRIPT), *args, f"--namespace={self.namespace}", "--timeout=90s"]
+        return subprocess.run(
+            argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    def ok(self, *args: str) -> str:
+        result = self.run(*args)
+        assert result.returncode == 0, f"{args}: {result.stdout}\n{result.stderr}"
+        return result.stdout
+
+    def k(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [self.kubectl, f"--kubeconfig={self.cp.kubeconfig_path}", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if check:
+            assert result.returncode == 0, f"kubectl {args}: {result.stderr}"
+        return result
+
+    def get(self, kind: str, name: str, namespaced: bool = True) -> dict[str, Any] | None:
+        ns = [f"--namespace={self.namespace}"] if namespaced else []
+        result = self.k("get", kind, name, "-o", "json", *ns, check=False)
+        return json.loads(result.stdout) if result.returncode == 0 else None
+
+    def images(self, component: str) -> list[str]:
+        kind, name = WORKLOADS[component]
+        obj = self.get(kind, name)
+        assert obj is not None
+        return [c["image"] for c in obj["spec"]["template"]["spec"]["containers"]]
+
+
+@pytest.fixture(scope="module")
+def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    api = control_plane.api_client()
+    core = k8s_client.CoreV1Api(api)
+    namespace = f"lj-deploy-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    nodes = NodeFactory(api, group=namespace)
+    for i in range(2):
+        nodes.create(f"{namespace}-gpu-{i}", gpus=8)
+    nodes.create(f"{namespace}-cpu", gpus=0, enable=False)
+    env = Env(control_plane, namespace, tmp_path_factory.mktemp("deploy"))
+    yield env
+    env.run("delete")
+    nodes.cleanup()
+    core.delete_namespace(namespace, propagation_policy="Background")
+    api.close()
+
+
+class MetricsServer(BaseHTTPRequestHandler):
+    """Answers like the exporter: Prometheus text exposition."""
+
+    def do_GET(self) -> None:
+        body = (
+            b"# HELP lj_gpu_utilization_ratio GPU utilisation.\n"
+            b"# TYPE lj_gpu_utilization_ratio gauge\n"
+            b'lj_gpu_utilization_ratio{gpu="0"} 0.5\n'
+        )
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.fixture(scope="module")
+def metrics_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), MetricsServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def test_dry_run_validates_on_the_server_and_creates_nothing(env: Env) -> None:
+    out = env.ok("deploy", "--dry-run")
+    assert "dry run: the API server accepted every object" in out
+    assert "log file: " in out
+    for kind, name in WORKLOADS.values():
+        assert env.get(kind, name) is None
+
+
+def test_components_deploys_only_the_device_plugin_onto_enabled_gpu_nodes(env: Env) -> None:
+    out = env.ok("deploy", "--components=device-plugin")
+    assert env.get("daemonset", "lj-runtimekit-device-plugin-ds") is not None
+    assert env.get("deployment", "lj-runtimekit-controller") is None
+    assert env.get("configmap", "lj-runtimekit-exporter-config") is None
+    assert env.get("runtimeclass", "lj-runtime", namespaced=False) is not None
+    pods = json.loads(
+        env.k(
+            "get",
+            "pods",
+            f"--namespace={env.namespace}",
+            "-l",
+            "app=lj-runtimekit-device-plugin",
+            "-o",
+            "json",
+        ).stdout
+    )["items"]
+    nodes = sorted(p["spec"]["nodeName"] for p in pods)
+    assert nodes == [f"{env.namespace}-gpu-0", f"{env.namespace}-gpu-1"]
+    assert "device-plugin" in out and "2/2 ready" in out
+
+
+def test_deploy_creates_every_object_and_is_idempotent(env: Env) -> None:
+    env.ok("deploy")
+    rendered = [
+        d
+        for f in sorted((ROOT / "deploy").glob("*/0*.yaml"))
+        for d in yaml.safe_load_all(f.read_text())
+        if d
+    ]
+    versions = {}
+    for obj in rendered:
+        namespaced = "namespace" in obj["metadata"]
+        live = env.get(obj["kind"], obj["metadata"]["name"], namespaced)
+        assert live is not None, f"{obj['kind']}/{obj['metadata']['name']} was not created"
+        versions[(obj["kind"], obj["metadata"]["name"])] = live["metadata"]["resourceVersion"]
+    again = env.ok("deploy")
+    assert "no change: every object is already as rendered" in again
+    for (kind, name), version in versions.items():
+        live = env.get(
+            kind, name, kind not in {"ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+        )
+        assert live is not None
+        if kind not in {"DaemonSet", "Deployment"}:  # status updates move workloads' versions
+            assert live["metadata"]["resourceVersion"] == version, f"{kind}/{name} changed"
+
+
+def test_status_and_verify_report_the_pods_on_the_gpu_nodes(env: Env, metrics_url: str) -> None:
+    status = env.ok("status")
+    for component, (_, name) in WORKLOADS.items():
+        assert component in status and name in status
+    assert f"node={env.namespace}-gpu-0" in status
+    out = env.ok("verify", f"--metrics-url={metrics_url}")
+    assert f"node {env.namespace}-gpu-0: capacity matches" in out
+    assert "protocol ConfigMaps agree" in out
+    assert "# HELP/# TYPE" in out
+    assert "verify passed" in out
+
+
+def test_verify_reports_configmap_drift_key_by_key_and_deploy_heals_it(
+    env: Env, metrics_url: str
+) -> None:
+    cm = env.get("configmap", "lj-runtimekit-exporter-config")
+    assert cm is not None
+    text = cm["data"]["protocol.yaml"].replace(
+        "resources.gpu: alibabacloud.com/gpu\n", "resources.gpu: example.com/gpu\n"
+    )
+    patch = json.dumps({"data": {"protocol.yaml": text}})
+    env.k(
+        "patch",
+        "configmap",
+        "lj-runtimekit-exporter-config",
+        f"--namespace={env.namespace}",
+        "-p",
+        patch,
+    )
+    result = env.run("verify", f"--metrics-url={metrics_url}")
+    assert result.returncode == 1
+    assert "protocol drift: resources.gpu:" in result.stdout
+    assert "exporter=example.com/gpu" in result.stdout
+    assert "device-plugin=alibabacloud.com/gpu" in result.stdout
+    env.ok("deploy", "--components=exporter")
+    env.ok("verify", f"--metrics-url={metrics_url}")
+
+
+def test_stale_resource_is_reported_and_cleaned_up(env: Env, metrics_url: str) -> None:
+    node = f"{env.namespace}-gpu-1"
+    patch = json.dumps(
+        {
+            "status": {
+                "capacity": {"alibabacloud.com/gpu-old": "8"},
+                "allocatable": {"alibabacloud.com/gpu-old": "0"},
+            }
+        }
+    )
+    env.k("patch", "node", node, "--subresource=status", "--type=merge", "-p", patch)
+    result = env.run("verify", f"--metrics-url={metrics_url}")
+    assert result.returncode == 1
+    assert f"node {node}: stale resource(s) alibabacloud.com/gpu-old" in result.stdout
+    env.ok("cleanup-stale-resources")
+    live = env.get("node", node, namespaced=False)
+    assert live is not None and "alibabacloud.com/gpu-old" not in live["status"]["capacity"]
+    env.ok("verify", f"--metrics-url={metrics_url}")
+
+
+def test_upgrade_sets_the_images_and_rollback_restores_them(env: Env) -> None:
+    before = {c: env.images(c) for c in WORKLOADS}
+    assert before["exporter"] == [
+        f"lj-runtimekit-registry.cn-hangzhou.cr.aliyuncs.com/lj-runtimekit/lj-runtimekit-exporter:{VERSION}"
+    ]
+    out = env.ok("upgrade", "--version=v9.9.9")
+    for component in WORKLOADS:
+        assert all(i.endswith(":v9.9.9") for i in env.images(component)), component
+        assert f"upgraded {component}:" in out
+    ctrl = env.get("deployment", "lj-runtimekit-controller")
+    assert ctrl is not None
+    args = ctrl["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert any(a.endswith("lj-runtimekit-controller-job-agent:v9.9.9") for a in args)
+    out = env.ok("rollback")
+    assert {c: env.images(c) for c in WORKLOADS} == before
+    assert "rolled back exporter:" in out
+
+
+def test_delete_removes_everything_it_created(env: Env) -> None:
+    env.ok("delete")
+    for kind, name in WORKLOADS.values():
+        assert env.get(kind, name) is None
+    for component in WORKLOADS:
+        assert env.get("configmap", f"lj-runtimekit-{component}-config") is None
+        assert env.get("serviceaccount", f"lj-runtimekit-{component}") is None
+    for kind, name in CLUSTER_OBJECTS:
+        assert env.get(kind, name, namespaced=False) is None, f"{kind}/{name} left behind"
+
+    def no_pods() -> bool:
+        out = env.k("get", "pods", f"--namespace={env.namespace}", "-o", "name").stdout
+        return not out.strip()
+
+    wait_for(no_pods, 60, "the component pods to go away")
