@@ -1,0 +1,226 @@
+"""lj-scheduler: composition root. Flags (mirrored by LJ_SCHEDULER_* variables), wiring, signals.
+
+Modes: `scheduler` (default) schedules the pods whose spec.schedulerName is a
+profile's name; `extender` serves the kube-scheduler extender verbs instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Sequence
+from types import FrameType
+
+from kubernetes.config.config_exception import ConfigException
+from prometheus_client import start_http_server
+
+from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
+from lj_runtimekit.proto.pkg.version import component_version
+from lj_runtimekit.schedulerframework.internal.config.config import (
+    Config,
+    ConfigError,
+    LeaderElection,
+    load_config,
+)
+from lj_runtimekit.schedulerframework.internal.extender.server import Extender, serve
+from lj_runtimekit.schedulerframework.internal.kube.client import Kube, RateLimiter, load_api_client
+from lj_runtimekit.schedulerframework.internal.kube.informer import Informer
+from lj_runtimekit.schedulerframework.internal.leaderelection.lease import LeaderElector
+from lj_runtimekit.schedulerframework.internal.scheduler import logs, metrics
+from lj_runtimekit.schedulerframework.internal.scheduler.events import EventRecorder
+from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import Scheduler
+
+DIST = "lj-runtimekit-schedulerframework"
+log = logging.getLogger("lj-scheduler")
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"LJ_SCHEDULER_{name}", default)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="lj-scheduler", description=__doc__)
+    p.add_argument("--version", action="store_true", help="print the version and exit")
+    p.add_argument("--config", default=_env("CONFIG"), help="LjSchedulerConfiguration YAML")
+    p.add_argument(
+        "--scheduler-name",
+        default=_env("SCHEDULER_NAME"),
+        help="name of the (single) profile; pods select it with spec.schedulerName "
+        "(default: the config's, lj-scheduler)",
+    )
+    p.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="default: in-cluster")
+    p.add_argument("--protocol-file", default=_env("PROTOCOL_FILE"), help="protocol.yaml")
+    p.add_argument("--mode", choices=("scheduler", "extender"), default=_env("MODE", "scheduler"))
+    p.add_argument("--extender-address", default=_env("EXTENDER_ADDRESS", "0.0.0.0"))
+    p.add_argument("--extender-port", type=int, default=int(_env("EXTENDER_PORT", "8888") or 0))
+    p.add_argument("--extender-prefix", default=_env("EXTENDER_PREFIX", ""))
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", "10261") or 0),
+        help="Prometheus /metrics port (0: off)",
+    )
+    p.add_argument(
+        "--leader-elect",
+        choices=("true", "false"),
+        default=_env("LEADER_ELECT"),
+        help="override leaderElection.leaderElect",
+    )
+    p.add_argument("--lease-namespace", default=_env("LEASE_NAMESPACE"))
+    p.add_argument("--identity", default=_env("IDENTITY"), help="default: hostname_random")
+    p.add_argument("--kube-api-qps", type=float, default=None)
+    p.add_argument("--kube-api-burst", type=int, default=None)
+    p.add_argument(
+        "--log-format", choices=("auto", "json", "text"), default=_env("LOG_FORMAT", "auto")
+    )
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
+    return p.parse_args(argv)
+
+
+def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
+    le = config.leader_election
+    if args.leader_elect is not None or args.lease_namespace:
+        le = LeaderElection(
+            leader_elect=(args.leader_elect == "true") if args.leader_elect else le.leader_elect,
+            resource_name=le.resource_name,
+            resource_namespace=args.lease_namespace or le.resource_namespace,
+            lease_duration_s=le.lease_duration_s,
+            renew_deadline_s=le.renew_deadline_s,
+            retry_period_s=le.retry_period_s,
+        )
+    return Config(
+        profiles=config.profiles,
+        qps=args.kube_api_qps or config.qps,
+        burst=args.kube_api_burst or config.burst,
+        leader_election=le,
+        percentage_of_nodes_to_score=config.percentage_of_nodes_to_score,
+        pod_initial_backoff_s=config.pod_initial_backoff_s,
+        pod_max_backoff_s=config.pod_max_backoff_s,
+        bind_workers=config.bind_workers,
+        source=config.source,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.version:
+        print(f"lj-scheduler {component_version(DIST)}")
+        return 0
+    logs.setup(args.log_format, args.log_level)
+    try:
+        protocol = load_protocol(args.protocol_file)
+        config = _apply_overrides(load_config(args.config, args.scheduler_name), args)
+    except (ProtocolError, ConfigError) as exc:
+        log.error("%s", exc)
+        return 1
+    try:
+        api = load_api_client(args.kubeconfig)
+    except (ConfigException, OSError) as exc:
+        log.error("cannot configure the Kubernetes client: %s", exc)
+        return 1
+    identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    kube = Kube(api, RateLimiter(config.qps, config.burst))
+    names = ",".join(p.scheduler_name for p in config.profiles)
+    recorder = EventRecorder(kube, names, identity)
+    scheduler = Scheduler(config, protocol, kube, recorder)
+
+    stop = threading.Event()
+    lost = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal received, stopping", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if args.metrics_port:
+        try:
+            start_http_server(args.metrics_port)
+        except OSError as exc:
+            log.error("cannot serve metrics on port %d: %s", args.metrics_port, exc)
+            return 1
+
+    informers = [
+        Informer(kube, "/api/v1/nodes", scheduler.on_node, "nodes"),
+        Informer(kube, "/api/v1/pods", scheduler.on_pod, "pods"),
+    ]
+    for inf in informers:
+        inf.start()
+    log.info(
+        "starting",
+        extra={
+            "version": str(component_version(DIST)),
+            "profiles": names,
+            "mode": args.mode,
+            "identity": identity,
+            "config": config.source,
+        },
+    )
+    for inf in informers:  # the cache is rebuilt from the cluster before any decision
+        while not inf.synced.wait(1.0):
+            if stop.is_set():
+                return 0
+    log.info(
+        "cache synced",
+        extra={"nodes": len(scheduler.cache.nodes), "pods": len(scheduler.cache.pods)},
+    )
+
+    elector: LeaderElector | None = None
+    if config.leader_election.leader_elect:
+        elector = LeaderElector(kube, config.leader_election, identity)
+        if not elector.wait_for_leadership(stop):
+            return 0
+        threading.Thread(
+            target=elector.renew_loop, args=(stop, lost), name="lease-renew", daemon=True
+        ).start()
+    metrics.LEADER.set(1)
+
+    server = None
+    if args.mode == "extender":
+        try:
+            server = serve(
+                Extender(scheduler), args.extender_address, args.extender_port, args.extender_prefix
+            )
+        except OSError as exc:
+            log.error(
+                "cannot serve the extender on %s:%d: %s",
+                args.extender_address,
+                args.extender_port,
+                exc,
+            )
+            return 1
+        log.info("extender serving", extra={"port": server.server_address[1]})
+        while not stop.wait(0.5) and not lost.is_set():
+            pass
+    else:
+        loop = threading.Thread(target=scheduler.run, args=(stop,), name="schedule", daemon=True)
+        loop.start()
+        while not stop.wait(0.5) and not lost.is_set():
+            pass
+        stop.set()
+        loop.join(timeout=10)
+    stop.set()
+    for inf in informers:
+        inf.stop()
+    if server is not None:
+        server.shutdown()
+    scheduler.stop()
+    recorder.stop()
+    metrics.LEADER.set(0)
+    if lost.is_set():
+        log.error("leader lease lost; exiting so that a fresh replica takes over")
+        return 1
+    if elector is not None:
+        elector.release()
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

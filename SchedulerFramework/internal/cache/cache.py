@@ -1,0 +1,309 @@
+"""The scheduler cache: nodes and the pods on them (bound and assumed), with indexes.
+
+Fed by the node and pod watches; the scheduling cycle assumes a pod (and
+reserves its devices) before binding, so the next cycle already sees the
+devices as taken. Device holdings of bound pods come from their annotations
+(what the Device Plugin recorded wins over what a scheduler assigned), so a
+restarted scheduler rebuilds exactly the accounting it had.
+
+Every method takes the cache lock; the scheduling cycle holds it for the
+whole cycle (`with cache.lock:`) so that it sees one consistent state.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from lj_runtimekit.proto.pkg.protocol import (
+    AssignmentError,
+    DeviceShare,
+    PodAssignment,
+    Protocol,
+    decode_assignment,
+)
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
+from lj_runtimekit.schedulerframework.internal.framework.types import KubeObject, PodInfo
+
+log = logging.getLogger(__name__)
+
+
+def flatten(assignment: PodAssignment) -> tuple[DeviceShare, ...]:
+    return tuple(share for _, shares in sorted(assignment.items()) for share in shares)
+
+
+@dataclass
+class PodState:
+    pod: PodInfo
+    node: str
+    assumed: bool
+    devices_text: str | None = None
+    """The assignment annotation the device holdings were built from."""
+
+
+class Cache:
+    """Nodes, assigned/assumed pods, device holdings, and indexes over free devices."""
+
+    def __init__(self, protocol: Protocol) -> None:
+        self.lock = threading.RLock()
+        self.protocol = protocol
+        self.nodes: dict[str, NodeInfo] = {}
+        self.pods: dict[str, PodState] = {}
+        self.kinds = tuple(dict.fromkeys(whole_kinds(protocol).values()))
+        # kind -> free whole device count -> node names
+        self.free_index: dict[str, dict[int, set[str]]] = {k: {} for k in self.kinds}
+        self._free_of: dict[str, dict[str, int]] = {k: {} for k in self.kinds}
+        self._capacity_of: dict[str, dict[str, int]] = {k: {} for k in self.kinds}
+        self._capacity_count: dict[str, Counter[int]] = {k: Counter() for k in self.kinds}
+        self.mig_nodes: dict[str, set[str]] = {}
+        self._mig_of: dict[str, dict[str, int]] = {}
+        self.slice_nodes: set[str] = set()
+        self.generation = 0
+
+    # -- indexes --------------------------------------------------------------------------
+
+    def _reindex(self, node: NodeInfo) -> None:
+        name = node.name
+        present = node.present
+        for kind in self.kinds:
+            free = node.devices.free_whole_count(kind) if present else 0
+            old = self._free_of[kind].get(name)
+            if old != free:
+                if old is not None:
+                    bucket = self.free_index[kind].get(old)
+                    if bucket is not None:
+                        bucket.discard(name)
+                self._free_of[kind][name] = free
+                self.free_index[kind].setdefault(free, set()).add(name)
+            cap = node.devices.whole_capacity(kind) if present else 0
+            old_cap = self._capacity_of[kind].get(name)
+            if old_cap != cap:
+                if old_cap is not None:
+                    self._capacity_count[kind][old_cap] -= 1
+                    if not self._capacity_count[kind][old_cap]:
+                        del self._capacity_count[kind][old_cap]
+                self._capacity_of[kind][name] = cap
+                self._capacity_count[kind][cap] += 1
+        if present and any(d.mode == "tdm" and d.healthy for d in node.devices.devices):
+            self.slice_nodes.add(name)
+        else:
+            self.slice_nodes.discard(name)
+        migs = node.devices.mig_capacity() if present else {}
+        old_migs = self._mig_of.get(name, {})
+        if migs != old_migs:
+            for prof in old_migs:
+                self.mig_nodes.get(prof, set()).discard(name)
+            for prof in migs:
+                self.mig_nodes.setdefault(prof, set()).add(name)
+            self._mig_of[name] = migs
+
+    def _drop_index(self, name: str) -> None:
+        for kind in self.kinds:
+            old = self._free_of[kind].pop(name, None)
+            if old is not None:
+                self.free_index[kind].get(old, set()).discard(name)
+            old_cap = self._capacity_of[kind].pop(name, None)
+            if old_cap is not None:
+                self._capacity_count[kind][old_cap] -= 1
+                if not self._capacity_count[kind][old_cap]:
+                    del self._capacity_count[kind][old_cap]
+        self.slice_nodes.discard(name)
+        for prof in self._mig_of.pop(name, {}):
+            self.mig_nodes.get(prof, set()).discard(name)
+
+    def max_whole_capacity(self, kind: str) -> int:
+        """The most whole devices of `kind` any node has (healthy, not in MIG mode)."""
+        counts = self._capacity_count.get(kind)
+        return max(counts) if counts else 0
+
+    def nodes_with_free(self, kind: str, at_least: int, ascending: bool) -> list[str]:
+        """Nodes with at least `at_least` free whole devices, fewest (or most) free first."""
+        index = self.free_index.get(kind, {})
+        out: list[str] = []
+        for free in sorted(index, reverse=not ascending):
+            if free >= at_least:
+                out.extend(sorted(index[free]))
+        return out
+
+    def free_whole(self, kind: str, node: str) -> int:
+        return self._free_of.get(kind, {}).get(node, 0)
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    def update_node(self, obj: KubeObject) -> NodeInfo:
+        with self.lock:
+            name = str((obj.get("metadata") or {}).get("name", ""))
+            node = self.nodes.get(name)
+            if node is None:
+                node = self.nodes[name] = NodeInfo(name)
+            node.update(obj, self.protocol)
+            self._reindex(node)
+            self.generation += 1
+            return node
+
+    def remove_node(self, name: str) -> None:
+        with self.lock:
+            node = self.nodes.get(name)
+            if node is None:
+                return
+            if node.pods:
+                node.obj = {}  # keep the pods' accounting until they are deleted
+                self._reindex(node)
+            else:
+                del self.nodes[name]
+                self._drop_index(name)
+            self.generation += 1
+
+    def node_infos(self) -> Iterator[NodeInfo]:
+        return (n for n in self.nodes.values() if n.present)
+
+    def node_count(self) -> int:
+        return sum(1 for n in self.nodes.values() if n.present)
+
+    def _node(self, name: str) -> NodeInfo:
+        node = self.nodes.get(name)
+        if node is None:
+            node = self.nodes[name] = NodeInfo(name)
+        return node
+
+    # -- pods -----------------------------------------------------------------------------
+
+    def _devices_text(self, pod: PodInfo) -> str | None:
+        ann = pod.annotations
+        a = self.protocol.annotations
+        return ann.get(a.allocated_devices) or ann.get(a.assigned_devices)
+
+    def _place(self, state: PodState) -> None:
+        node = self._node(state.node)
+        node.pods.add(state.pod.uid)
+        node.add_requests(state.pod.requests, +1)
+
+    def _unplace(self, state: PodState) -> None:
+        node = self.nodes.get(state.node)
+        if node is None:
+            return
+        node.pods.discard(state.pod.uid)
+        node.add_requests(state.pod.requests, -1)
+        node.devices.release(state.pod.uid)
+        if not node.present and not node.pods:
+            del self.nodes[state.node]
+            self._drop_index(state.node)
+        else:
+            self._reindex(node)
+
+    def _apply_devices(self, state: PodState, text: str | None) -> None:
+        node = self.nodes[state.node]
+        node.devices.release(state.pod.uid)
+        state.devices_text = text
+        if text:
+            try:
+                shares = flatten(decode_assignment(text))
+            except AssignmentError as exc:
+                log.warning(
+                    "pod device annotation unreadable, devices not accounted: %s",
+                    exc,
+                    extra={"pod": state.pod.key, "node": state.node},
+                )
+                shares = ()
+            node.devices.apply(state.pod.uid, shares)
+        self._reindex(node)
+
+    def update_pod(self, pod: PodInfo) -> None:
+        """A pod assigned to a node (bound, or seen bound after a restart)."""
+        with self.lock:
+            self.generation += 1
+            if pod.terminal:
+                self.remove_pod(pod.uid)
+                return
+            state = self.pods.get(pod.uid)
+            text = self._devices_text(pod)
+            if state is not None and state.node == pod.node_name:
+                if state.assumed:
+                    state.assumed = False  # confirmed by the watch
+                    node = self.nodes[state.node]
+                    node.add_requests(state.pod.requests, -1)
+                    node.add_requests(pod.requests, +1)
+                    state.pod = pod
+                    if text and text != state.devices_text:
+                        self._apply_devices(state, text)
+                    return
+                if pod.requests != state.pod.requests:  # in-place resize
+                    self.nodes[state.node].add_requests(state.pod.requests, -1)
+                    self.nodes[state.node].add_requests(pod.requests, +1)
+                state.pod = pod
+                if text != state.devices_text:
+                    self._apply_devices(state, text)
+                return
+            if state is not None:
+                self._unplace(state)
+            state = PodState(pod, pod.node_name, assumed=False)
+            self.pods[pod.uid] = state
+            self._place(state)
+            self._apply_devices(state, text)
+
+    def remove_pod(self, uid: str) -> None:
+        with self.lock:
+            state = self.pods.pop(uid, None)
+            if state is not None:
+                self._unplace(state)
+                self.generation += 1
+
+    def assume_pod(self, pod: PodInfo, node_name: str) -> None:
+        """Account a pod on a node before its binding is confirmed."""
+        with self.lock:
+            old = self.pods.get(pod.uid)
+            if old is not None:
+                self._unplace(old)
+            state = PodState(pod, node_name, assumed=True)
+            self.pods[pod.uid] = state
+            self._place(state)
+            self.generation += 1
+
+    def forget_pod(self, uid: str) -> None:
+        """Undo `assume_pod` (and any devices reserved) after a failed bind or a rejection."""
+        with self.lock:
+            state = self.pods.get(uid)
+            if state is not None and state.assumed:
+                del self.pods[uid]
+                self._unplace(state)
+                self.generation += 1
+
+    def is_assumed(self, uid: str) -> bool:
+        with self.lock:
+            state = self.pods.get(uid)
+            return state is not None and state.assumed
+
+    def reserve_devices(self, uid: str, node_name: str, shares: tuple[DeviceShare, ...]) -> None:
+        with self.lock:
+            node = self._node(node_name)
+            node.devices.apply(uid, shares)
+            state = self.pods.get(uid)
+            if state is not None:
+                state.devices_text = None
+            self._reindex(node)
+
+    def release_devices(self, uid: str, node_name: str) -> None:
+        with self.lock:
+            node = self.nodes.get(node_name)
+            if node is not None:
+                node.devices.release(uid)
+                self._reindex(node)
+
+    def mark_devices_text(self, uid: str, text: str) -> None:
+        """The annotation text that matches the devices reserved for an assumed pod."""
+        with self.lock:
+            state = self.pods.get(uid)
+            if state is not None:
+                state.devices_text = text
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def violations(self) -> list[str]:
+        """Every breach of the device sharing invariant, prefixed by the node."""
+        with self.lock:
+            return [
+                f"node {n.name}: {v}" for n in self.nodes.values() for v in n.devices.violations()
+            ]

@@ -1,0 +1,132 @@
+"""NodeInfo: one node's schedulable state, precomputed once per node update."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lj_runtimekit.proto.pkg.protocol import InventoryError, Protocol, decode_inventory
+from lj_runtimekit.schedulerframework.internal.cache.devices import (
+    NodeDevices,
+    devices_from_capacity,
+    devices_from_inventory,
+)
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    KubeObject,
+    QuantityError,
+    resource_amount,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+def whole_kinds(protocol: Protocol) -> dict[str, str]:
+    """Whole-device resource name -> device kind."""
+    r = protocol.resources
+    return {r.gpu: "gpu", r.ppu: "ppu", r.amd: "amd"}
+
+
+class NodeInfo:
+    """A node: labels, taints, allocatable, what its pods request, and its devices."""
+
+    __slots__ = (
+        "allocatable",
+        "device_source",
+        "devices",
+        "inventory_error",
+        "labels",
+        "name",
+        "obj",
+        "pods",
+        "requested",
+        "taints",
+        "unschedulable",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.obj: KubeObject = {}
+        self.labels: Mapping[str, str] = {}
+        self.taints: tuple[Taint, ...] = ()
+        self.unschedulable = False
+        self.allocatable: dict[str, int] = {}
+        self.requested: dict[str, int] = {}
+        self.pods: set[str] = set()
+        self.devices = NodeDevices([], from_inventory=False)
+        self.inventory_error = ""
+        self.device_source: tuple[object, ...] = ()
+
+    @property
+    def present(self) -> bool:
+        """False for a placeholder holding pods of a node the cache has not seen (yet)."""
+        return bool(self.obj)
+
+    def update(self, obj: KubeObject, protocol: Protocol) -> None:
+        """Refresh from a Node object (labels, taints, allocatable, device inventory)."""
+        self.obj = obj
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        status = obj.get("status") or {}
+        self.labels = meta.get("labels") or {}
+        self.taints = tuple(
+            Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+            for t in spec.get("taints") or ()
+            if t.get("effect") in ("NoSchedule", "NoExecute")
+        )
+        self.unschedulable = bool(spec.get("unschedulable"))
+        alloc: dict[str, int] = {}
+        for name, value in (status.get("allocatable") or {}).items():
+            try:
+                alloc[name] = resource_amount(name, value)
+            except QuantityError:
+                log.warning("node has an unparsable allocatable %s=%r", name, value)
+        self.allocatable = alloc
+        self._update_devices(meta.get("annotations") or {}, protocol)
+
+    def _update_devices(self, annotations: Mapping[str, str], protocol: Protocol) -> None:
+        text = annotations.get(protocol.annotations.node_devices)
+        kinds = whole_kinds(protocol)
+        source = (text, *(self.allocatable.get(r, 0) for r in kinds))
+        if source == self.device_source:
+            return
+        self.device_source = source
+        self.inventory_error = ""
+        if text is not None:
+            try:
+                inventory = decode_inventory(text)
+            except InventoryError as exc:
+                self.inventory_error = (
+                    f"annotation {protocol.annotations.node_devices}: {exc}; "
+                    "falling back to the node's capacity"
+                )
+                log.warning(
+                    "node device inventory unusable: %s",
+                    self.inventory_error,
+                    extra={"node": self.name},
+                )
+            else:
+                self.devices.replace_devices(devices_from_inventory(inventory), True)
+                return
+        devices = []
+        for resource, kind in kinds.items():
+            count = self.allocatable.get(resource, 0)
+            if count:
+                devices.extend(devices_from_capacity(count, kind))
+        for i, dev in enumerate(devices):  # ids stay unique across kinds
+            dev.index = i
+            if dev.kind != "gpu":
+                dev.id = f"{dev.kind}-{dev.id}"
+        self.devices.replace_devices(devices, False)
+
+    def add_requests(self, requests: Mapping[str, int], sign: int) -> None:
+        req = self.requested
+        for name, value in requests.items():
+            req[name] = req.get(name, 0) + sign * value

@@ -1,0 +1,1 @@
+"""LJ Runtime Kit Scheduler Framework."""

@@ -1,0 +1,264 @@
+"""Extender mode: device-level placement for clusters that keep the stock kube-scheduler.
+
+HTTP verbs of the extender protocol (k8s.io/kube-scheduler/extender/v1):
+POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind with JSON bodies whose
+keys are Go field names; keys are matched case-insensitively. Filter answers
+with NodeNames when the scheduler is nodeCacheCapable (it sent NodeNames) or
+with Nodes otherwise; Prioritize scores 0..10; Bind chooses the devices on the
+node the scheduler picked and writes the Binding with the assignment
+annotations (one write). Malformed JSON: HTTP 400 naming the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from lj_runtimekit.schedulerframework.internal.framework.runtime import Framework
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    Code,
+    CycleState,
+    KubeObject,
+    PodInfo,
+    parse_pod,
+)
+from lj_runtimekit.schedulerframework.internal.kube.client import KubeError
+from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+MAX_EXTENDER_PRIORITY = 10
+
+
+class BadRequest(ValueError):
+    """A request body the extender cannot use; answered with HTTP 400."""
+
+
+def field(data: Mapping[str, Any], name: str) -> Any:
+    """A key read case-insensitively (Go field names, or lowerCamel from other clients)."""
+    if name in data:
+        return data[name]
+    lowered = name.lower()
+    for key, value in data.items():
+        if isinstance(key, str) and key.lower() == lowered:
+            return value
+    return None
+
+
+class Extender:
+    """The extender verbs over a Scheduler's cache and first (or named) profile."""
+
+    def __init__(self, scheduler: Scheduler, profile: str | None = None) -> None:
+        self.scheduler = scheduler
+        name = profile or next(iter(scheduler.frameworks))
+        self.framework: Framework = scheduler.frameworks[name]
+        self._pods: OrderedDict[str, KubeObject] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _remember(self, obj: KubeObject) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        with self._lock:
+            self._pods[uid] = obj
+            self._pods.move_to_end(uid)
+            while len(self._pods) > 5000:
+                self._pods.popitem(last=False)
+
+    @staticmethod
+    def _pod(body: Mapping[str, Any]) -> tuple[KubeObject, PodInfo]:
+        obj = field(body, "Pod")
+        if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+            raise BadRequest("Pod: missing, or not a Pod object with metadata")
+        return obj, parse_pod(obj)
+
+    @staticmethod
+    def _node_names(body: Mapping[str, Any]) -> tuple[list[str], list[KubeObject] | None]:
+        names = field(body, "NodeNames")
+        if names is not None:
+            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+                raise BadRequest("NodeNames: must be a list of strings")
+            return names, None
+        nodes = field(body, "Nodes")
+        if nodes is None:
+            raise BadRequest("neither NodeNames nor Nodes given")
+        items = field(nodes, "Items") if isinstance(nodes, dict) else None
+        if not isinstance(items, list):
+            raise BadRequest("Nodes: must be a NodeList with items")
+        out = [str((n.get("metadata") or {}).get("name", "")) for n in items if isinstance(n, dict)]
+        return out, [n for n in items if isinstance(n, dict)]
+
+    def filter(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        obj, pod = self._pod(body)
+        names, nodes = self._node_names(body)
+        self._remember(obj)
+        fwk = self.framework
+        state = CycleState()
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        passed: list[str] = []
+        cache = self.scheduler.cache
+        with cache.lock:
+            _, status = fwk.run_pre_filter(state, pod)
+            if not status.ok:
+                target = (
+                    unresolvable if status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE else failed
+                )
+                for n in names:
+                    target[n] = status.message()
+            else:
+                for n in names:
+                    node = cache.nodes.get(n)
+                    if node is None or not node.present:
+                        failed[n] = "node not (yet) known to the lj-scheduler extender"
+                        continue
+                    st = fwk.run_filters(state, pod, node)
+                    if st.ok:
+                        passed.append(n)
+                    elif st.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
+                        unresolvable[n] = st.message()
+                    else:
+                        failed[n] = st.message()
+        result: dict[str, Any] = {
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
+        if nodes is None:
+            result["NodeNames"] = passed
+        else:
+            keep = set(passed)
+            result["Nodes"] = {
+                "metadata": {},
+                "items": [n for n in nodes if (n.get("metadata") or {}).get("name") in keep],
+            }
+        return result
+
+    def prioritize(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        obj, pod = self._pod(body)
+        names, _ = self._node_names(body)
+        self._remember(obj)
+        fwk = self.framework
+        state = CycleState()
+        cache = self.scheduler.cache
+        with cache.lock:
+            _, status = fwk.run_pre_filter(state, pod)
+            nodes = [cache.nodes[n] for n in names if n in cache.nodes and cache.nodes[n].present]
+            totals = fwk.run_score(state, pod, nodes) if status.ok and nodes else {}
+        top = max(totals.values(), default=0)
+        return [
+            {
+                "Host": n,
+                "Score": (totals.get(n, 0) * MAX_EXTENDER_PRIORITY // top) if top > 0 else 0,
+            }
+            for n in names
+        ]
+
+    def bind(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = field(body, "PodName")
+        namespace = field(body, "PodNamespace")
+        uid = field(body, "PodUID")
+        node = field(body, "Node")
+        for key, value in (("PodName", name), ("PodNamespace", namespace), ("Node", node)):
+            if not isinstance(value, str) or not value:
+                raise BadRequest(f"{key}: missing or not a string")
+        with self._lock:
+            obj = self._pods.get(str(uid or ""))
+        if obj is None:
+            kube = self.scheduler.kube
+            if kube is None:
+                return {"Error": f"pod {namespace}/{name} unknown"}
+            try:
+                obj = kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+            except KubeError as exc:
+                return {"Error": str(exc)}
+        pod = parse_pod(obj)
+        if uid and pod.uid != uid:
+            return {"Error": f"pod {namespace}/{name} has uid {pod.uid}, not {uid}"}
+        fwk = self.framework
+        state = CycleState()
+        cache = self.scheduler.cache
+        with cache.lock:
+            _, status = fwk.run_pre_filter(state, pod)
+            if not status.ok:
+                return {"Error": status.message()}
+            cache.assume_pod(pod, str(node))
+            status = fwk.run_reserve(state, pod, str(node))
+            if not status.ok:
+                cache.forget_pod(pod.uid)
+                return {"Error": f"node {node}: {status.message()}"}
+        status = fwk.run_bind(state, pod, str(node))
+        if not status.ok:
+            fwk.run_unreserve(state, pod, str(node))
+            cache.forget_pod(pod.uid)
+            return {"Error": status.message()}
+        with self._lock:
+            self._pods.pop(pod.uid, None)
+        return {"Error": ""}
+
+
+def make_handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
+    prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("extender request: %s", format % args)
+
+        def _reply(self, code: int, payload: object) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path in ("/healthz", "/readyz"):
+                self._reply(200, {"status": "ok"})
+            else:
+                self._reply(404, {"Error": f"unknown path {self.path}"})
+
+        def do_POST(self) -> None:
+            verb = self.path[len(prefix) :].strip("/") if self.path.startswith(prefix) else ""
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length > 0 else b""
+            handlers = {
+                "filter": extender.filter,
+                "prioritize": extender.prioritize,
+                "bind": extender.bind,
+            }
+            fn = handlers.get(verb)
+            if fn is None:
+                self._reply(
+                    404, {"Error": f"unknown verb {verb!r}; known: filter, prioritize, bind"}
+                )
+                return
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                self._reply(400, {"Error": f"request body is not valid JSON: {exc}"})
+                return
+            if not isinstance(body, dict):
+                self._reply(400, {"Error": "request body must be a JSON object"})
+                return
+            try:
+                self._reply(200, fn(body))
+            except BadRequest as exc:
+                self._reply(400, {"Error": str(exc)})
+            except Exception as exc:
+                log.exception("extender verb failed", extra={"verb": verb})
+                self._reply(500, {"Error": f"{verb} failed: {exc}"})
+
+    return Handler
+
+
+def serve(extender: Extender, address: str, port: int, prefix: str = "") -> ThreadingHTTPServer:
+    """Starts the extender HTTP server in a thread; returns it (shutdown() to stop)."""
+    server = ThreadingHTTPServer((address, port), make_handler(extender, prefix))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="extender-http", daemon=True).start()
+    return server

@@ -1,0 +1,145 @@
+"""Extension points of the scheduling framework: one Protocol each, in cycle order.
+
+A plugin is an object with a `name` and any of these methods; the framework
+finds which extension points it implements with `isinstance` checks when a
+profile is built. Upstream equivalents: k8s.io/kubernetes/pkg/scheduler/framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    CycleState,
+    PodInfo,
+    PreFilterResult,
+    Status,
+)
+
+if TYPE_CHECKING:
+    from lj_runtimekit.proto.pkg.protocol import Protocol as ProtocolConstants
+    from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
+    from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+
+MAX_NODE_SCORE = 100
+
+
+@runtime_checkable
+class Plugin(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+@runtime_checkable
+class PreFilterPlugin(Plugin, Protocol):
+    def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
+        """Checks the pod once per cycle; may narrow the nodes to try (in order)."""
+        ...
+
+
+@runtime_checkable
+class FilterPlugin(Plugin, Protocol):
+    def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
+        """Can the pod run on this node?"""
+        ...
+
+
+@runtime_checkable
+class PostFilterPlugin(Plugin, Protocol):
+    def post_filter(
+        self, state: CycleState, pod: PodInfo, statuses: Mapping[str, Status]
+    ) -> tuple[str | None, Status]:
+        """Called when no node fits; may make room (returns a nominated node)."""
+        ...
+
+
+@runtime_checkable
+class ScorePlugin(Plugin, Protocol):
+    def score(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> int:
+        """0..MAX_NODE_SCORE, higher is better (or any range when normalize_score exists)."""
+        ...
+
+
+@runtime_checkable
+class ScoreExtensions(Plugin, Protocol):
+    def normalize_score(self, state: CycleState, pod: PodInfo, scores: dict[str, int]) -> None:
+        """Rescales this plugin's scores of all feasible nodes in place to 0..MAX_NODE_SCORE."""
+        ...
+
+
+@runtime_checkable
+class ReservePlugin(Plugin, Protocol):
+    def reserve(self, state: CycleState, pod: PodInfo, node_name: str) -> Status:
+        """Claims what the pod needs on the chosen node (before binding)."""
+        ...
+
+    def unreserve(self, state: CycleState, pod: PodInfo, node_name: str) -> None:
+        """Gives back what `reserve` claimed; must be idempotent."""
+        ...
+
+
+@runtime_checkable
+class PermitPlugin(Plugin, Protocol):
+    def permit(self, state: CycleState, pod: PodInfo, node_name: str) -> tuple[Status, float]:
+        """SUCCESS, a rejection, or WAIT with a timeout in seconds (see WaitingPod)."""
+        ...
+
+
+@runtime_checkable
+class PreBindPlugin(Plugin, Protocol):
+    def pre_bind(self, state: CycleState, pod: PodInfo, node_name: str) -> Status: ...
+
+
+@runtime_checkable
+class BindPlugin(Plugin, Protocol):
+    def bind(self, state: CycleState, pod: PodInfo, node_name: str) -> Status:
+        """Binds the pod, or returns SKIP to let the next bind plugin do it."""
+        ...
+
+
+@runtime_checkable
+class PostBindPlugin(Plugin, Protocol):
+    def post_bind(self, state: CycleState, pod: PodInfo, node_name: str) -> None: ...
+
+
+class WaitingPod(Protocol):
+    """A pod parked at Permit; any plugin may allow or reject it (gang scheduling)."""
+
+    @property
+    def pod(self) -> PodInfo: ...
+
+    @property
+    def node_name(self) -> str: ...
+
+    def pending_plugins(self) -> list[str]: ...
+
+    def allow(self, plugin: str) -> None: ...
+
+    def reject(self, plugin: str, message: str) -> None: ...
+
+
+class Handle(Protocol):
+    """What a plugin may use of the scheduler that runs it."""
+
+    @property
+    def cache(self) -> Cache: ...
+
+    @property
+    def protocol(self) -> ProtocolConstants: ...
+
+    def iterate_waiting_pods(self) -> Iterator[WaitingPod]: ...
+
+    def get_waiting_pod(self, uid: str) -> WaitingPod | None: ...
+
+    def event(self, pod: PodInfo, kind: str, reason: str, message: str) -> None:
+        """Records an Event on the pod (aggregated, asynchronous)."""
+        ...
+
+    def bind_pod(self, pod: PodInfo, node_name: str, annotations: Mapping[str, str]) -> Status:
+        """Writes the Binding (with annotations: one write per pod)."""
+        ...
+
+
+PluginFactory = Callable[[Mapping[str, Any], Handle], Plugin]
+"""`New(args, handle)`: validates typed args and builds the plugin."""

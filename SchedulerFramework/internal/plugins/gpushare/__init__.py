@@ -1,0 +1,1 @@
+"""GpuShare: device-level placement of whole GPUs, TDM slices and MIG instances."""

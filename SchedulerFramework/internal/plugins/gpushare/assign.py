@@ -1,0 +1,113 @@
+"""Choosing devices on one node: the heavy logic of the GpuShare plugin (pure, no I/O).
+
+`assign` works on a scratch view of the node's free devices, so trying a node
+changes nothing; the plugin applies the result to the cache at Reserve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from lj_runtimekit.proto.pkg.protocol import DeviceShare
+from lj_runtimekit.schedulerframework.internal.cache.devices import DeviceState, NodeDevices
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import DeviceRequest
+
+SetChooser = Callable[[Sequence[DeviceState], int, str], list[DeviceState]]
+"""(free devices, how many, policy) -> the chosen devices (DeviceTopology supplies one)."""
+
+
+def choose_in_order(free: Sequence[DeviceState], count: int, policy: str) -> list[DeviceState]:
+    """No topology: binpack takes the lowest indexes, spread spreads over NUMA nodes."""
+    if policy == "spread":
+        by_numa: dict[int, list[DeviceState]] = {}
+        for d in free:
+            by_numa.setdefault(d.numa, []).append(d)
+        out: list[DeviceState] = []
+        groups = [by_numa[k] for k in sorted(by_numa)]
+        while len(out) < count:
+            for g in groups:
+                if g and len(out) < count:
+                    out.append(g.pop(0))
+        return sorted(out, key=lambda d: d.index)
+    return list(free[:count])
+
+
+def assign(
+    devices: NodeDevices,
+    request: DeviceRequest,
+    policy: str,
+    chooser: SetChooser | None = None,
+) -> dict[str, tuple[DeviceShare, ...]] | None:
+    """Devices for every container of the pod on this node, or None when they do not fit."""
+    choose = chooser or choose_in_order
+    taken: set[str] = set()
+    slice_used: dict[str, tuple[int, int]] = {}
+    mig_taken: set[str] = set()
+    out: dict[str, tuple[DeviceShare, ...]] = {}
+    order = sorted(request.asks, key=lambda a: (0 if a.whole else 1 if a.mig else 2, -a.whole))
+    for ask in order:
+        if ask.whole:
+            free = [
+                d
+                for d in devices.devices
+                if d.kind == ask.kind
+                and d.wholly_free
+                and d.id not in taken
+                and d.id not in slice_used
+            ]
+            if len(free) < ask.whole:
+                return None
+            chosen = choose(free, ask.whole, policy)
+            taken.update(d.id for d in chosen)
+            out[ask.container] = tuple(DeviceShare(d.id) for d in chosen)
+        elif ask.mig:
+            shares: list[DeviceShare] = []
+            for profile, count in ask.mig:
+                for _ in range(count):
+                    mig = _pick_mig(devices, profile, policy, mig_taken)
+                    if mig is None:
+                        return None
+                    mig_taken.add(mig)
+                    shares.append(DeviceShare(mig))
+            out[ask.container] = tuple(shares)
+        else:
+            best: DeviceState | None = None
+            best_key: tuple[int, int] | None = None
+            for d in devices.devices:
+                if d.kind != ask.kind or not d.sliceable or d.id in taken:
+                    continue
+                extra_core, extra_mem = slice_used.get(d.id, (0, 0))
+                core_free = d.core_free - extra_core
+                mem_free = d.memory_free - extra_mem
+                if core_free < ask.core or mem_free < ask.memory:
+                    continue
+                room = core_free + mem_free
+                key = (room, d.index) if policy == "binpack" else (-room, d.index)
+                if best_key is None or key < best_key:
+                    best, best_key = d, key
+            if best is None:
+                return None
+            c, m = slice_used.get(best.id, (0, 0))
+            slice_used[best.id] = (c + ask.core, m + ask.memory)
+            out[ask.container] = (DeviceShare(best.id, ask.core, ask.memory),)
+    return out
+
+
+def _pick_mig(devices: NodeDevices, profile: str, policy: str, taken: set[str]) -> str | None:
+    best: str | None = None
+    best_key: tuple[int, int] | None = None
+    for d in devices.devices:
+        if not d.healthy or d.mode != "mig":
+            continue
+        free = [
+            m
+            for m, p in d.mig_profiles.items()
+            if p == profile and m not in d.mig_used and m not in taken
+        ]
+        if not free:
+            continue
+        busy = len(d.mig_used) + sum(1 for m in d.mig_profiles if m in taken)
+        key = (-busy, d.index) if policy == "binpack" else (busy, d.index)
+        if best_key is None or key < best_key:
+            best, best_key = sorted(free)[0], key
+    return best

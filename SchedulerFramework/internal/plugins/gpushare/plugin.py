@@ -1,0 +1,229 @@
+"""GpuShare: places pods on specific devices: whole GPUs, TDM slices, MIG instances.
+
+Node-level binpack or spread (args.policy, overridable per pod with the
+`annotations.gpu_policy` annotation), device-level the same; the chosen
+devices ride on the Binding as the `annotations.assigned_devices` annotation.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lj_runtimekit.proto.pkg.protocol import encode_assignment
+from lj_runtimekit.schedulerframework.internal.cache.cache import flatten
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
+from lj_runtimekit.schedulerframework.internal.framework.args import (
+    boolean,
+    check_fields,
+    choice,
+    string,
+)
+from lj_runtimekit.schedulerframework.internal.framework.interface import MAX_NODE_SCORE, Handle
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    SKIP,
+    SUCCESS,
+    CycleState,
+    PodInfo,
+    PreFilterResult,
+    Status,
+    unresolvable,
+    unschedulable,
+)
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.assign import SetChooser, assign
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import (
+    POLICIES,
+    DeviceRequest,
+    RequestError,
+    parse_device_request,
+)
+
+NAME = "GpuShare"
+REQUEST_KEY = "GpuShare/request"
+POLICY_KEY = "GpuShare/policy"
+CHOOSER_KEY = "DeviceTopology/chooser"
+"""CycleState key under which DeviceTopology offers its device set chooser."""
+BIND_PHASE_ALLOCATING = "allocating"
+
+
+@dataclass(frozen=True)
+class Args:
+    policy: str = "binpack"
+    runtime_class_name: str = "lj-runtime"
+    warn_missing_runtime_class: bool = True
+
+    @staticmethod
+    def parse(raw: Mapping[str, Any]) -> Args:
+        check_fields(NAME, raw, ("policy", "runtimeClassName", "warnMissingRuntimeClass"))
+        return Args(
+            policy=choice(NAME, raw, "policy", POLICIES, "binpack"),
+            runtime_class_name=string(NAME, raw, "runtimeClassName", "lj-runtime"),
+            warn_missing_runtime_class=boolean(NAME, raw, "warnMissingRuntimeClass", True),
+        )
+
+
+def device_request(pod: PodInfo, handle: Handle) -> DeviceRequest | None:
+    """The pod's device request, parsed once per pod object (RequestError when malformed)."""
+    cached = pod.extra.get(REQUEST_KEY)
+    if isinstance(cached, RequestError):
+        raise cached
+    if cached is not None or REQUEST_KEY in pod.extra:
+        return cached if isinstance(cached, DeviceRequest) else None
+    try:
+        req = parse_device_request(pod, handle.protocol)
+    except RequestError as exc:
+        pod.extra[REQUEST_KEY] = exc
+        raise
+    pod.extra[REQUEST_KEY] = req
+    return req
+
+
+class GpuShare:
+    name = NAME
+
+    def __init__(self, args: Args, handle: Handle) -> None:
+        self.args = args
+        self.handle = handle
+        self.protocol = handle.protocol
+        self.resource_of = {kind: res for res, kind in whole_kinds(self.protocol).items()}
+        self._warned: dict[str, None] = {}
+
+    # -- PreFilter ------------------------------------------------------------------------
+
+    def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
+        try:
+            req = device_request(pod, self.handle)
+        except RequestError as exc:
+            return None, unresolvable(str(exc))
+        if req is None:
+            return None, SKIP
+        self._check_runtime_class(pod)
+        policy = req.policy_override or self.args.policy
+        state.write(REQUEST_KEY, req)
+        state.write(POLICY_KEY, policy)
+        cache = self.handle.cache
+        for kind, total in req.whole_total().items():
+            largest = cache.max_whole_capacity(kind)
+            if total > largest:
+                return None, unresolvable(
+                    f"pod asks for {total} {self.resource_of[kind]} in all but the largest node "
+                    f"has {largest}"
+                )
+        if req.only_whole:
+            kind = req.asks[0].kind
+            total = req.whole_total()[kind]
+            names = cache.nodes_with_free(kind, total, ascending=policy == "binpack")
+            return PreFilterResult(names, f"Insufficient {self.resource_of[kind]}"), SUCCESS
+        profiles = req.mig_profiles()
+        if profiles:
+            missing = sorted(p for p in profiles if not cache.mig_nodes.get(p))
+            if missing:
+                names_missing = ", ".join(self.protocol.resources.mig(p) for p in missing)
+                return None, unschedulable(f"no node offers MIG instances {names_missing}")
+            if all(a.mig for a in req.asks):
+                sets = [cache.mig_nodes[p] for p in profiles]
+                nodes = sorted(set.intersection(*sets))
+                return PreFilterResult(nodes, "node(s) had no free MIG instance asked for"), SUCCESS
+        if req.only_slices:
+            return PreFilterResult(
+                sorted(cache.slice_nodes), "node(s) had no GPU in TDM mode"
+            ), SUCCESS
+        return None, SUCCESS
+
+    def _check_runtime_class(self, pod: PodInfo) -> None:
+        if not self.args.warn_missing_runtime_class:
+            return
+        if pod.runtime_class == self.args.runtime_class_name or pod.uid in self._warned:
+            return
+        self._warned[pod.uid] = None
+        if len(self._warned) > 10000:
+            self._warned.pop(next(iter(self._warned)))
+        shown = pod.runtime_class or "not set"
+        self.handle.event(
+            pod,
+            "Warning",
+            "MissingRuntimeClass",
+            f"pod asks for device resources but its runtimeClassName is {shown}, not "
+            f"{self.args.runtime_class_name}: its devices would not be injected",
+        )
+
+    # -- Filter / Score -------------------------------------------------------------------
+
+    def _request(self, state: CycleState) -> tuple[DeviceRequest, str]:
+        req = state.read(REQUEST_KEY)
+        assert isinstance(req, DeviceRequest)
+        return req, str(state.read(POLICY_KEY))
+
+    def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
+        req, policy = self._request(state)
+        if req.only_whole:
+            kind = req.asks[0].kind
+            if self.handle.cache.free_whole(kind, node.name) >= req.whole_total()[kind]:
+                return SUCCESS
+            return unschedulable(f"Insufficient {self.resource_of[kind]}")
+        if assign(node.devices, req, policy) is not None:
+            return SUCCESS
+        return unschedulable(self._shortage(req))
+
+    def _shortage(self, req: DeviceRequest) -> str:
+        r = self.protocol.resources
+        if req.only_slices:
+            return "node(s) had no GPU with the asked core and memory percentage free"
+        if req.mig_profiles() and all(a.mig for a in req.asks):
+            return "node(s) had no free MIG instance asked for"
+        return f"Insufficient devices ({r.gpu}, slices or MIG instances)"
+
+    def score(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> int:
+        req, policy = self._request(state)
+        if req.only_whole:
+            kind = req.asks[0].kind
+            cap = node.devices.whole_capacity(kind)
+            used = cap - self.handle.cache.free_whole(kind, node.name)
+            total = cap
+        else:
+            used, total = node.devices.used_units()
+        if total <= 0:
+            return 0
+        packed = used * MAX_NODE_SCORE // total
+        return packed if policy == "binpack" else MAX_NODE_SCORE - packed
+
+    # -- Reserve --------------------------------------------------------------------------
+
+    def reserve(self, state: CycleState, pod: PodInfo, node_name: str) -> Status:
+        req = state.read(REQUEST_KEY)
+        if not isinstance(req, DeviceRequest):
+            return SUCCESS
+        policy = str(state.read(POLICY_KEY))
+        cache = self.handle.cache
+        chooser = state.read(CHOOSER_KEY)
+        with cache.lock:
+            node = cache.nodes.get(node_name)
+            if node is None:
+                return unschedulable(f"node {node_name} is gone")
+            choose: SetChooser | None = chooser if callable(chooser) else None
+            result = assign(node.devices, req, policy, choose)
+            if result is None:
+                return unschedulable(self._shortage(req))
+            cache.reserve_devices(pod.uid, node_name, flatten(result))
+            text = encode_assignment(result)
+            cache.mark_devices_text(pod.uid, text)
+        a = self.protocol.annotations
+        state.binding_annotations[a.assigned_devices] = text
+        state.binding_annotations[a.assume_time] = str(time.time_ns())
+        state.binding_annotations[a.bind_phase] = BIND_PHASE_ALLOCATING
+        state.write(f"{NAME}/assignment", result)
+        return SUCCESS
+
+    def unreserve(self, state: CycleState, pod: PodInfo, node_name: str) -> None:
+        if not isinstance(state.read(REQUEST_KEY), DeviceRequest):
+            return
+        self.handle.cache.release_devices(pod.uid, node_name)
+        a = self.protocol.annotations
+        for key in (a.assigned_devices, a.assume_time, a.bind_phase):
+            state.binding_annotations.pop(key, None)
+
+
+def new(args: Args, handle: Handle) -> GpuShare:
+    return GpuShare(args, handle)

@@ -1,0 +1,115 @@
+"""What a pod asks of devices, parsed and validated once per pod."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lj_runtimekit.proto.pkg.protocol import Protocol
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import whole_kinds
+from lj_runtimekit.schedulerframework.internal.framework.types import PodInfo
+
+POLICIES = ("binpack", "spread")
+
+
+class RequestError(ValueError):
+    """A device request that can never be satisfied as written; the message says why."""
+
+
+@dataclass(frozen=True)
+class ContainerAsk:
+    """One container's device ask: whole devices of one kind, one slice, or MIG instances."""
+
+    container: str
+    kind: str = ""
+    whole: int = 0
+    core: int = 0
+    memory: int = 0
+    mig: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def is_slice(self) -> bool:
+        return self.core > 0 or self.memory > 0
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    asks: tuple[ContainerAsk, ...]
+    policy_override: str | None
+
+    def whole_total(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self.asks:
+            if a.whole:
+                out[a.kind] = out.get(a.kind, 0) + a.whole
+        return out
+
+    @property
+    def only_whole(self) -> bool:
+        return all(a.whole for a in self.asks) and len({a.kind for a in self.asks}) == 1
+
+    @property
+    def only_slices(self) -> bool:
+        return all(a.is_slice for a in self.asks)
+
+    def mig_profiles(self) -> set[str]:
+        return {p for a in self.asks for p, _ in a.mig}
+
+    def max_whole_per_container(self) -> int:
+        return max((a.whole for a in self.asks), default=0)
+
+
+def parse_device_request(pod: PodInfo, protocol: Protocol) -> DeviceRequest | None:
+    """None when the pod asks for no device; RequestError for a malformed ask."""
+    res = protocol.resources
+    kinds = whole_kinds(protocol)
+    asks: list[ContainerAsk] = []
+    for c in pod.containers:
+        where = f"{'init container' if c.init else 'container'} {c.name!r}"
+        whole: dict[str, int] = {}
+        core = memory = 0
+        migs: list[tuple[str, int]] = []
+        for name, value in c.requests.items():
+            if value <= 0:
+                continue
+            if name in kinds:
+                whole[kinds[name]] = value
+            elif name == res.core:
+                core = value
+            elif name == res.memory:
+                memory = value
+            else:
+                profile = res.mig_profile(name)
+                if profile is not None:
+                    migs.append((profile, value))
+        for name, value in ((res.core, core), (res.memory, memory)):
+            if value > 100:
+                raise RequestError(
+                    f"{where} asks for {value} of {name}: a slice is at most 100 (one device); "
+                    f"ask for whole devices with {res.gpu} instead"
+                )
+        sliced = core > 0 or memory > 0
+        used = [bool(whole), sliced, bool(migs)]
+        if sum(used) > 1:
+            raise RequestError(
+                f"{where} mixes whole devices ({', '.join(sorted(whole)) or 'none'}), a TDM slice "
+                f"({res.core}/{res.memory}) and MIG instances: a container asks for exactly one "
+                "of the three"
+            )
+        if len(whole) > 1:
+            raise RequestError(f"{where} asks for whole devices of several kinds {sorted(whole)}")
+        if whole:
+            ((kind, count),) = whole.items()
+            asks.append(ContainerAsk(c.name, kind=kind, whole=count))
+        elif sliced:
+            asks.append(ContainerAsk(c.name, kind="gpu", core=core, memory=memory))
+        elif migs:
+            asks.append(ContainerAsk(c.name, kind="gpu", mig=tuple(sorted(migs))))
+    if not asks:
+        return None
+    override = pod.annotations.get(protocol.annotations.gpu_policy)
+    if override is not None and override not in POLICIES:
+        raise RequestError(
+            f"annotation {protocol.annotations.gpu_policy}={override!r} is not one of "
+            f"{', '.join(POLICIES)}"
+        )
+    return DeviceRequest(tuple(asks), override)

@@ -1,0 +1,48 @@
+"""NodeUnschedulable: a cordoned node takes no new pod unless the pod tolerates it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
+from lj_runtimekit.schedulerframework.internal.framework.interface import Handle
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    SUCCESS,
+    CycleState,
+    PodInfo,
+    Status,
+    unresolvable,
+)
+
+NAME = "NodeUnschedulable"
+TAINT_KEY = "node.kubernetes.io/unschedulable"
+REASON = "node(s) were unschedulable"
+
+
+@dataclass(frozen=True)
+class Args:
+    @staticmethod
+    def parse(raw: Mapping[str, Any]) -> Args:
+        check_fields(NAME, raw, ())
+        return Args()
+
+
+class NodeUnschedulable:
+    name = NAME
+
+    def __init__(self, args: Args, handle: Handle) -> None:
+        self.args = args
+
+    def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
+        if not node.unschedulable:
+            return SUCCESS
+        if any(t.tolerates(TAINT_KEY, "", "NoSchedule") for t in pod.tolerations):
+            return SUCCESS
+        return unresolvable(REASON)
+
+
+def new(args: Args, handle: Handle) -> NodeUnschedulable:
+    return NodeUnschedulable(args, handle)

@@ -1,0 +1,134 @@
+"""Event recorder: asynchronous, rate limited, repeated events aggregated into a count.
+
+Like client-go's recorder: a bounded queue drained by one thread; an event
+equal to one already sent for the same pod (reason and message) bumps that
+event's count instead of creating another object. When the queue is full
+events are dropped (and counted), never blocking scheduling.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from lj_runtimekit.schedulerframework.internal.framework.types import PodInfo
+from lj_runtimekit.schedulerframework.internal.kube.client import Kube, KubeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    namespace: str
+    name: str
+    uid: str
+    kind: str
+    reason: str
+    message: str
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class EventRecorder:
+    def __init__(self, kube: Kube | None, component: str, instance: str, size: int = 5000) -> None:
+        self.kube = kube
+        self.component = component
+        self.instance = instance
+        self._queue: queue.Queue[EventRecord | None] = queue.Queue(maxsize=size)
+        self._sent: OrderedDict[tuple[str, str, str], tuple[str, int]] = OrderedDict()
+        self.dropped = 0
+        self.recorded: list[EventRecord] = []
+        """Kept when there is no API client (unit tests)."""
+        self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
+        if kube is not None:
+            self._thread.start()
+
+    def event(self, pod: PodInfo, kind: str, reason: str, message: str) -> None:
+        record = EventRecord(pod.namespace, pod.name, pod.uid, kind, reason, message)
+        if self.kube is None:
+            self.recorded.append(record)
+            return
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self.dropped += 1
+
+    def stop(self) -> None:
+        if self.kube is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            record = self._queue.get()
+            if record is None:
+                return
+            try:
+                self._send(record)
+            except KubeError as exc:
+                if exc.status != 404:  # the pod's namespace is gone
+                    log.warning(
+                        "event not recorded: %s",
+                        exc,
+                        extra={"pod": f"{record.namespace}/{record.name}"},
+                    )
+            except Exception:
+                log.exception("event not recorded")
+
+    def _send(self, r: EventRecord) -> None:
+        assert self.kube is not None
+        key = (r.uid, r.reason, r.message)
+        now = _now()
+        previous = self._sent.get(key)
+        base = f"/api/v1/namespaces/{r.namespace}/events"
+        if previous is not None:
+            name, count = previous
+            try:
+                self.kube.request(
+                    "PATCH",
+                    f"{base}/{name}",
+                    body={"count": count + 1, "lastTimestamp": now},
+                    content_type="application/merge-patch+json",
+                )
+                self._sent[key] = (name, count + 1)
+                self._sent.move_to_end(key)
+                return
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
+        name = f"{r.name}.{time.time_ns():x}"
+        self.kube.request(
+            "POST",
+            base,
+            body={
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": name, "namespace": r.namespace},
+                "involvedObject": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "namespace": r.namespace,
+                    "name": r.name,
+                    "uid": r.uid,
+                },
+                "reason": r.reason,
+                "message": r.message[:1024],
+                "type": r.kind,
+                "count": 1,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "source": {"component": self.component},
+                "reportingComponent": self.component,
+                "reportingInstance": self.instance,
+            },
+        )
+        self._sent[key] = (name, 1)
+        if len(self._sent) > 20000:
+            self._sent.popitem(last=False)

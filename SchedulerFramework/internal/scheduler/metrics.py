@@ -1,0 +1,41 @@
+"""Prometheus metrics of the scheduler."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+FILTER_SCORE_SECONDS = Histogram(
+    "lj_scheduler_filter_score_duration_seconds",
+    "Time of one scheduling cycle's PreFilter, Filter and Score (per pod).",
+    buckets=(
+        0.0002,
+        0.0005,
+        0.001,
+        0.0015,
+        0.002,
+        0.003,
+        0.004,
+        0.005,
+        0.0075,
+        0.01,
+        0.015,
+        0.02,
+        0.03,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1.0,
+    ),
+)
+ATTEMPTS = Counter(
+    "lj_scheduler_schedule_attempts_total",
+    "Scheduling attempts by result.",
+    ["result", "profile"],
+)
+BIND_SECONDS = Histogram(
+    "lj_scheduler_binding_duration_seconds",
+    "Time of the binding cycle (PreBind and Bind).",
+)
+PENDING = Gauge("lj_scheduler_pending_pods", "Pods in the scheduling queue by queue.", ["queue"])
+LEADER = Gauge("lj_scheduler_leader", "1 while this replica holds the leader lease.")

@@ -1,0 +1,409 @@
+"""The scheduler: one scheduling loop, a bounded pool of binding workers, Permit waits.
+
+Threads, not asyncio: the kubernetes client is synchronous, the cycle is
+CPU-bound Python, and the upstream shape (one scheduling goroutine, binding
+goroutines) maps one to one onto one scheduling thread plus a bounded
+ThreadPoolExecutor; see the README.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from lj_runtimekit.proto.pkg.protocol import Protocol
+from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
+from lj_runtimekit.schedulerframework.internal.config.config import Config
+from lj_runtimekit.schedulerframework.internal.framework.interface import WaitingPod
+from lj_runtimekit.schedulerframework.internal.framework.runtime import (
+    Diagnosis,
+    EnabledPlugin,
+    Framework,
+)
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    SUCCESS,
+    Code,
+    CycleState,
+    KubeObject,
+    PodInfo,
+    Status,
+    error,
+    parse_pod,
+    unresolvable,
+)
+from lj_runtimekit.schedulerframework.internal.kube.client import Kube, KubeError
+from lj_runtimekit.schedulerframework.internal.plugins.registry import REGISTRY
+from lj_runtimekit.schedulerframework.internal.queue.queue import QueuedPod, SchedulingQueue
+from lj_runtimekit.schedulerframework.internal.scheduler import metrics
+from lj_runtimekit.schedulerframework.internal.scheduler.events import EventRecorder
+
+log = logging.getLogger(__name__)
+
+
+def failure_message(total_nodes: int, diagnosis: Diagnosis) -> str:
+    """Upstream's FitError text: "0/N nodes are available: 3 reason, 5 reason."."""
+    if diagnosis.prefilter is not None:
+        return f"0/{total_nodes} nodes are available: {diagnosis.prefilter.message()}."
+    histogram: Counter[str] = Counter()
+    for status in diagnosis.statuses.values():
+        for reason in status.reasons or (f"rejected by plugin {status.plugin}",):
+            histogram[reason] += 1
+    if diagnosis.excluded:
+        histogram[diagnosis.excluded_reason or "node(s) were ruled out at PreFilter"] += (
+            diagnosis.excluded
+        )
+    parts = sorted(f"{count} {reason}" for reason, count in histogram.items())
+    return f"0/{total_nodes} nodes are available: {', '.join(parts) or 'no nodes'}."
+
+
+@dataclass
+class _Binding:
+    framework: Framework
+    state: CycleState
+    queued: QueuedPod
+    node: str
+
+
+class _WaitingPod:
+    """A reserved pod held at Permit until every waiting plugin allows it."""
+
+    def __init__(
+        self, scheduler: Scheduler, binding: _Binding, plugins: Mapping[str, float]
+    ) -> None:
+        self._scheduler = scheduler
+        self.binding = binding
+        self._pending = set(plugins)
+        self._lock = threading.Lock()
+        self._done = False
+        timeout = min(plugins.values()) if plugins else 0.0
+        self._timer = threading.Timer(timeout, self._timeout)
+        self._timer.daemon = True
+
+    @property
+    def pod(self) -> PodInfo:
+        return self.binding.queued.pod
+
+    @property
+    def node_name(self) -> str:
+        return self.binding.node
+
+    def pending_plugins(self) -> list[str]:
+        with self._lock:
+            return sorted(self._pending)
+
+    def start(self) -> None:
+        self._timer.start()
+
+    def allow(self, plugin: str) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._pending.discard(plugin)
+            if self._pending:
+                return
+            self._done = True
+        self._timer.cancel()
+        self._scheduler._waiting_done(self, None)
+
+    def reject(self, plugin: str, message: str) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._timer.cancel()
+        self._scheduler._waiting_done(self, Status(Code.UNSCHEDULABLE, (message,), plugin))
+
+    def _timeout(self) -> None:
+        self.reject(
+            ",".join(self.pending_plugins()) or "Permit", "rejected due to timeout at Permit"
+        )
+
+
+class Scheduler:
+    """Implements the framework Handle; owns the cache, the queue and the profiles."""
+
+    def __init__(
+        self,
+        config: Config,
+        protocol: Protocol,
+        kube: Kube | None,
+        recorder: EventRecorder | None = None,
+    ) -> None:
+        self.config = config
+        self._protocol = protocol
+        self.kube = kube
+        self._cache = Cache(protocol)
+        self.queue = SchedulingQueue(config.pod_initial_backoff_s, config.pod_max_backoff_s)
+        self.recorder = recorder or EventRecorder(None, "lj-scheduler", "test")
+        self.frameworks: dict[str, Framework] = {}
+        for profile in config.profiles:
+            plugins = [
+                EnabledPlugin(REGISTRY[s.name].factory(s.args, self), s.weight)
+                for s in profile.plugins
+            ]
+            self.frameworks[profile.scheduler_name] = Framework(
+                profile.scheduler_name, plugins, self, config.percentage_of_nodes_to_score
+            )
+        self._pool = ThreadPoolExecutor(config.bind_workers, thread_name_prefix="bind")
+        self._bind_slots = threading.BoundedSemaphore(config.bind_workers * 4)
+        self._binds_in_flight = 0
+        self._idle = threading.Condition()
+        self._waiting: dict[str, _WaitingPod] = {}
+        self._waiting_lock = threading.Lock()
+        self._node_signatures: dict[str, tuple[object, ...]] = {}
+        self.bound = 0
+        self.bind_failures = 0
+
+    # -- Handle ---------------------------------------------------------------------------
+
+    @property
+    def cache(self) -> Cache:
+        return self._cache
+
+    @property
+    def protocol(self) -> Protocol:
+        return self._protocol
+
+    def iterate_waiting_pods(self) -> Iterator[WaitingPod]:
+        with self._waiting_lock:
+            return iter(list(self._waiting.values()))
+
+    def get_waiting_pod(self, uid: str) -> WaitingPod | None:
+        with self._waiting_lock:
+            return self._waiting.get(uid)
+
+    def event(self, pod: PodInfo, kind: str, reason: str, message: str) -> None:
+        self.recorder.event(pod, kind, reason, message)
+
+    def bind_pod(self, pod: PodInfo, node_name: str, annotations: Mapping[str, str]) -> Status:
+        if self.kube is None:
+            return error("no API client")
+        meta: dict[str, object] = {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid}
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node_name},
+        }
+        try:
+            self.kube.request(
+                "POST", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding", body=body
+            )
+        except KubeError as exc:
+            return Status(Code.ERROR, (exc.reason,), "DefaultBinder")
+        return SUCCESS
+
+    # -- informer handlers ----------------------------------------------------------------
+
+    def on_node(self, etype: str, obj: KubeObject) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        if etype == "DELETED":
+            self._cache.remove_node(name)
+            self._node_signatures.pop(name, None)
+            return
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        signature = (
+            meta.get("labels"),
+            (meta.get("annotations") or {}).get(self._protocol.annotations.node_devices),
+            spec.get("taints"),
+            spec.get("unschedulable"),
+            (obj.get("status") or {}).get("allocatable"),
+        )
+        if self._node_signatures.get(name) == signature:
+            return  # a heartbeat: nothing the scheduler looks at changed
+        self._node_signatures[name] = signature
+        self._cache.update_node(obj)
+        self.queue.move_all_to_active_or_backoff()
+
+    def on_pod(self, etype: str, obj: KubeObject) -> None:
+        pod = parse_pod(obj)
+        if etype == "DELETED":
+            self.queue.delete(pod.uid)
+            waiting = self.get_waiting_pod(pod.uid)
+            if waiting is not None:
+                waiting.reject("", "pod deleted")
+            if pod.uid in self._cache.pods:
+                self._cache.remove_pod(pod.uid)
+                self.queue.move_all_to_active_or_backoff()
+            return
+        if pod.node_name:
+            self.queue.delete(pod.uid)
+            was_terminal = pod.terminal and pod.uid in self._cache.pods
+            self._cache.update_pod(pod)
+            if was_terminal:
+                self.queue.move_all_to_active_or_backoff()
+            return
+        if pod.terminal or pod.deleting or pod.scheduler_name not in self.frameworks:
+            return
+        if pod.uid in self._cache.pods:
+            return  # assumed: its binding is in flight
+        self.queue.add(pod)
+
+    # -- scheduling loop ------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Schedules until `stop` is set."""
+        while not stop.is_set():
+            qp = self.queue.pop(timeout_s=0.5)
+            if qp is None:
+                continue
+            try:
+                self.schedule_one(qp)
+            except Exception:
+                log.exception("scheduling cycle failed", extra={"pod": qp.pod.key})
+                self.queue.requeue_backoff(qp)
+
+    def schedule_one(self, qp: QueuedPod) -> None:
+        pod = qp.pod
+        fwk = self.frameworks.get(pod.scheduler_name)
+        if fwk is None or pod.deleting or pod.uid in self._cache.pods:
+            self.queue.done(pod.uid)
+            return
+        state = CycleState()
+        cache = self._cache
+        with cache.lock:
+            began = time.perf_counter()
+            total = len(cache.nodes)
+            status, node, diagnosis = self._find_node(fwk, state, pod, total)
+            metrics.FILTER_SCORE_SECONDS.observe(time.perf_counter() - began)
+            if node is None:
+                self._fail(fwk, qp, status, failure_message(total, diagnosis))
+                return
+            cache.assume_pod(pod, node)
+            status = fwk.run_reserve(state, pod, node)
+            if not status.ok:
+                cache.forget_pod(pod.uid)
+                self._fail(fwk, qp, status, f"0/{total} nodes are available: {status.message()}.")
+                return
+            permit, waits = fwk.run_permit(state, pod, node)
+            if not permit.ok and permit.code != Code.WAIT:
+                fwk.run_unreserve(state, pod, node)
+                cache.forget_pod(pod.uid)
+                self._fail(fwk, qp, permit, permit.message())
+                return
+        binding = _Binding(fwk, state, qp, node)
+        if permit.code == Code.WAIT:
+            waiting = _WaitingPod(self, binding, waits)
+            with self._waiting_lock:
+                self._waiting[pod.uid] = waiting
+            waiting.start()
+            return
+        self._submit(binding)
+
+    def _find_node(
+        self, fwk: Framework, state: CycleState, pod: PodInfo, total: int
+    ) -> tuple[Status, str | None, Diagnosis]:
+        diagnosis = Diagnosis({})
+        if pod.parse_errors:
+            status = unresolvable(*pod.parse_errors)
+            diagnosis.prefilter = status
+            return status, None, diagnosis
+        pre, status = fwk.run_pre_filter(state, pod)
+        if not status.ok:
+            diagnosis.prefilter = status
+            return status, None, diagnosis
+        feasible, diagnosis = fwk.find_feasible(state, pod, pre, total)
+        if not feasible:
+            _, post = fwk.run_post_filter(state, pod, diagnosis)
+            return post, None, diagnosis
+        return SUCCESS, fwk.select_host(feasible, state, pod), diagnosis
+
+    def _fail(self, fwk: Framework, qp: QueuedPod, status: Status, message: str) -> None:
+        metrics.ATTEMPTS.labels("unschedulable", fwk.scheduler_name).inc()
+        log.info("pod unschedulable: %s", message, extra={"pod": qp.pod.key})
+        self.event(qp.pod, "Warning", "FailedScheduling", message)
+        if status.code == Code.ERROR:
+            self.queue.requeue_backoff(qp)
+        else:
+            self.queue.add_unschedulable(qp)
+
+    # -- binding cycle --------------------------------------------------------------------
+
+    def _submit(self, binding: _Binding) -> None:
+        self._bind_slots.acquire()  # backpressure: bounded binds in flight
+        with self._idle:
+            self._binds_in_flight += 1
+        try:
+            self._pool.submit(self._bind, binding)
+        except RuntimeError:  # pool shut down
+            self._bind_done()
+            self._forget(binding)
+
+    def _bind_done(self) -> None:
+        self._bind_slots.release()
+        with self._idle:
+            self._binds_in_flight -= 1
+            self._idle.notify_all()
+
+    def wait_binds(self, timeout_s: float = 10.0) -> bool:
+        """Waits until no binding is in flight (tests, benchmarks)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._binds_in_flight == 0, timeout_s)
+
+    def _waiting_done(self, waiting: _WaitingPod, rejection: Status | None) -> None:
+        with self._waiting_lock:
+            self._waiting.pop(waiting.pod.uid, None)
+        b = waiting.binding
+        if rejection is None:
+            self._submit(b)
+            return
+        b.framework.run_unreserve(b.state, b.queued.pod, b.node)
+        self._cache.forget_pod(b.queued.pod.uid)
+        if rejection.message() == "pod deleted":
+            self.queue.done(b.queued.pod.uid)
+            return
+        self._fail(b.framework, b.queued, rejection, rejection.message())
+
+    def _forget(self, b: _Binding) -> None:
+        b.framework.run_unreserve(b.state, b.queued.pod, b.node)
+        self._cache.forget_pod(b.queued.pod.uid)
+
+    def _bind(self, b: _Binding) -> None:
+        pod = b.queued.pod
+        began = time.perf_counter()
+        try:
+            try:
+                status = b.framework.run_pre_bind(b.state, pod, b.node)
+                if status.ok:
+                    status = b.framework.run_bind(b.state, pod, b.node)
+            except Exception as exc:
+                log.exception("binding cycle failed", extra={"pod": pod.key})
+                status = error(str(exc))
+            metrics.BIND_SECONDS.observe(time.perf_counter() - began)
+            if status.ok:
+                self.bound += 1
+                metrics.ATTEMPTS.labels("scheduled", b.framework.scheduler_name).inc()
+                b.framework.run_post_bind(b.state, pod, b.node)
+                self.queue.done(pod.uid)
+                self.event(
+                    pod, "Normal", "Scheduled", f"Successfully assigned {pod.key} to {b.node}"
+                )
+                return
+            self.bind_failures += 1
+            self._forget(b)
+            log.warning(
+                "binding failed: %s", status.message(), extra={"pod": pod.key, "node": b.node}
+            )
+            self.event(pod, "Warning", "FailedScheduling", f"Binding rejected: {status.message()}")
+            if "already assigned" in status.message() or "not found" in status.message():
+                self.queue.done(pod.uid)  # bound elsewhere or gone: the watch tells the truth
+            else:
+                self.queue.requeue_backoff(b.queued)
+        finally:
+            self._bind_done()
+
+    def stop(self) -> None:
+        self.queue.close()
+        self._pool.shutdown(wait=True, cancel_futures=False)
+        with self._waiting_lock:
+            waiting = list(self._waiting.values())
+        for w in waiting:
+            w.reject("", "scheduler stopping")

@@ -1,0 +1,269 @@
+"""Plugin decisions on the in-memory framework (FakeCluster plays the API server)."""
+
+from __future__ import annotations
+
+import json
+
+from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
+    CORE,
+    GPU,
+    MEM,
+    PROTOCOL,
+    FakeCluster,
+    nvlink_inventory,
+)
+
+from lj_runtimekit.proto.pkg.protocol import decode_assignment
+
+POLICY = PROTOCOL.annotations.gpu_policy
+
+
+def test_whole_gpu_binpack_fills_the_fullest_node(cluster: FakeCluster) -> None:
+    cluster.add_node("a")
+    cluster.add_node("b")
+    first = cluster.add_pod("p1", {GPU: "2"})
+    cluster.schedule()
+    second = cluster.add_pod("p2", {GPU: "2"})
+    cluster.schedule()
+    assert cluster.node_of(first) == cluster.node_of(second)
+    devices = (
+        decode_assignment(cluster.assignment(first))["c0"]
+        + decode_assignment(cluster.assignment(second))["c0"]
+    )
+    assert len({d.device_id for d in devices}) == 4
+    assert all(d.whole for d in devices)
+
+
+def test_spread_policy_and_per_pod_override(make_cluster) -> None:  # type: ignore[no-untyped-def]
+    c = make_cluster(
+        {"profiles": [{"pluginConfig": [{"name": "GpuShare", "args": {"policy": "spread"}}]}]}
+    )
+    c.add_node("a")
+    c.add_node("b")
+    p1 = c.add_pod("p1", {GPU: "1"})
+    c.schedule()
+    p2 = c.add_pod("p2", {GPU: "1"})
+    c.schedule()
+    assert c.node_of(p1) != c.node_of(p2)
+    p3 = c.add_pod("p3", {GPU: "1"}, annotations={POLICY: "binpack"})
+    c.schedule()
+    assert c.node_of(p3) in (c.node_of(p1), c.node_of(p2))
+
+
+def test_slices_share_a_device_up_to_100_percent(cluster: FakeCluster) -> None:
+    cluster.add_node("a", gpus=1)
+    uids = [cluster.add_pod(f"s{i}", {CORE: "40", MEM: "30"}) for i in range(3)]
+    cluster.schedule()
+    placed = [u for u in uids if cluster.node_of(u)]
+    assert len(placed) == 2  # 3 x 40 % of cores would exceed 100 %
+    shares = [decode_assignment(cluster.assignment(u))["c0"][0] for u in placed]
+    assert {s.device_id for s in shares} == {"0"}
+    assert all((s.core_percent, s.memory_percent) == (40, 30) for s in shares)
+    pending = next(u for u in uids if u not in placed)
+    assert cluster.events(pending, "FailedScheduling") == [
+        f"0/1 nodes are available: 1 Insufficient {CORE}."
+    ]
+    assert cluster.scheduler.cache.violations() == []
+
+
+def test_whole_device_carries_no_slice(cluster: FakeCluster) -> None:
+    cluster.add_node("a", gpus=2)
+    s = cluster.add_pod("slice", {CORE: "10", MEM: "10"})
+    cluster.schedule()
+    w = cluster.add_pod("whole", {GPU: "2"})
+    cluster.schedule()
+    assert cluster.node_of(s) == "a"
+    assert cluster.node_of(w) == ""  # one GPU carries a slice: only one is free whole
+    w1 = cluster.add_pod("whole1", {GPU: "1"})
+    cluster.schedule()
+    whole_dev = decode_assignment(cluster.assignment(w1))["c0"][0].device_id
+    slice_dev = decode_assignment(cluster.assignment(s))["c0"][0].device_id
+    assert whole_dev != slice_dev
+    s2 = cluster.add_pod("slice2", {CORE: "10", MEM: "10"})
+    cluster.schedule()
+    assert decode_assignment(cluster.assignment(s2))["c0"][0].device_id == slice_dev
+    assert cluster.scheduler.cache.violations() == []
+
+
+def test_mig_and_tdm_never_on_one_gpu(cluster: FakeCluster) -> None:
+    mig_res = PROTOCOL.resources.mig("3g.40gb")
+    inv = nvlink_inventory("a", count=2, groups=1, mig={1: ["3g.40gb", "4g.40gb"]})
+    cluster.add_node("a", gpus=2, inventory=inv, extra={mig_res: "1"})
+    m = cluster.add_pod("mig", {mig_res: "1"})
+    slices = [cluster.add_pod(f"s{i}", {CORE: "50", MEM: "50"}) for i in range(3)]
+    whole = cluster.add_pod("w", {GPU: "1"})
+    cluster.schedule()
+    assert decode_assignment(cluster.assignment(m))["c0"][0].device_id == "a-gpu1-mig0"
+    placed = [u for u in slices if cluster.node_of(u)]
+    assert len(placed) == 2
+    for u in placed:
+        assert decode_assignment(cluster.assignment(u))["c0"][0].device_id == "a-gpu0"
+    assert cluster.node_of(whole) == ""  # gpu0 carries slices, gpu1 is in MIG mode
+    m2 = cluster.add_pod("mig2", {mig_res: "1"})
+    cluster.schedule()
+    assert cluster.node_of(m2) == ""  # the only 3g.40gb instance is taken
+    assert cluster.scheduler.cache.violations() == []
+
+
+def test_topology_picks_an_nvlink_island_then_numa(cluster: FakeCluster) -> None:
+    cluster.add_node("a", inventory=nvlink_inventory("a"))
+    p = cluster.add_pod("p1", {GPU: "1"})
+    cluster.schedule()
+    assert decode_assignment(cluster.assignment(p))["c0"][0].device_id == "a-gpu0"
+    q = cluster.add_pod("p4", {GPU: "4"})
+    cluster.schedule()
+    ids = sorted(d.device_id for d in decode_assignment(cluster.assignment(q))["c0"])
+    # gpu0 is taken, so island 0 has 3 free: the 4-set must be the whole island 1
+    assert ids == [f"a-gpu{i}" for i in range(4, 8)]
+
+
+def test_topology_prefers_the_node_with_a_whole_island(cluster: FakeCluster) -> None:
+    cluster.add_node("a", inventory=nvlink_inventory("a"), labels={"host": "a"})
+    cluster.add_node("b", inventory=nvlink_inventory("b"))
+    # node a runs a pod holding one GPU of each NVLink island: no 4-island left there
+    cluster.add_bound_pod("old", "a", '{"c0":[{"id":"a-gpu0"},{"id":"a-gpu4"}]}', 2)
+    q = cluster.add_pod("p4", {GPU: "4"})
+    cluster.schedule()
+    assert cluster.node_of(q) == "b"
+    single = cluster.add_pod("p1", {GPU: "1"}, nodeSelector={"host": "a"})
+    cluster.schedule()
+    # a single device comes from an already broken island (gpu1..3 and gpu5..7 tie)
+    assert decode_assignment(cluster.assignment(single))["c0"][0].device_id == "a-gpu1"
+    q2 = cluster.add_pod("p4b", {GPU: "4"})
+    cluster.schedule()
+    assert cluster.node_of(q2) == "b"  # b still has a whole island; a has none
+
+
+def test_core_predicates(cluster: FakeCluster) -> None:
+    cluster.add_node("tainted", taints=[{"key": "dedicated", "value": "x", "effect": "NoSchedule"}])
+    cluster.add_node("cordoned", unschedulable=True)
+    cluster.add_node("labelled", labels={"zone": "z1"})
+    cluster.add_node("small", cpu="1")
+    p = cluster.add_pod("p", {GPU: "1", "cpu": "2"}, nodeSelector={"zone": "z1"})
+    t = cluster.add_pod(
+        "t",
+        {GPU: "1"},
+        tolerations=[{"key": "dedicated", "operator": "Exists"}],
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "DoesNotExist"}]}
+                    ]
+                }
+            }
+        },
+    )
+    big = cluster.add_pod("big", {"cpu": "200"})
+    cluster.schedule()
+    assert cluster.node_of(p) == "labelled"
+    assert cluster.node_of(t) in ("tainted", "small")
+    assert cluster.events(big, "FailedScheduling") == [
+        "0/4 nodes are available: 1 node(s) had untolerated taint {dedicated: x}, "
+        "1 node(s) were unschedulable, 2 Insufficient cpu."
+    ]
+
+
+def test_init_container_rule(cluster: FakeCluster) -> None:
+    cluster.add_node("a", gpus=0, cpu="4")
+    ok = cluster.add_pod("ok", {"cpu": "2"}, init=[{"cpu": "4"}])  # max(2, 4) = 4 fits
+    cluster.schedule()
+    assert cluster.node_of(ok) == "a"
+    full = cluster.add_pod("full", {"cpu": "1"})
+    cluster.schedule()
+    assert cluster.node_of(full) == ""  # the pod is accounted max(sum(app)=2, init=4) = 4
+
+
+def test_bad_inputs_stay_pending_with_a_reason(cluster: FakeCluster) -> None:
+    cluster.add_node("a")
+    big_slice = cluster.add_pod("big-slice", {CORE: "150", MEM: "10"})
+    mixed = cluster.add_pod("mixed", {GPU: "1", CORE: "10", MEM: "10"})
+    impossible = cluster.add_pod("impossible", {GPU: "9"})
+    override = cluster.add_pod("override", {GPU: "1"}, annotations={POLICY: "tightest"})
+    bad_qty = cluster.add_pod("qty", {"cpu": "lots"})
+    cluster.schedule()
+    expected = {
+        big_slice: "a slice is at most 100",
+        mixed: "mixes whole devices",
+        impossible: "pod asks for 9 alibabacloud.com/gpu in all but the largest node has 8",
+        override: "annotation lingjun.com/gpu-policy='tightest' is not one of binpack, spread",
+        bad_qty: "invalid quantity 'lots'",
+    }
+    for uid, text in expected.items():
+        assert cluster.node_of(uid) == ""
+        (msg,) = cluster.events(uid, "FailedScheduling")
+        assert text in msg, msg
+    ok = cluster.add_pod("ok", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.node_of(ok) == "a"  # the scheduler keeps going
+
+
+def test_failed_scheduling_aggregates_reasons(cluster: FakeCluster) -> None:
+    for i in range(6):
+        cluster.add_node(f"n{i}", gpus=1)
+    for i in range(4):
+        cluster.add_node(f"t{i}", taints=[{"key": "k", "value": "v", "effect": "NoSchedule"}])
+    fill = [cluster.add_pod(f"f{i}", {GPU: "1"}) for i in range(6)]
+    cluster.schedule()
+    assert all(cluster.node_of(u).startswith("n") for u in fill)
+    p = cluster.add_pod("p", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.events(p, "FailedScheduling") == [
+        "0/10 nodes are available: 4 node(s) had untolerated taint {k: v}, "
+        "6 Insufficient alibabacloud.com/gpu."
+    ]
+
+
+def test_missing_runtime_class_warns_once(cluster: FakeCluster) -> None:
+    cluster.add_node("a")
+    p = cluster.add_pod("p", {GPU: "1"}, runtime_class=None)
+    cluster.schedule()
+    assert cluster.node_of(p) == "a"
+    (msg,) = cluster.events(p, "MissingRuntimeClass")
+    assert "not lj-runtime: its devices would not be injected" in msg
+    q = cluster.add_pod("q", {"cpu": "1"}, runtime_class=None)
+    cluster.schedule()
+    assert cluster.events(q, "MissingRuntimeClass") == []
+
+
+def test_failed_bind_forgets_the_assumption_and_requeues(cluster: FakeCluster) -> None:
+    cluster.add_node("a", gpus=1)
+    cluster.fail_binds = 1
+    p = cluster.add_pod("p", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.node_of(p) == ""
+    assert cluster.scheduler.cache.pods == {}
+    assert cluster.scheduler.cache.free_whole("gpu", "a") == 1
+    assert "Binding rejected: injected bind failure" in cluster.events(p, "FailedScheduling")
+    assert cluster.scheduler.queue.counts()["backoff"] == 1
+
+
+def test_unschedulable_pod_retried_when_a_pod_leaves(cluster: FakeCluster) -> None:
+    cluster.add_node("a", gpus=1)
+    first = cluster.add_pod("first", {GPU: "1"})
+    cluster.schedule()
+    waiting = cluster.add_pod("waiting", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.scheduler.queue.counts()["unschedulable"] == 1
+    cluster.delete_pod(first)
+    counts = cluster.scheduler.queue.counts()
+    assert counts["unschedulable"] == 0 and counts["backoff"] + counts["active"] == 1
+    cluster.scheduler.queue._backoff[:] = [
+        (0.0, s, u) for (_, s, u) in cluster.scheduler.queue._backoff
+    ]
+    cluster.schedule()
+    assert cluster.node_of(waiting) == "a"
+
+
+def test_restart_rebuilds_device_accounting(cluster: FakeCluster) -> None:
+    cluster.add_node("a", inventory=nvlink_inventory("a"))
+    uids = [cluster.add_pod(f"p{i}", {GPU: "3"}) for i in range(2)]
+    cluster.schedule()
+    before = {u: cluster.assignment(u) for u in uids}
+    cluster.restart()
+    assert cluster.scheduler.cache.free_whole("gpu", "a") == 2
+    more = [cluster.add_pod(f"q{i}", {GPU: "1"}) for i in range(3)]
+    cluster.schedule()
+    assert sum(1 for u in more if cluster.node_of(u)) == 2
+    assert {u: cluster.assignment(u) for u in uids} == before
+    assert cluster.scheduler.cache.violations() == []
