@@ -237,7 +237,8 @@ class ExporterProcess:
         try:
             with urllib.request.urlopen(self.base + "/healthz", timeout=2):
                 return True
-        except urllib.error.HTTPError:
+        except urllib.error.HTTPError as exc:
+            exc.close()
             return True
         except OSError:
             return False
@@ -253,7 +254,8 @@ class ExporterProcess:
             with urllib.request.urlopen(request, timeout=5) as response:
                 return response.status, response.read(), response.headers
         except urllib.error.HTTPError as exc:
-            return exc.code, exc.read(), exc.headers
+            with exc:
+                return exc.code, exc.read(), exc.headers
 
     def scrape(self) -> Scrape:
         """GET /metrics and parse it."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -16,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as text_string_to_metric_families_om,
+)
 
 from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES, SimulatorProcess
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
@@ -250,6 +254,21 @@ def test_http_gzip_healthz_and_not_found(bed: Bed) -> None:
     assert (status, body.startswith(b"ok")) == (200, True)
     status, _, _ = bed.exporter.get("/nope")
     assert status == 404
+
+
+def test_openmetrics_for_scrapers_that_ask(bed: Bed) -> None:
+    accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+    status, body, headers = bed.exporter.get("/metrics", {"Accept": accept})
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    text = body.decode()
+    assert text.endswith("# EOF\n")
+    assert text.count("# EOF") == 1
+    parsed = text_string_to_metric_families_om(text)  # type: ignore[no-untyped-call]
+    families = {f.name: f for f in parsed}
+    assert families["lj_runtimekit_device_energy_joules"].type == "counter"
+    assert families["lj_runtimekit_exporter"].type == "info"
+    assert len(families["lj_runtimekit_container_utilization_ratio"].samples) == 4
     after = bed.exporter.scrape()
     assert after.value("lj_runtimekit_exporter_scrape_duration_seconds_count") >= 2
 
@@ -312,7 +331,8 @@ class Prometheus:
             with urllib.request.urlopen(url, timeout=10) as r:
                 answer: dict[str, Any] = json.load(r)
         except urllib.error.HTTPError as exc:
-            answer = json.load(exc)
+            with exc:
+                answer = json.load(exc)
         return answer
 
     def stop(self) -> None:

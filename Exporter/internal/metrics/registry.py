@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -12,8 +13,10 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
     disable_created_metrics,
+    generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from lj_runtimekit.exporter.internal.metrics.families import PREFIX
@@ -26,11 +29,16 @@ SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 COLLECTION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+Encoder = Callable[[Collector], bytes]
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """The families of one collection, served as they are until the next one replaces them."""
 
     families: tuple[Metric, ...] = field(default=())
+    rendered: dict[str, bytes] = field(default_factory=dict)
+    """Content type -> the families rendered in that format."""
 
 
 def status_families(
@@ -98,30 +106,33 @@ def status_families(
     return [runtime, kubelet, info, features, pods, last]
 
 
-class SnapshotCollector(Collector):
-    """Yields the families of the latest snapshot; a scrape never calls the Runtime."""
+class _Families(Collector):
+    """A fixed list of families, for the encoders."""
 
-    def __init__(self) -> None:
-        self.snapshot = Snapshot()
+    def __init__(self, families: tuple[Metric, ...]) -> None:
+        self.families = families
 
     def collect(self) -> Iterable[Metric]:
-        """The latest snapshot's families (replaced whole, so never half-updated)."""
-        return self.snapshot.families
-
-    def describe(self) -> Iterable[Metric]:
-        """Nothing fixed to describe: the families depend on the node."""
-        return ()
+        """The families."""
+        return self.families
 
 
 class ExporterMetrics:
-    """The registry served on /metrics and the Exporter's own instruments."""
+    """What /metrics serves: the latest snapshot, rendered once, plus the Exporter's own metrics.
+
+    A snapshot is rendered when it is published (in each text format a scraper
+    has asked for so far), so a scrape costs one small render of the Exporter's
+    own instruments plus a copy, whatever the size of the node.
+    """
 
     def __init__(self) -> None:
         # `_created` series double the counter output and help no dashboard.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
-        self.snapshots = SnapshotCollector()
-        self.registry.register(self.snapshots)
+        """The Exporter's own instruments (the snapshot is served beside them)."""
+        self._lock = threading.Lock()
+        self._snapshot = Snapshot()
+        self._encoders: dict[str, Encoder] = {}
         ProcessCollector(namespace=PREFIX + "exporter", registry=self.registry)
         self.scrape_duration = Histogram(
             PREFIX + "exporter_scrape_duration_seconds",
@@ -144,11 +155,43 @@ class ExporterMetrics:
         )
         for source in ERROR_SOURCES:
             self.collection_errors.labels(source)
+        _, plain = choose_encoder("")
+        self._encoders[plain] = generate_latest
 
     def publish(self, families: Iterable[Metric]) -> None:
-        """Replace the served snapshot."""
-        self.snapshots.snapshot = Snapshot(tuple(families))
+        """Replace the served snapshot, rendered in every format asked for so far."""
+        snapshot = Snapshot(tuple(families))
+        with self._lock:
+            encoders = dict(self._encoders)
+        for content_type, encoder in encoders.items():
+            snapshot.rendered[content_type] = _render(encoder, content_type, snapshot.families)
+        self._snapshot = snapshot
+
+    def render(self, accept: str) -> tuple[bytes, str]:
+        """The /metrics body for an Accept header, and its content type."""
+        encoder, content_type = choose_encoder(accept)
+        snapshot = self._snapshot
+        body = snapshot.rendered.get(content_type)
+        if body is None:
+            with self._lock:
+                if len(self._encoders) < _MAX_FORMATS:
+                    self._encoders.setdefault(content_type, encoder)
+                body = _render(encoder, content_type, snapshot.families)
+                snapshot.rendered[content_type] = body
+        return body + encoder(self.registry), content_type
 
     def error(self, source: ErrorSource, count: int = 1) -> None:
         """Count failed reads of `source`."""
         self.collection_errors.labels(source).inc(count)
+
+
+_MAX_FORMATS = 4
+_EOF = b"# EOF\n"
+
+
+def _render(encoder: Encoder, content_type: str, families: tuple[Metric, ...]) -> bytes:
+    body = encoder(_Families(families))
+    # OpenMetrics ends with one `# EOF`: the Exporter's own part, rendered last, carries it.
+    if content_type.startswith("application/openmetrics-text") and body.endswith(_EOF):
+        body = body[: -len(_EOF)]
+    return body

@@ -49,6 +49,7 @@ class KubeletPods:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
                 body = response.read()
         except urllib.error.HTTPError as exc:
+            exc.close()
             raise PodSourceError(f"kubelet {self.url} answered HTTP {exc.code}") from exc
         except (urllib.error.URLError, OSError) as exc:
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc

@@ -1,11 +1,16 @@
 """HTTP server of the Exporter: `/metrics` (gzip when the scraper accepts it) and `/healthz`.
 
+`/metrics` negotiates the format like prometheus_client's own handler (its
+`choose_encoder` and `gzip_accepted`): OpenMetrics for Prometheus, the 0.0.4
+text format otherwise.
+
 It runs in its own threads (a threading WSGI server), so scrapes are served
 while the collection loop waits on the Runtime.
 """
 
 from __future__ import annotations
 
+import gzip
 import logging
 import socket
 import threading
@@ -14,8 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics
 
@@ -35,15 +39,21 @@ class _QuietHandler(WSGIRequestHandler):
 
 def make_app(metrics: ExporterMetrics, health: HealthCheck) -> WSGIApp:
     """The WSGI application: /metrics, /healthz, / (a pointer to both), 404 otherwise."""
-    render = make_wsgi_app(metrics.registry)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
         if path == "/metrics":
             started = time.perf_counter()
-            body = list(render(environ, start_response))
+            body, content_type = metrics.render(environ.get("HTTP_ACCEPT", ""))
+            headers = [("Content-Type", content_type)]
+            if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+                # Level 1: a third of the size for a tenth of level 9's time.
+                body = gzip.compress(body, compresslevel=1)
+                headers.append(("Content-Encoding", "gzip"))
+            headers.append(("Content-Length", str(len(body))))
+            start_response("200 OK", headers)
             metrics.scrape_duration.observe(time.perf_counter() - started)
-            return body
+            return [body]
         if path == "/healthz":
             ok, detail = health()
             status = "200 OK" if ok else "503 Service Unavailable"

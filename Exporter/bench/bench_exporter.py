@@ -1,0 +1,269 @@
+"""Exporter benchmark: /metrics latency and memory with 8 GPUs, 16 MIG instances, 256 containers.
+
+Runs the Runtime simulator (node-8gpu-16mig.yaml), allocates 256 containers
+through the RuntimeClient (240 TDM slices on GPUs 0-4, the 16 MIG instances
+whole), serves their 128 pods on a loopback kubelet `/pods`, starts
+`lj-exporter` collecting every second (so scrapes overlap collections), then
+scrapes /metrics sequentially as Prometheus does (OpenMetrics, gzip) and also
+as plain text without compression.
+Writes a flat JSON object (DESIGN section 8) and prints a short table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from lj_runtimekit.proto.internal.simulator.process import SimulatorProcess
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
+from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
+from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
+
+HERE = Path(__file__).resolve().parent
+NODE = HERE / "node-8gpu-16mig.yaml"
+PODS = 128
+CONTAINERS_PER_POD = 2
+TDM_CONTAINERS_PER_GPU = 48
+SLICE_PERCENT = 2
+WARMUP = 20
+# The Accept header of a Prometheus 2.x scrape.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _plan(devices: list[pb.Device]) -> list[tuple[str, str, DeviceShare]]:
+    """(pod, container, share) for 256 containers: TDM slices first, then MIG instances."""
+    targets: list[DeviceShare] = []
+    for device in devices:
+        if device.mode == pb.DEVICE_MODE_TDM:
+            targets += [
+                DeviceShare(device.id, SLICE_PERCENT, SLICE_PERCENT)
+                for _ in range(TDM_CONTAINERS_PER_GPU)
+            ]
+    targets += [DeviceShare(i.id) for d in devices for i in d.mig_instances]
+    total = PODS * CONTAINERS_PER_POD
+    if len(targets) != total:
+        raise SystemExit(
+            f"node {NODE} gives {len(targets)} placements, the benchmark needs {total}"
+        )
+    return [
+        (f"pod-{n // CONTAINERS_PER_POD:03d}", f"c{n % CONTAINERS_PER_POD}", share)
+        for n, share in enumerate(targets)
+    ]
+
+
+async def _allocate(socket_dir: Path) -> list[tuple[str, str, DeviceShare]]:
+    async with RuntimeClient(socket_dir) as client:
+        plan = _plan(await client.list_devices())
+        for pod, container, share in plan:
+            await client.allocate(
+                pb.AllocateRequest(
+                    container_key=f"uid-{pod}/{container}",
+                    pod_namespace="bench",
+                    pod_name=pod,
+                    pod_uid=f"uid-{pod}",
+                    container_name=container,
+                    devices=[
+                        pb.DeviceRequest(
+                            device_id=share.device_id,
+                            core_percent=share.core_percent,
+                            memory_percent=share.memory_percent,
+                        )
+                    ],
+                )
+            )
+        return plan
+
+
+def _pod_list(plan: list[tuple[str, str, DeviceShare]]) -> bytes:
+    key = load_protocol().annotations.allocated_devices
+    pods: dict[str, dict[str, tuple[DeviceShare, ...]]] = {}
+    for pod, container, share in plan:
+        pods.setdefault(pod, {})[container] = (share,)
+    items = [
+        {
+            "metadata": {
+                "uid": f"uid-{pod}",
+                "namespace": "bench",
+                "name": pod,
+                "annotations": {key: encode_assignment(assignment)},
+            },
+            "spec": {"nodeName": "bench-node", "containers": [{"name": c} for c in assignment]},
+            "status": {"phase": "Running"},
+        }
+        for pod, assignment in pods.items()
+    ]
+    return json.dumps({"kind": "PodList", "apiVersion": "v1", "items": items}).encode()
+
+
+def _serve_pods(body: bytes) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _get(url: str, gzip_ok: bool) -> bytes:
+    """GET as Prometheus does (OpenMetrics preferred, gzip), or plain text without gzip."""
+    headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"} if gzip_ok else {}
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 (loopback http URL)
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+        body: bytes = response.read()
+        if response.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return body
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _rss_mb(pid: int) -> tuple[float, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
+    peak = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
+    return rss / 1024, peak / 1024
+
+
+def _wait_ready(url: str, containers: int, proc: subprocess.Popen[bytes], log: Path) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"lj-exporter exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            text = _get(url, gzip_ok=False).decode()
+        except OSError:
+            text = ""
+        if text.count("lj_runtimekit_container_utilization_ratio{") == containers:
+            return text
+        time.sleep(0.2)
+    raise SystemExit(
+        f"lj-exporter did not report {containers} containers in 60 s:\n{log.read_text()}"
+    )
+
+
+def _scrape_ms(url: str, count: int, gzip_ok: bool) -> list[float]:
+    times = []
+    for i in range(count + WARMUP):
+        started = time.perf_counter()
+        _get(url, gzip_ok)
+        if i >= WARMUP:
+            times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def main() -> int:
+    """Run the benchmark and write the JSON part."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--scrapes", type=int, default=500, help="scrapes measured per mode")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="ljb", dir="/tmp"))
+    with SimulatorProcess(work / "s", NODE) as sim:
+        plan = asyncio.run(_allocate(sim.socket_dir))
+        kubelet = _serve_pods(_pod_list(plan))
+        port = _free_port()
+        log = work / "exporter.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "lj_runtimekit.exporter.cmd.exporter.main",
+                    "--listen-address",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--node-name",
+                    "bench-node",
+                    "--runtime-socket-dir",
+                    str(sim.socket_dir),
+                    "--kubelet-pods-url",
+                    f"http://127.0.0.1:{kubelet.server_port}/pods",
+                    "--collection-interval",
+                    "1",
+                    "--apiserver-fallback",
+                    "off",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+            url = f"http://127.0.0.1:{port}/metrics"
+            try:
+                text = _wait_ready(url, len(plan), proc, log)
+                gz = _scrape_ms(url, args.scrapes, gzip_ok=True)
+                plain = _scrape_ms(url, args.scrapes, gzip_ok=False)
+                rss, peak = _rss_mb(proc.pid)
+                final = _get(url, gzip_ok=False).decode()
+            finally:
+                proc.terminate()
+                proc.wait(20)
+                kubelet.shutdown()
+                kubelet.server_close()
+
+    def metric(name: str) -> float:
+        match = re.search(rf"^{name} (\S+)$", final, re.MULTILINE)
+        return float(match.group(1)) if match else float("nan")
+
+    collections = metric("lj_runtimekit_exporter_collection_duration_seconds_count")
+    collection_sum = metric("lj_runtimekit_exporter_collection_duration_seconds_sum")
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    result = {
+        "scrape_p50_ms": round(statistics.median(gz), 3),
+        "scrape_p99_ms": round(_percentile(gz, 0.99), 3),
+        "scrape_max_ms": round(max(gz), 3),
+        "scrape_plain_p50_ms": round(statistics.median(plain), 3),
+        "scrape_plain_p99_ms": round(_percentile(plain, 0.99), 3),
+        "rss_mb": round(rss, 1),
+        "rss_peak_mb": round(peak, 1),
+        "collection_mean_ms": round(collection_sum / collections * 1000, 3),
+        "series": samples,
+        "metrics_bytes": len(text.encode()),
+        "containers": len(plan),
+        "scrapes": args.scrapes,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    for key, value in result.items():
+        print(f"exporter.{key:22} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
