@@ -172,7 +172,7 @@ if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then
     ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$k8s_minor"
     ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$build_date"
   done
-  step "go build -p $jobs ${k8s_pkgs[*]} (the long part: tens of minutes on 2 cores)"
+  step "go build -p $jobs ${k8s_pkgs[*]} (the long part: about 6 minutes on 2 cores)"
   (cd "$m" && go build -p "$jobs" -trimpath -ldflags "$ld" -o "$bin/" "${k8s_pkgs[@]}") \
     || die "go build of Kubernetes $K8S_VERSION failed (see above)"
   for p in "${k8s_pkgs[@]}"; do built+=("${p##*/}"); done

@@ -63,6 +63,15 @@ class Kubectl:
         return result
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # kubernetes-client 34 builds every ApiException with urllib3's deprecated
+    # HTTPResponse.getheaders(); under filterwarnings=error each 404 would error.
+    config.addinivalue_line(
+        "filterwarnings",
+        "ignore:HTTPResponse.getheaders\\(\\) is deprecated:DeprecationWarning",
+    )
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
