@@ -85,9 +85,12 @@ def test_version(lj: Any) -> None:
 
 
 def test_custom_protocol_names_are_used(lj: Any, tmp_path: Path) -> None:
-    """A protocol file renaming the annotation: the exporter reads the renamed key."""
+    """A protocol file renaming the annotation and the resource: the exporter uses the new names."""
     protocol = tmp_path / "protocol.yaml"
-    protocol.write_text("annotations.allocated_devices: example.com/given-devices\n")
+    protocol.write_text(
+        "annotations.allocated_devices: example.com/given-devices\n"
+        "resources.gpu: example.com/accelerator\n"
+    )
     base = lj.short_dir()
     with SimulatorProcess(base / "s", EXAMPLE_NODES / "tdm-8gpu.yaml") as sim:
         devices = lj.allocate(sim.socket_dir, [])
@@ -115,6 +118,8 @@ def test_custom_protocol_names_are_used(lj: Any, tmp_path: Path) -> None:
             )
             assert scrape.value("lj_runtimekit_device_core_allocated_ratio", device="3") == 0.1
             assert scrape.value("lj_runtimekit_device_memory_allocated_ratio", device="3") == 0.2
+            info = scrape.select("lj_runtimekit_device_info", device="3")[0][0]
+            assert info["resource"] == "example.com/accelerator"
         finally:
             assert exporter.stop() == 0
             kubelet.close()

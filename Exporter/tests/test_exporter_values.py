@@ -143,6 +143,7 @@ def test_device_series_match_the_runtime(bed: Bed) -> None:
         assert s.value("lj_runtimekit_device_mode", mode="exclusive", **labels) == 0
         info = s.select("lj_runtimekit_device_info", **labels)[0][0]
         assert info["pci_bus_id"] == device.pci_bus_id
+        assert info["resource"] == "alibabacloud.com/gpu"
 
 
 def test_mig_series_carry_profile_and_instance_id(bed: Bed) -> None:
@@ -163,6 +164,9 @@ def test_mig_series_carry_profile_and_instance_id(bed: Bed) -> None:
             total = instance.memory_bytes
             assert s.value("lj_runtimekit_mig_memory_total_bytes", **labels) == total
             assert s.value("lj_runtimekit_mig_healthy", **labels) == 1
+            info = s.select("lj_runtimekit_mig_info", **labels)[0][0]
+            assert info["mig_uuid"] == instance.id
+            assert info["resource"] == f"alibabacloud.com/mig-{instance.profile}"
     labels = {"device": "7", "mig_profile": "3g.40gb"}
     assert s.value("lj_runtimekit_mig_allocated_containers", **labels) == 1
     assert s.value("lj_runtimekit_mig_memory_total_bytes", **labels) == 40 * GIB

@@ -29,6 +29,9 @@ from lj_runtimekit.proto.pkg.version import InvalidVersionError
 
 log = logging.getLogger(__name__)
 
+_MAX_LOGGED_PROBLEMS = 1000
+"""Remembered annotation problems (each is logged once), bounded against pod churn."""
+
 
 class CollectionLoop:
     """Collects on an interval and publishes each result to the Exporter's registry."""
@@ -96,7 +99,9 @@ class CollectionLoop:
         if pod_read.view is not None:
             allocations = pod_allocations(pod_read.view.pods, self._protocol.annotations)
             self._note_problems(allocations.problems)
-        families: list[Metric] = build_families(self._node, runtime, pod_read.view, allocations)
+        families: list[Metric] = build_families(
+            self._node, self._protocol.resources, runtime, pod_read.view, allocations
+        )
         families += status_families(
             node=self._node,
             component_version=self._version,
@@ -159,6 +164,8 @@ class CollectionLoop:
     def _note_problems(self, problems: tuple[str, ...]) -> None:
         if problems:
             self._metrics.error("annotations", len(problems))
+        if len(self._logged_problems) > _MAX_LOGGED_PROBLEMS:
+            self._logged_problems.clear()
         for problem in problems:
             if problem not in self._logged_problems:
                 self._logged_problems.add(problem)

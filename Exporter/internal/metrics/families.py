@@ -23,6 +23,7 @@ from lj_runtimekit.exporter.internal.allocation.assignments import (
 from lj_runtimekit.exporter.internal.collector.runtime import RuntimeView
 from lj_runtimekit.exporter.internal.pods.model import PodView
 from lj_runtimekit.exporter.pkg.configpb import runtime_pb2 as pb
+from lj_runtimekit.proto.pkg.protocol import Resources
 
 PREFIX = "lj_runtimekit_"
 MIG_COMPUTE_SLICES = 7
@@ -69,8 +70,18 @@ def _counter(name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
     return CounterMetricFamily(PREFIX + name, doc, labels=list(labels))
 
 
+def whole_resource(resources: Resources, kind: int) -> str:
+    """The extended resource that offers a whole device of this kind (protocol constants)."""
+    if kind == pb.DEVICE_KIND_PPU:
+        return resources.ppu
+    if kind == pb.DEVICE_KIND_AMD:
+        return resources.amd
+    return resources.gpu
+
+
 def build_families(
     node: str,
+    resources: Resources,
     runtime: RuntimeView | None,
     pods: PodView | None,
     allocations: Allocations | None,
@@ -84,8 +95,9 @@ def build_families(
 
     info = _gauge(
         "device_info",
-        "Static facts of a device (value 1): PCI bus id and NUMA node.",
-        (*DEVICE_LABELS, "pci_bus_id", "numa_node"),
+        "Static facts of a device (value 1): PCI bus id, NUMA node, and the extended resource"
+        " that offers it whole.",
+        (*DEVICE_LABELS, "pci_bus_id", "numa_node", "resource"),
     )
     util = _gauge(
         "device_utilization_ratio", "Compute utilization of the device, 0-1.", DEVICE_LABELS
@@ -121,15 +133,29 @@ def build_families(
     mig_healthy = _gauge(
         "mig_healthy", "1 when the Runtime reports the MIG instance healthy, else 0.", MIG_LABELS
     )
+    mig_info = _gauge(
+        "mig_info",
+        "Static facts of a MIG instance (value 1): its own ID and the extended resource that"
+        " offers its profile.",
+        (*MIG_LABELS, "mig_uuid", "resource"),
+    )
     families += [info, util, mem_used, mem_total, temp, power, energy, ecc, xid, healthy, mode]
-    families += [mig_util, mig_used, mig_total, mig_healthy]
+    families += [mig_info, mig_util, mig_used, mig_total, mig_healthy]
     mig_labels: dict[str, list[str]] = {}
 
     for device in runtime.devices:
         labels = [node, str(device.index), device.id, device.model, kind_name(device.kind)]
         device_labels[device.id] = labels
         places[device.id] = _Place(device, None)
-        info.add_metric([*labels, device.pci_bus_id, str(device.numa_node)], 1)
+        info.add_metric(
+            [
+                *labels,
+                device.pci_bus_id,
+                str(device.numa_node),
+                whole_resource(resources, device.kind),
+            ],
+            1,
+        )
         mem_total.add_metric(labels, float(device.memory_bytes))
         healthy.add_metric(labels, 1.0 if device.health == pb.HEALTH_HEALTHY else 0.0)
         current = mode_name(device.mode)
@@ -139,6 +165,7 @@ def build_families(
             places[instance.id] = _Place(device, instance)
             ilabels = [*labels, instance.profile, str(instance.instance_id)]
             mig_labels[instance.id] = ilabels
+            mig_info.add_metric([*ilabels, instance.id, resources.mig(instance.profile)], 1)
             mig_total.add_metric(ilabels, float(instance.memory_bytes))
             mig_healthy.add_metric(ilabels, 1.0 if instance.health == pb.HEALTH_HEALTHY else 0.0)
         sample = runtime.device_metrics.get(device.id)
