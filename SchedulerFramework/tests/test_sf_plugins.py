@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from lj_runtimekit.proto.pkg.protocol import decode_assignment
 from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
     CORE,
     GPU,
@@ -13,9 +15,8 @@ from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
     nvlink_inventory,
 )
 
-from lj_runtimekit.proto.pkg.protocol import decode_assignment
-
 POLICY = PROTOCOL.annotations.gpu_policy
+MakeCluster = Callable[[Mapping[str, Any] | None], FakeCluster]
 
 
 def test_whole_gpu_binpack_fills_the_fullest_node(cluster: FakeCluster) -> None:
@@ -247,7 +248,8 @@ def test_unschedulable_pod_retried_when_a_pod_leaves(cluster: FakeCluster) -> No
     assert cluster.scheduler.queue.counts()["unschedulable"] == 1
     cluster.delete_pod(first)
     counts = cluster.scheduler.queue.counts()
-    assert counts["unschedulable"] == 0 and counts["backoff"] + counts["active"] == 1
+    assert counts["unschedulable"] == 0
+    assert counts["backoff"] + counts["active"] == 1
     cluster.scheduler.queue._backoff[:] = [
         (0.0, s, u) for (_, s, u) in cluster.scheduler.queue._backoff
     ]

@@ -1,1 +1,1 @@
-"""Test support: an in-memory API server double for the scheduler (like upstream pkg/scheduler/testing)."""
+"""Test support: an in-memory API server double (like upstream pkg/scheduler/testing)."""

@@ -77,7 +77,7 @@ class FakeCluster:
 
     def _new_scheduler(self) -> Scheduler:
         s = Scheduler(self.config, PROTOCOL, None)
-        s.bind_pod = self._bind  # type: ignore[method-assign]
+        s.bind_pod = self._bind  # type: ignore[method-assign,assignment]
         return s
 
     # -- API server ---------------------------------------------------------------------------

@@ -1,0 +1,302 @@
+"""lj-scheduler as a process against the real control plane with KWOK GPU nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s_client
+
+from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
+from lj_runtimekit.envtest.nodes import NodeFactory
+from lj_runtimekit.proto.pkg.protocol import decode_assignment, encode_inventory, load_protocol
+from lj_runtimekit.schedulerframework.internal.schedtesting.fake import nvlink_inventory
+
+pytestmark = pytest.mark.controlplane
+P = load_protocol()
+GPU = P.resources.gpu
+
+
+class SchedulerProcess:
+    def __init__(self, cp: ControlPlane, name: str, *extra: str) -> None:
+        self.log = Path(tempfile.mkdtemp(prefix="ljsched")) / "scheduler.log"
+        self.argv = [
+            sys.executable,
+            "-m",
+            "lj_runtimekit.schedulerframework.cmd.scheduler.main",
+            f"--kubeconfig={cp.kubeconfig_path}",
+            f"--scheduler-name={name}",
+            "--metrics-port=0",
+            "--log-format=text",
+            *extra,
+        ]
+        if not any(a.startswith("--leader-elect") for a in extra):
+            self.argv.append("--leader-elect=false")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> SchedulerProcess:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=out, env=dict(os.environ))
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(autouse=True)
+def runtime_class(api_client: k8s_client.ApiClient) -> None:
+    """The lj-runtime RuntimeClass workload pods name (the deploy issue installs it)."""
+    body = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "lj-runtime"},
+        "handler": "lj-runtime",
+    }
+    try:
+        k8s_client.NodeV1Api(api_client).create_runtime_class(body)
+    except k8s_client.ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+@pytest.fixture
+def scheduler(control_plane: ControlPlane, namespace: str) -> Iterator[SchedulerProcess]:
+    s = SchedulerProcess(control_plane, f"lj-{namespace}").start()
+    yield s
+    s.stop()
+
+
+def pod(
+    name: str, scheduler_name: str, selector: dict[str, str], limits: dict[str, str], **extra: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": extra.pop("annotations", {})},
+        "spec": {
+            "schedulerName": scheduler_name,
+            "runtimeClassName": extra.pop("runtime_class", "lj-runtime"),
+            "nodeSelector": selector,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+            **extra,
+        },
+    }
+
+
+def annotate_inventory(core: k8s_client.CoreV1Api, node: str) -> None:
+    text = encode_inventory(nvlink_inventory(node))
+    core.patch_node(node, {"metadata": {"annotations": {P.annotations.node_devices: text}}})
+
+
+def bound(core: k8s_client.CoreV1Api, ns: str) -> dict[str, k8s_client.V1Pod]:
+    return {p.metadata.name: p for p in core.list_namespaced_pod(ns).items if p.spec.node_name}
+
+
+def events(core: k8s_client.CoreV1Api, ns: str, name: str) -> list[str]:
+    return [
+        f"{e.reason}: {e.message}"
+        for e in core.list_namespaced_event(ns).items
+        if e.involved_object.name == name
+    ]
+
+
+def check_no_double_assignment(pods: dict[str, k8s_client.V1Pod]) -> None:
+    seen: dict[tuple[str, str], str] = {}
+    for name, p in pods.items():
+        text = (p.metadata.annotations or {}).get(P.annotations.assigned_devices)
+        assert text, f"pod {name} bound without the assignment annotation"
+        for shares in decode_assignment(text).values():
+            for s in shares:
+                key = (p.spec.node_name, s.device_id)
+                assert key not in seen, f"{key} given to {seen.get(key)} and {name}"
+                seen[key] = name
+
+
+def test_places_on_devices_with_one_binding_write(
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: NodeFactory,
+    scheduler: SchedulerProcess,
+) -> None:
+    core = k8s_client.CoreV1Api(api_client)
+    node = node_factory.create(f"{namespace}-n0")
+    annotate_inventory(core, node)
+    name = f"lj-{namespace}"
+    core.create_namespaced_pod(namespace, pod("four", name, node_factory.selector, {GPU: "4"}))
+    wait_for(lambda: "four" in bound(core, namespace), 60, "pod bound", describe=scheduler.text)
+    p = bound(core, namespace)["four"]
+    shares = decode_assignment(p.metadata.annotations[P.annotations.assigned_devices])["main"]
+    assert sorted(s.device_id for s in shares) == [f"{node}-gpu{i}" for i in range(4)]
+    assert p.metadata.annotations[P.annotations.bind_phase] == "allocating"
+    # bad inputs stay Pending with a reason; the scheduler keeps running
+    bad = {
+        "slice": ({P.resources.core: "150", P.resources.memory: "10"}, "a slice is at most 100"),
+        "mixed": ({GPU: "1", P.resources.core: "10"}, "mixes whole devices"),
+        "huge": ({GPU: "64"}, "the largest node has 8"),
+    }
+    for bad_name, (limits, _) in bad.items():
+        core.create_namespaced_pod(namespace, pod(bad_name, name, node_factory.selector, limits))
+    core.create_namespaced_pod(
+        namespace,
+        pod(
+            "override",
+            name,
+            node_factory.selector,
+            {GPU: "1"},
+            annotations={P.annotations.gpu_policy: "nope"},
+        ),
+    )
+    bad["override"] = ({}, "is not one of binpack, spread")
+    core.create_namespaced_pod(
+        namespace, pod("norc", name, node_factory.selector, {GPU: "1"}, runtime_class=None)
+    )
+    for bad_name, (_, text) in bad.items():
+        wait_for(
+            lambda bad_name=bad_name, text=text: any(  # type: ignore[misc]
+                "FailedScheduling" in e and text in e for e in events(core, namespace, bad_name)
+            ),
+            30,
+            f"FailedScheduling event of {bad_name}",
+            describe=lambda bad_name=bad_name: str(events(core, namespace, bad_name)),  # type: ignore[misc]
+        )
+    wait_for(lambda: "norc" in bound(core, namespace), 30, "pod without runtime class bound")
+    assert any("MissingRuntimeClass" in e for e in events(core, namespace, "norc"))
+    assert set(bound(core, namespace)) == {"four", "norc"}
+
+
+def test_restart_mid_burst_rebuilds_state(
+    control_plane: ControlPlane,
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: NodeFactory,
+    scheduler: SchedulerProcess,
+) -> None:
+    core = k8s_client.CoreV1Api(api_client)
+    nodes = [node_factory.create(f"{namespace}-n{i}", wait=False) for i in range(3)]
+    node_factory.wait_ready(nodes)
+    for n in nodes[:2]:
+        annotate_inventory(core, n)  # the third schedules from its capacity
+    name = f"lj-{namespace}"
+    for i in range(30):
+        core.create_namespaced_pod(namespace, pod(f"p{i}", name, node_factory.selector, {GPU: "1"}))
+    wait_for(lambda: len(bound(core, namespace)) >= 5, 60, "first binds", describe=scheduler.text)
+    scheduler.kill()
+    partial = len(bound(core, namespace))
+    replacement = SchedulerProcess(control_plane, name).start()
+    try:
+        for i in range(30, 36):
+            core.create_namespaced_pod(
+                namespace, pod(f"p{i}", name, node_factory.selector, {GPU: "1"})
+            )
+        wait_for(
+            lambda: len(bound(core, namespace)) == 24,
+            90,
+            "24 of 36 pods bound",
+            describe=lambda: f"{len(bound(core, namespace))} bound; {replacement.text()[-2000:]}",
+        )
+        time.sleep(1.0)  # a double booking would show up as a 25th bind
+        pods = bound(core, namespace)
+        assert len(pods) == 24, f"{partial} bound before the restart"
+        check_no_double_assignment(pods)
+        pending = [
+            p.metadata.name
+            for p in core.list_namespaced_pod(namespace).items
+            if not p.spec.node_name
+        ]
+        assert len(pending) == 12
+        wait_for(
+            lambda: any(
+                "Insufficient alibabacloud.com/gpu" in e
+                for e in events(core, namespace, pending[0])
+            ),
+            30,
+            "FailedScheduling of a pending pod",
+            describe=lambda: str(events(core, namespace, pending[0])),
+        )
+    finally:
+        replacement.stop()
+
+
+def test_two_replicas_one_leader(
+    control_plane: ControlPlane,
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: NodeFactory,
+) -> None:
+    core = k8s_client.CoreV1Api(api_client)
+    coord = k8s_client.CoordinationV1Api(api_client)
+    node_factory.create(f"{namespace}-n0")
+    name = f"lj-{namespace}"
+    cfg = Path(tempfile.mkdtemp(prefix="ljcfg")) / "config.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "apiVersion": "scheduler.lingjun.com/v1",
+                "kind": "LjSchedulerConfiguration",
+                "leaderElection": {
+                    "leaderElect": True,
+                    "resourceName": name,
+                    "resourceNamespace": namespace,
+                    "leaseDuration": "4s",
+                    "renewDeadline": "3s",
+                    "retryPeriod": "1s",
+                },
+            }
+        )
+    )
+    replicas = [
+        SchedulerProcess(
+            control_plane, name, f"--config={cfg}", "--leader-elect=true", f"--identity=replica-{i}"
+        ).start()
+        for i in range(2)
+    ]
+    try:
+
+        def holder() -> str:
+            try:
+                return str(coord.read_namespaced_lease(name, namespace).spec.holder_identity or "")
+            except k8s_client.ApiException:
+                return ""
+
+        wait_for(
+            lambda: holder().startswith("replica-"),
+            60,
+            "a leader",
+            describe=lambda: replicas[0].text()[-1500:],
+        )
+        leader = int(holder().rsplit("-", 1)[1])
+        time.sleep(2.5)
+        assert holder() == f"replica-{leader}"  # renewed, not stolen
+        core.create_namespaced_pod(namespace, pod("a", name, node_factory.selector, {GPU: "1"}))
+        wait_for(lambda: "a" in bound(core, namespace), 30, "pod bound by the leader")
+        assert "became leader" in replicas[leader].text()
+        assert "became leader" not in replicas[1 - leader].text()
+        replicas[leader].kill()
+        wait_for(lambda: holder() == f"replica-{1 - leader}", 30, "standby takes over")
+        core.create_namespaced_pod(namespace, pod("b", name, node_factory.selector, {GPU: "1"}))
+        wait_for(lambda: "b" in bound(core, namespace), 30, "pod bound by the new leader")
+    finally:
+        for r in replicas:
+            r.stop()
