@@ -7,7 +7,7 @@ CLUSTER_NODES ?= 2
 ##@ Kubernetes control plane
 
 .PHONY: k8s-tools
-k8s-tools: ## Build the pinned etcd, kube-*, kubectl, kwok and helm into the cache (cold: tens of minutes)
+k8s-tools: ## Build the pinned etcd, kube-*, kubectl, kwok and helm into the cache (cold: about 9 minutes on 2 cores)
 	bash hack/k8s-tools.sh
 
 .PHONY: cluster-up
