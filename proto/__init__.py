@@ -1,1 +1,1 @@
-"""LJ Runtime Kit contract: Runtime gRPC API, kubelet device plugin API and the shared client code."""
+"""LJ Runtime Kit contract: Runtime and kubelet device plugin APIs, shared client code."""

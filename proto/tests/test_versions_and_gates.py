@@ -27,7 +27,9 @@ def test_parse_accepts_both_spellings(text: str) -> None:
     assert str(parse_version(text)) == "v1.13.0"
 
 
-@pytest.mark.parametrize("text", ["", "1.13", "v1.13.0.1", "x1.13.0", "1.13.0-rc1", "01.1.0", "abc"])
+@pytest.mark.parametrize(
+    "text", ["", "1.13", "v1.13.0.1", "x1.13.0", "1.13.0-rc1", "01.1.0", "abc"]
+)
 def test_parse_rejects_garbage_clearly(text: str) -> None:
     with pytest.raises(InvalidVersionError, match=r"Runtime version: .* expected v\{major\}"):
         parse_version(text, what="Runtime version")
@@ -38,7 +40,7 @@ def test_versions_order_numerically() -> None:
 
 
 def test_table_matches_design() -> None:
-    assert BASE_MINIMUM == Version(1, 13, 0)
+    assert Version(1, 13, 0) == BASE_MINIMUM
     assert FEATURE_MINIMUMS[Feature.MIG] == Version(1, 14, 0)
     assert FEATURE_MINIMUMS[Feature.PPU_AMD_DEVICES] == Version(1, 14, 0)
     assert FEATURE_MINIMUMS[Feature.CONTAINER_METRICS] == Version(1, 14, 0)

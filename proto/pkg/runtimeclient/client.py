@@ -9,7 +9,7 @@ RuntimeCallError carrying the Runtime's status code and message.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -162,7 +162,7 @@ class RuntimeClient:
         )
         return list(response.devices)
 
-    async def watch_devices(self) -> AsyncIterator[pb.DeviceEvent]:
+    async def watch_devices(self) -> AsyncGenerator[pb.DeviceEvent, None]:
         """Inventory snapshot, then one event per change. Not retried: callers reconnect."""
         stream = self._connected().device.WatchDevices(pb.WatchDevicesRequest())
         try:
