@@ -1,0 +1,339 @@
+"""Scheduler benchmark: lj-scheduler against the stock kube-scheduler, side by side.
+
+One control plane (etcd, kube-apiserver, KWOK; no default scheduler), 1000
+KWOK nodes x 8 GPUs. Three runs on the same cluster, each from an empty
+cluster and with pods created before the scheduler starts:
+
+1. the stock kube-scheduler (pinned version) with a profile `bench-kube`,
+   client QPS/burst 5000/10000, places N whole-GPU pods;
+2. lj-scheduler, same client QPS/burst, places N whole-GPU pods;
+3. lj-scheduler places N slice pods (core 25 % / memory 25 %).
+
+Throughput is (N-1) / (last bind - first bind), from a watch. The
+filter+score latencies come from lj-scheduler's histogram
+(`lj_scheduler_filter_score_duration_seconds`, interpolated within buckets).
+overcommit_violations re-checks every device of every node from the pods'
+assignment annotations after the runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig, free_port
+from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
+from lj_runtimekit.envtest.process import Process
+from lj_runtimekit.envtest.versions import find_tools
+from lj_runtimekit.proto.pkg.protocol import decode_assignment, load_protocol
+from lj_runtimekit.schedulerframework.internal.kube.client import Kube
+
+P = load_protocol()
+QPS, BURST = 5000, 10000
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def pod_body(name: str, scheduler: str, limits: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": scheduler,
+            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def create_pods(kube: Kube, ns: str, scheduler: str, n: int, limits: dict[str, str]) -> None:
+    def one(i: int) -> None:
+        kube.request(
+            "POST", f"/api/v1/namespaces/{ns}/pods", body=pod_body(f"p{i}", scheduler, limits)
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, range(n)))
+
+
+class BindWatch:
+    """Records when each pod of a namespace gets a node (from a watch)."""
+
+    def __init__(self, kube: Kube, ns: str) -> None:
+        self.kube = kube
+        self.path = f"/api/v1/namespaces/{ns}/pods"
+        self.times: dict[str, float] = {}
+        self.stop = threading.Event()
+        _, self.rv = kube.list_all(self.path)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        rv = self.rv
+        while not self.stop.is_set():
+            for _, obj in self.kube.watch(self.path, rv, timeout_s=60):
+                rv = obj["metadata"].get("resourceVersion", rv)
+                if obj.get("spec", {}).get("nodeName"):
+                    self.times.setdefault(obj["metadata"]["name"], time.monotonic())
+                if self.stop.is_set():
+                    return
+
+    def wait(self, n: int, timeout_s: float) -> float:
+        deadline = time.monotonic() + timeout_s
+        while len(self.times) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(self.times)}/{n} pods bound in {timeout_s:.0f}s")
+            time.sleep(0.1)
+        self.stop.set()
+        ts = sorted(self.times.values())
+        return (len(ts) - 1) / (ts[-1] - ts[0])
+
+
+def make_namespace(kube: Kube, ns: str) -> None:
+    kube.request(
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # pods need the default ServiceAccount (admission)
+        try:
+            kube.request("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+            return
+        except Exception:
+            time.sleep(0.2)
+    kube.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/serviceaccounts",
+        body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}},
+    )
+
+
+def delete_pods(kube: Kube, ns: str) -> None:
+    kube.request(
+        "DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": 0}, timeout_s=300
+    )
+    deadline = time.monotonic() + 120
+    while kube.list_all(f"/api/v1/namespaces/{ns}/pods")[0]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"pods of {ns} not deleted")
+        time.sleep(0.5)
+
+
+def histogram_quantiles(text: str, name: str, qs: tuple[float, ...]) -> list[float]:
+    buckets: list[tuple[float, float]] = []
+    for line in text.splitlines():
+        if line.startswith(f"{name}_bucket{{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            upper = float("inf") if bound == "+Inf" else float(bound)
+            buckets.append((upper, float(line.split()[-1])))
+    buckets.sort()
+    total = buckets[-1][1]
+    out: list[float] = []
+    for q in qs:
+        target = q * total
+        prev_le, prev_c = 0.0, 0.0
+        for le, c in buckets:
+            if c >= target:
+                if le == float("inf"):
+                    out.append(prev_le * 1000)
+                else:
+                    frac = (target - prev_c) / (c - prev_c) if c > prev_c else 1.0
+                    out.append((prev_le + frac * (le - prev_le)) * 1000)
+                break
+            prev_le, prev_c = le, c
+    return out
+
+
+def overcommit_violations(kube: Kube) -> int:
+    pods, _ = kube.list_all("/api/v1/pods")
+    whole: dict[tuple[str, str], int] = {}
+    core: dict[tuple[str, str], int] = {}
+    mem: dict[tuple[str, str], int] = {}
+    for p in pods:
+        node = p["spec"].get("nodeName")
+        text = (p["metadata"].get("annotations") or {}).get(P.annotations.assigned_devices)
+        if not node or not text:
+            continue
+        for shares in decode_assignment(text).values():
+            for s in shares:
+                key = (node, s.device_id)
+                if s.whole:
+                    whole[key] = whole.get(key, 0) + 1
+                else:
+                    core[key] = core.get(key, 0) + s.core_percent
+                    mem[key] = mem.get(key, 0) + s.memory_percent
+    bad = sum(1 for v in whole.values() if v > 1)
+    bad += sum(1 for k in whole if k in core or k in mem)
+    bad += sum(1 for v in core.values() if v > 100) + sum(1 for v in mem.values() if v > 100)
+    return bad
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/parts/scheduler.json")
+    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--pods", type=int, default=2000)
+    ap.add_argument("--share-pods", type=int, default=2000)
+    args = ap.parse_args()
+    began = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="ljbench"))
+    cfg = ControlPlaneConfig(controller_manager=False, scheduler=False, kwok=True, verbosity=0)
+    results: dict[str, float] = {}
+    with ControlPlane(cfg) as cp:
+        api = cp.api_client()
+        kube = Kube(api)
+        log(f"control plane up in {cp.ready_s:.1f}s; creating {args.nodes} nodes x 8 GPUs")
+        factory = NodeFactory(api, group="bench")
+        specs = [GpuNodeSpec(name=f"gpu-{i:04d}") for i in range(args.nodes)]
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda s: factory.create_many([s]), specs))
+
+        # 1. the stock kube-scheduler
+        make_namespace(kube, "bench-kube")
+        create_pods(kube, "bench-kube", "bench-kube", args.pods, {P.resources.gpu: "1"})
+        watch = BindWatch(kube, "bench-kube")
+        sched_cfg = work / "kube-scheduler.yaml"
+        sched_cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kubescheduler.config.k8s.io/v1",
+                    "kind": "KubeSchedulerConfiguration",
+                    "clientConnection": {
+                        "kubeconfig": str(cp.kubeconfig_path),
+                        "qps": QPS,
+                        "burst": BURST,
+                    },
+                    "leaderElection": {"leaderElect": False},
+                    "profiles": [{"schedulerName": "bench-kube"}],
+                }
+            )
+        )
+        assert cp.pki is not None
+        ks = Process(
+            "kube-scheduler",
+            [
+                str(find_tools(("kube-scheduler",))["kube-scheduler"]),
+                f"--config={sched_cfg}",
+                f"--authentication-kubeconfig={cp.kubeconfig_path}",
+                f"--authorization-kubeconfig={cp.kubeconfig_path}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--tls-cert-file={cp.pki.serving_cert}",
+                f"--tls-private-key-file={cp.pki.serving_key}",
+                "--v=0",
+            ],
+            work / "kube-scheduler.log",
+        )
+        log("kube-scheduler run")
+        ks.start()
+        try:
+            results["kube_scheduler_whole_gpu_pods_per_s"] = watch.wait(args.pods, 600)
+        finally:
+            ks.stop()
+        log(f"kube-scheduler: {results['kube_scheduler_whole_gpu_pods_per_s']:.1f} pods/s")
+        delete_pods(kube, "bench-kube")
+
+        # 2. lj-scheduler, whole GPUs
+        make_namespace(kube, "bench-lj")
+        create_pods(kube, "bench-lj", "lj-bench", args.pods, {P.resources.gpu: "1"})
+        watch = BindWatch(kube, "bench-lj")
+        metrics_port = free_port()
+        lj_cfg = work / "lj-scheduler.yaml"
+        lj_cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "scheduler.lingjun.com/v1",
+                    "kind": "LjSchedulerConfiguration",
+                    "clientConnection": {"qps": QPS, "burst": BURST},
+                    "leaderElection": {"leaderElect": False},
+                    "profiles": [{"schedulerName": "lj-bench"}],
+                }
+            )
+        )
+        lj_log = (work / "lj-scheduler.log").open("wb")
+        lj = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lj_runtimekit.schedulerframework.cmd.scheduler.main",
+                f"--config={lj_cfg}",
+                f"--kubeconfig={cp.kubeconfig_path}",
+                f"--metrics-port={metrics_port}",
+                "--log-format=text",
+                "--log-level=warning",
+            ],
+            stdout=lj_log,
+            stderr=lj_log,
+            env=dict(os.environ),
+        )
+        try:
+            log("lj-scheduler run (whole GPUs)")
+            results["whole_gpu_pods_per_s"] = watch.wait(args.pods, 600)
+            log(f"lj-scheduler: {results['whole_gpu_pods_per_s']:.1f} pods/s")
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                text = r.read().decode()
+            p50, p99 = histogram_quantiles(
+                text, "lj_scheduler_filter_score_duration_seconds", (0.5, 0.99)
+            )
+            results["filter_score_p50_ms"] = p50
+            results["filter_score_p99_ms"] = p99
+
+            # 3. slices
+            make_namespace(kube, "bench-share")
+            watch = BindWatch(kube, "bench-share")
+            log("lj-scheduler run (slices)")
+            creator = threading.Thread(
+                target=create_pods,
+                args=(
+                    kube,
+                    "bench-share",
+                    "lj-bench",
+                    args.share_pods,
+                    {P.resources.core: "25", P.resources.memory: "25"},
+                ),
+            )
+            creator.start()
+            results["share_pods_per_s"] = watch.wait(args.share_pods, 600)
+            creator.join()
+            log(f"lj-scheduler slices: {results['share_pods_per_s']:.1f} pods/s")
+        finally:
+            lj.terminate()
+            lj.wait(30)
+            lj_log.close()
+        results["overcommit_violations"] = overcommit_violations(kube)
+        api.close()
+    results["whole_gpu_ratio_vs_kube_scheduler"] = (
+        results["whole_gpu_pods_per_s"] / results["kube_scheduler_whole_gpu_pods_per_s"]
+    )
+    out = {k: round(v, 3) for k, v in sorted(results.items())}
+    out["nodes"] = args.nodes
+    out["whole_gpu_pods"] = args.pods
+    out["share_pods"] = args.share_pods
+    out["bench_duration_s"] = round(time.monotonic() - began, 1)
+    out_doc = out
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out_doc, indent=2) + "\n")
+    print(f"{'key':40} value")
+    for k, v in out.items():
+        print(f"{'scheduler.' + k:40} {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""Property: the sharing invariant of DESIGN section 4 holds after every step.
+
+Random sequences of pod creation (whole devices, slices, MIG), scheduling
+(binding through the in-memory API server double, sometimes failing), pod
+deletion and scheduler restarts. A restart builds a new Scheduler from the
+stored Node and Pod objects only (what a process sees after list + watch), so
+the rebuilt accounting is exercised; the invariant is checked both on the
+scheduler's cache and, independently, on the pods' assignment annotations.
+This runs on the in-memory framework, not on the real control plane.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from lj_runtimekit.proto.pkg.protocol import decode_assignment
+from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
+    CORE,
+    GPU,
+    MEM,
+    PROTOCOL,
+    FakeCluster,
+    nvlink_inventory,
+)
+
+MIG = PROTOCOL.resources.mig("1g.10gb")
+
+
+def annotation_violations(cluster: FakeCluster) -> list[str]:
+    whole: dict[tuple[str, str], int] = {}
+    core: dict[tuple[str, str], int] = {}
+    mem: dict[tuple[str, str], int] = {}
+    for obj in cluster.pods.values():
+        node = obj["spec"].get("nodeName")
+        text = obj["metadata"]["annotations"].get(PROTOCOL.annotations.assigned_devices)
+        if not node or not text:
+            continue
+        for shares in decode_assignment(text).values():
+            for s in shares:
+                key = (node, s.device_id)
+                if s.whole:
+                    whole[key] = whole.get(key, 0) + 1
+                else:
+                    core[key] = core.get(key, 0) + s.core_percent
+                    mem[key] = mem.get(key, 0) + s.memory_percent
+    out = [f"{k} whole x{v}" for k, v in whole.items() if v > 1]
+    out += [f"{k} whole and sliced" for k in whole if k in core]
+    out += [f"{k} core {v}%" for k, v in core.items() if v > 100]
+    out += [f"{k} memory {v}%" for k, v in mem.items() if v > 100]
+    return out
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cluster = FakeCluster()
+        self.cluster.add_node("a", inventory=nvlink_inventory("a", count=4, groups=2))
+        self.cluster.add_node(
+            "b",
+            gpus=3,
+            inventory=nvlink_inventory("b", count=4, groups=2, mig={3: ["1g.10gb"] * 3}),
+            extra={MIG: "3"},
+        )
+        self.cluster.add_node("c", gpus=2)  # no inventory: capacity fallback
+        self.n = 0
+
+    @rule(k=st.integers(1, 3))
+    def create_whole(self, k: int) -> None:
+        self.n += 1
+        self.cluster.add_pod(f"w{self.n}", {GPU: str(k)})
+
+    @rule(c=st.integers(5, 70), m=st.integers(5, 70))
+    def create_slice(self, c: int, m: int) -> None:
+        self.n += 1
+        self.cluster.add_pod(f"s{self.n}", {CORE: str(c), MEM: str(m)})
+
+    @rule()
+    def create_mig(self) -> None:
+        self.n += 1
+        self.cluster.add_pod(f"m{self.n}", {MIG: "1"})
+
+    @rule(two=st.booleans())
+    def create_two_containers(self, two: bool) -> None:
+        self.n += 1
+        second = {GPU: "1"} if two else {CORE: "30", MEM: "30"}
+        self.cluster.add_pod(f"x{self.n}", [{CORE: "50", MEM: "20"}, second])
+
+    @rule(fail=st.integers(0, 2))
+    def schedule(self, fail: int) -> None:
+        self.cluster.fail_binds = fail
+        q = self.cluster.scheduler.queue
+        with q._cond:  # let backed-off and unschedulable pods try again now
+            q._backoff[:] = [(0.0, s, u) for (_, s, u) in q._backoff]
+        q.move_all_to_active_or_backoff()
+        with q._cond:
+            q._backoff[:] = [(0.0, s, u) for (_, s, u) in q._backoff]
+        self.cluster.schedule()
+        self.cluster.fail_binds = 0
+
+    @precondition(lambda self: bool(self.cluster.pods))
+    @rule(data=st.data())
+    def delete(self, data: st.DataObject) -> None:
+        uid = data.draw(st.sampled_from(sorted(self.cluster.pods)))
+        self.cluster.delete_pod(uid)
+
+    @rule()
+    def restart(self) -> None:
+        self.cluster.restart()
+
+    @invariant()
+    def sharing_invariant(self) -> None:
+        assert self.cluster.scheduler.cache.violations() == []
+        assert annotation_violations(self.cluster) == []
+
+    @invariant()
+    def accounting_matches_bound_pods(self) -> None:
+        cache = self.cluster.scheduler.cache
+        bound = {u for u, o in self.cluster.pods.items() if o["spec"].get("nodeName")}
+        assert set(cache.pods) == bound  # nothing assumed is left behind after a step
+
+    def teardown(self) -> None:
+        self.cluster.scheduler.stop()
+
+
+TestScheduler = SchedulerMachine.TestCase
+TestScheduler.settings = settings(
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
