@@ -193,7 +193,7 @@ def main() -> int:
     args = ap.parse_args()
     began = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="ljbench"))
-    cfg = ControlPlaneConfig(controller_manager=False, scheduler=False, kwok=True, verbosity=0)
+    cfg = ControlPlaneConfig(controller_manager=True, scheduler=False, kwok=True, verbosity=0)
     results: dict[str, float] = {}
     with ControlPlane(cfg) as cp:
         api = cp.api_client()
@@ -203,6 +203,9 @@ def main() -> int:
         specs = [GpuNodeSpec(name=f"gpu-{i:04d}") for i in range(args.nodes)]
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda s: factory.create_many([s]), specs))
+        # the node lifecycle controller lifts the not-ready taint once KWOK reports Ready
+        factory.wait_ready([s.name for s in specs], timeout_s=600)
+        log("nodes ready")
 
         # 1. the stock kube-scheduler
         make_namespace(kube, "bench-kube")

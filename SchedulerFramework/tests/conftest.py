@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s_client
 
 from lj_runtimekit.schedulerframework.internal.schedtesting.fake import FakeCluster
 
@@ -29,3 +30,19 @@ def make_cluster() -> Iterator[Callable[[Mapping[str, Any] | None], FakeCluster]
     yield make
     for c in made:
         c.scheduler.stop()
+
+
+@pytest.fixture
+def runtime_class(api_client: k8s_client.ApiClient) -> None:
+    """The lj-runtime RuntimeClass workload pods name (the deploy issue installs it)."""
+    body = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "lj-runtime"},
+        "handler": "lj-runtime",
+    }
+    try:
+        k8s_client.NodeV1Api(api_client).create_runtime_class(body)
+    except k8s_client.ApiException as exc:
+        if exc.status != 409:
+            raise

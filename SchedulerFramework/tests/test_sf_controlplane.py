@@ -3,123 +3,35 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kubernetes import client as k8s_client
 
 from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
 from lj_runtimekit.envtest.nodes import NodeFactory
-from lj_runtimekit.proto.pkg.protocol import decode_assignment, encode_inventory, load_protocol
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import nvlink_inventory
+from lj_runtimekit.proto.pkg.protocol import decode_assignment, load_protocol
+from lj_runtimekit.schedulerframework.internal.schedtesting.process import (
+    SchedulerProcess,
+    annotate_inventory,
+)
+from lj_runtimekit.schedulerframework.internal.schedtesting.process import bound_pods as bound
+from lj_runtimekit.schedulerframework.internal.schedtesting.process import pod_events as events
+from lj_runtimekit.schedulerframework.internal.schedtesting.process import pod_manifest as pod
 
-pytestmark = pytest.mark.controlplane
+pytestmark = [pytest.mark.controlplane, pytest.mark.usefixtures("runtime_class")]
 P = load_protocol()
 GPU = P.resources.gpu
 
 
-class SchedulerProcess:
-    def __init__(self, cp: ControlPlane, name: str, *extra: str) -> None:
-        self.log = Path(tempfile.mkdtemp(prefix="ljsched")) / "scheduler.log"
-        self.argv = [
-            sys.executable,
-            "-m",
-            "lj_runtimekit.schedulerframework.cmd.scheduler.main",
-            f"--kubeconfig={cp.kubeconfig_path}",
-            f"--scheduler-name={name}",
-            "--metrics-port=0",
-            "--log-format=text",
-            *extra,
-        ]
-        if not any(a.startswith("--leader-elect") for a in extra):
-            self.argv.append("--leader-elect=false")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> SchedulerProcess:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=out, env=dict(os.environ))
-        return self
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-@pytest.fixture(autouse=True)
-def runtime_class(api_client: k8s_client.ApiClient) -> None:
-    """The lj-runtime RuntimeClass workload pods name (the deploy issue installs it)."""
-    body = {
-        "apiVersion": "node.k8s.io/v1",
-        "kind": "RuntimeClass",
-        "metadata": {"name": "lj-runtime"},
-        "handler": "lj-runtime",
-    }
-    try:
-        k8s_client.NodeV1Api(api_client).create_runtime_class(body)
-    except k8s_client.ApiException as exc:
-        if exc.status != 409:
-            raise
-
-
 @pytest.fixture
 def scheduler(control_plane: ControlPlane, namespace: str) -> Iterator[SchedulerProcess]:
-    s = SchedulerProcess(control_plane, f"lj-{namespace}").start()
+    s = SchedulerProcess(control_plane.kubeconfig_path, f"lj-{namespace}").start()
     yield s
     s.stop()
-
-
-def pod(
-    name: str, scheduler_name: str, selector: dict[str, str], limits: dict[str, str], **extra: Any
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": extra.pop("annotations", {})},
-        "spec": {
-            "schedulerName": scheduler_name,
-            "runtimeClassName": extra.pop("runtime_class", "lj-runtime"),
-            "nodeSelector": selector,
-            "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
-            **extra,
-        },
-    }
-
-
-def annotate_inventory(core: k8s_client.CoreV1Api, node: str) -> None:
-    text = encode_inventory(nvlink_inventory(node))
-    core.patch_node(node, {"metadata": {"annotations": {P.annotations.node_devices: text}}})
-
-
-def bound(core: k8s_client.CoreV1Api, ns: str) -> dict[str, k8s_client.V1Pod]:
-    return {p.metadata.name: p for p in core.list_namespaced_pod(ns).items if p.spec.node_name}
-
-
-def events(core: k8s_client.CoreV1Api, ns: str, name: str) -> list[str]:
-    return [
-        f"{e.reason}: {e.message}"
-        for e in core.list_namespaced_event(ns).items
-        if e.involved_object.name == name
-    ]
 
 
 def check_no_double_assignment(pods: dict[str, k8s_client.V1Pod]) -> None:
@@ -204,7 +116,7 @@ def test_restart_mid_burst_rebuilds_state(
     wait_for(lambda: len(bound(core, namespace)) >= 5, 60, "first binds", describe=scheduler.text)
     scheduler.kill()
     partial = len(bound(core, namespace))
-    replacement = SchedulerProcess(control_plane, name).start()
+    replacement = SchedulerProcess(control_plane.kubeconfig_path, name).start()
     try:
         for i in range(30, 36):
             core.create_namespaced_pod(
@@ -268,7 +180,11 @@ def test_two_replicas_one_leader(
     )
     replicas = [
         SchedulerProcess(
-            control_plane, name, f"--config={cfg}", "--leader-elect=true", f"--identity=replica-{i}"
+            control_plane.kubeconfig_path,
+            name,
+            f"--config={cfg}",
+            "--leader-elect=true",
+            f"--identity=replica-{i}",
         ).start()
         for i in range(2)
     ]

@@ -1,0 +1,171 @@
+"""Extender mode through the real kube-scheduler (config/extender sample), and bad JSON."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client as k8s_client
+
+from lj_runtimekit.envtest.controlplane import ControlPlane, free_port, wait_for
+from lj_runtimekit.envtest.nodes import NodeFactory
+from lj_runtimekit.envtest.process import Process
+from lj_runtimekit.envtest.versions import find_tools
+from lj_runtimekit.proto.pkg.protocol import decode_assignment, load_protocol
+from lj_runtimekit.schedulerframework.internal.schedtesting.process import (
+    SchedulerProcess,
+    annotate_inventory,
+)
+from lj_runtimekit.schedulerframework.internal.schedtesting.process import bound_pods as bound
+from lj_runtimekit.schedulerframework.internal.schedtesting.process import pod_events as events
+from lj_runtimekit.schedulerframework.internal.schedtesting.process import pod_manifest as pod
+
+pytestmark = [pytest.mark.controlplane, pytest.mark.usefixtures("runtime_class")]
+P = load_protocol()
+GPU = P.resources.gpu
+SAMPLE = Path(__file__).parent.parent / "config" / "extender" / "kube-scheduler-config.yaml"
+
+
+@pytest.fixture
+def extender(control_plane: ControlPlane, namespace: str) -> Iterator[tuple[SchedulerProcess, int]]:
+    port = free_port()
+    s = SchedulerProcess(
+        control_plane.kubeconfig_path,
+        f"lj-{namespace}",
+        "--mode=extender",
+        f"--extender-port={port}",
+        "--extender-address=127.0.0.1",
+    ).start()
+    wait_for(lambda: "extender serving" in s.text(), 60, "extender serving", describe=s.text)
+    yield s, port
+    s.stop()
+
+
+@pytest.fixture
+def kube_scheduler(
+    control_plane: ControlPlane, namespace: str, extender: tuple[SchedulerProcess, int]
+) -> Iterator[str]:
+    """The stock kube-scheduler with the sample config, pointed at the extender."""
+    doc = yaml.safe_load(SAMPLE.read_text())
+    name = f"ext-{namespace}"
+    doc["clientConnection"]["kubeconfig"] = str(control_plane.kubeconfig_path)
+    doc["profiles"][0]["schedulerName"] = name
+    doc["leaderElection"] = {"leaderElect": False}
+    doc["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{extender[1]}"
+    work = Path(tempfile.mkdtemp(prefix="ljext"))
+    (work / "config.yaml").write_text(yaml.safe_dump(doc))
+    assert control_plane.pki is not None
+    proc = Process(
+        "kube-scheduler",
+        [
+            str(find_tools(("kube-scheduler",))["kube-scheduler"]),
+            f"--config={work / 'config.yaml'}",
+            f"--authentication-kubeconfig={control_plane.kubeconfig_path}",
+            f"--authorization-kubeconfig={control_plane.kubeconfig_path}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--tls-cert-file={control_plane.pki.serving_cert}",
+            f"--tls-private-key-file={control_plane.pki.serving_key}",
+        ],
+        work / "kube-scheduler.log",
+    )
+    proc.start()
+    yield name
+    proc.stop()
+
+
+def test_kube_scheduler_places_devices_through_the_extender(
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: NodeFactory,
+    extender: tuple[SchedulerProcess, int],
+    kube_scheduler: str,
+) -> None:
+    core = k8s_client.CoreV1Api(api_client)
+    nodes = [node_factory.create(f"{namespace}-n{i}", wait=False) for i in range(2)]
+    node_factory.wait_ready(nodes)
+    for n in nodes:
+        annotate_inventory(core, n)
+    # binpack: both pods on one node, on distinct devices; a slice goes to a free device
+    for i in range(2):
+        core.create_namespaced_pod(
+            namespace, pod(f"w{i}", kube_scheduler, node_factory.selector, {GPU: "2"})
+        )
+    wait_for(
+        lambda: len(bound(core, namespace)) == 2,
+        90,
+        "kube-scheduler binds via extender",
+        describe=lambda: extender[0].text()[-3000:],
+    )
+    pods = bound(core, namespace)
+    devices = set()
+    for p in pods.values():
+        text = p.metadata.annotations[P.annotations.assigned_devices]
+        devices |= {(p.spec.node_name, s.device_id) for s in decode_assignment(text)["main"]}
+    assert len(devices) == 4
+    assert len({p.spec.node_name for p in pods.values()}) == 1  # GpuShare binpack score
+    # a bad input answered by the extender shows in kube-scheduler's event
+    core.create_namespaced_pod(
+        namespace,
+        pod(
+            "big-slice",
+            kube_scheduler,
+            node_factory.selector,
+            {P.resources.core: "150", P.resources.memory: "10"},
+        ),
+    )
+    wait_for(
+        lambda: any("a slice is at most 100" in e for e in events(core, namespace, "big-slice")),
+        60,
+        "FailedScheduling with the extender's reason",
+        describe=lambda: str(events(core, namespace, "big-slice")),
+    )
+    assert "big-slice" not in bound(core, namespace)
+
+
+def post(port: int, verb: str, data: bytes) -> tuple[int, dict[str, object]]:
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/{verb}",
+        data=data,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, json.loads(exc.read())
+
+
+def test_extender_rejects_malformed_json(extender: tuple[SchedulerProcess, int]) -> None:
+    _, port = extender
+    code, body = post(port, "filter", b"{not json")
+    assert code == 400
+    assert "request body is not valid JSON" in str(body["Error"])
+    code, body = post(port, "filter", b'{"pod": {"metadata": {"name": "x"}}}')
+    assert code == 400
+    assert body["Error"] == "neither NodeNames nor Nodes given"
+    code, body = post(port, "bind", b'{"podname": "x"}')
+    assert code == 400
+    assert "PodNamespace" in str(body["Error"])
+    # keys are read case-insensitively
+    code, body = post(
+        port,
+        "filter",
+        json.dumps(
+            {
+                "pod": {"metadata": {"name": "x", "uid": "u"}, "spec": {"containers": []}},
+                "nodenames": ["nowhere"],
+            }
+        ).encode(),
+    )
+    assert code == 200
+    assert body["NodeNames"] == []
+    assert "nowhere" in body["FailedNodes"]  # type: ignore[operator]
