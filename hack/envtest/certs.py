@@ -2,7 +2,9 @@
 
 ECDSA P-256 everywhere (fast to generate, accepted by every component): a CA,
 one serving certificate for all components on loopback, an admin client
-certificate in `system:masters`, and the service-account signing key pair.
+certificate in `system:masters`, a front-proxy client certificate (request
+header authentication, as kubeadm sets it up) and the service-account signing
+key pair.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SERVICE_IP = "10.0.0.1"
+FRONT_PROXY_CN = "front-proxy-client"
 _DAYS = "3650"
 
 
@@ -33,6 +36,8 @@ class Pki:
     admin_key: Path
     sa_key: Path
     sa_pub: Path
+    front_proxy_cert: Path
+    front_proxy_key: Path
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -134,6 +139,13 @@ def generate(directory: Path) -> Pki:
         "extendedKeyUsage=clientAuth\n",
         directory,
     )
+    _signed(
+        "front-proxy",
+        f"/CN={FRONT_PROXY_CN}",
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=clientAuth\n",
+        directory,
+    )
     _ec_key(directory / "sa.key", directory)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
     return Pki(
@@ -146,4 +158,6 @@ def generate(directory: Path) -> Pki:
         admin_key=directory / "admin.key",
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
+        front_proxy_cert=directory / "front-proxy.crt",
+        front_proxy_key=directory / "front-proxy.key",
     )

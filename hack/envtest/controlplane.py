@@ -62,6 +62,9 @@ class ControlPlaneConfig:
     start_timeout_s: float = 90.0
     extra_apiserver_args: list[str] = field(default_factory=list)
     verbosity: int = 1
+    kwok_stages: str | None = None
+    """KWOK Stage documents to use instead of kwok-stages.yaml (the sandbox gates pods on
+    its kubelet shim's admission)."""
 
 
 def free_port() -> int:
@@ -225,11 +228,20 @@ class ControlPlane:
                 f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
+                # A loopback advertise address cannot be a kubernetes Endpoints entry.
+                "--endpoint-reconciler-type=none",
                 f"--secure-port={self.apiserver_port}",
                 f"--cert-dir={self.state_dir / 'apiserver'}",
                 f"--tls-cert-file={pki.serving_cert}",
                 f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.ca_cert}",
+                f"--requestheader-client-ca-file={pki.ca_cert}",
+                f"--requestheader-allowed-names={certs.FRONT_PROXY_CN}",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki.front_proxy_cert}",
+                f"--proxy-client-key-file={pki.front_proxy_key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki.sa_pub}",
                 f"--service-account-signing-key-file={pki.sa_key}",
@@ -290,7 +302,7 @@ class ControlPlane:
             )
         if self.config.kwok:
             kwok_port = free_port()
-            stages = kwok.write_stages(self.state_dir / "kwok-stages.yaml")
+            stages = kwok.write_stages(self.state_dir / "kwok-stages.yaml", self.config.kwok_stages)
             kwok_proc = self._spawn(
                 "kwok", kwok.argv(tools["kwok"], self.kubeconfig_path, stages, kwok_port, POD_CIDR)
             )

@@ -41,9 +41,9 @@ def stages_text() -> str:
     return resources.files("lj_runtimekit.envtest").joinpath("kwok-stages.yaml").read_text()
 
 
-def write_stages(path: Path) -> Path:
-    """Writes the stages to `path` (KWOK's --config) and returns it."""
-    path.write_text(stages_text())
+def write_stages(path: Path, text: str | None = None) -> Path:
+    """Writes the stages (`text`, default `stages_text()`) to `path` (KWOK's --config)."""
+    path.write_text(stages_text() if text is None else text)
     return path
 
 
