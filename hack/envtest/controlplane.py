@@ -127,26 +127,47 @@ class ControlPlane:
         return f"https://127.0.0.1:{self.apiserver_port}"
 
     def start(self) -> ControlPlane:
-        """Starts every configured component and waits until each is healthy."""
+        """Starts every configured component and waits until each is healthy.
+
+        Ports are picked free just before use; when another process takes one
+        in between ("address already in use"), the start is retried with new
+        ports (up to three attempts).
+        """
         if self._started:
             return self
+        find_tools()  # ToolsMissingError before anything is written
         began = time.monotonic()
-        try:
-            self._start()
-        except BaseException as exc:
-            self.stop(failed=True)
-            if isinstance(exc, ControlPlaneError | ProcessExitedError):
+        for attempt in range(1, 4):
+            try:
+                self._start()
+                break
+            except (ControlPlaneError, ProcessExitedError, certs.CertificateError, OSError) as exc:
+                port_clash = self._port_clash()
+                self._stop_processes()
+                if port_clash and attempt < 3:
+                    shutil.rmtree(self.log_dir, ignore_errors=True)
+                    shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
+                    continue
+                self.stop(failed=True)
                 raise ControlPlaneError(f"{exc}\nlogs kept in {self.log_dir}") from None
-            raise
+            except BaseException:
+                self.stop(failed=True)
+                raise
         self.ready_s = time.monotonic() - began
         self._started = True
         return self
 
-    def stop(self, failed: bool = False) -> None:
-        """Stops every component (reverse order). Keeps the state directory on failure."""
+    def _port_clash(self) -> bool:
+        return any("address already in use" in log_tail(p.log_path, 50) for p in self.processes)
+
+    def _stop_processes(self) -> None:
         for proc in reversed(self.processes):
             proc.stop()
         self.processes.clear()
+
+    def stop(self, failed: bool = False) -> None:
+        """Stops every component (reverse order). Keeps the state directory on failure."""
+        self._stop_processes()
         self._started = False
         if failed or self.config.keep_state or not self._tmp_owned:
             if failed:

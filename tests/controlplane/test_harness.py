@@ -1,0 +1,81 @@
+"""The harness itself: port clashes, failed starts keep logs, teardown kills groups."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig, ControlPlaneError
+from lj_runtimekit.envtest import controlplane as controlplane_mod
+
+pytestmark = pytest.mark.controlplane
+
+
+def minimal(
+    state_dir: Path | None = None, apiserver_args: list[str] | None = None
+) -> ControlPlaneConfig:
+    """etcd and kube-apiserver only."""
+    return ControlPlaneConfig(
+        controller_manager=False,
+        scheduler=False,
+        kwok=False,
+        state_dir=state_dir,
+        extra_apiserver_args=apiserver_args or [],
+    )
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_port_taken_between_pick_and_bind_is_retried(
+    k8s_tools: dict[str, Path], busy_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = controlplane_mod.free_port
+    handed: list[int] = []
+
+    def first_busy() -> int:
+        port = busy_port if not handed else real()
+        handed.append(port)
+        return port
+
+    monkeypatch.setattr(controlplane_mod, "free_port", first_busy)
+    with ControlPlane(minimal()) as cp:
+        assert cp.etcd_port != busy_port
+    assert handed[0] == busy_port
+
+
+def test_failed_start_keeps_logs_and_names_the_component(
+    k8s_tools: dict[str, Path], tmp_path: Path
+) -> None:
+    cp = ControlPlane(minimal(tmp_path / "cp", ["--no-such-flag"]))
+    with pytest.raises(ControlPlaneError) as info:
+        cp.start()
+    message = str(info.value)
+    assert "kube-apiserver exited" in message
+    assert "unknown flag: --no-such-flag" in message
+    assert f"logs kept in {tmp_path / 'cp' / 'logs'}" in message
+    assert (tmp_path / "cp" / "logs" / "kube-apiserver.log").exists()
+    assert not cp.processes
+
+
+def test_stop_kills_every_process_group_and_removes_temporary_state(
+    k8s_tools: dict[str, Path],
+) -> None:
+    cp = ControlPlane(minimal()).start()
+    pids = [p.pid for p in cp.processes if p.pid is not None]
+    state = cp.state_dir
+    assert len(pids) == 2
+    cp.stop()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
+    assert not state.exists()
