@@ -1,0 +1,1 @@
+"""Entry points of the Controller and the Job Agent."""

@@ -1,0 +1,1 @@
+"""The Controller operator (lj-controller)."""

@@ -1,0 +1,278 @@
+"""lj-controller: node label `lj_runtimekit_enable=true` -> a Job enabling the Runtime Kit
+features on that node; label removed -> a Job disabling them.
+
+Composition root only: flags (each mirrored by an LJ_CONTROLLER_* environment
+variable), validation, Kubernetes credentials, a preflight API check, signals.
+Every operator mistake logs one line and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from lj_runtimekit.controller.internal import logs
+from lj_runtimekit.controller.internal.controller.config import (
+    DEFAULT_LABEL_KEY,
+    DEFAULT_NAMESPACE,
+    DEFAULT_SOCKET_DIR,
+    ConfigError,
+    ControllerSettings,
+    JobSettings,
+)
+from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
+from lj_runtimekit.controller.internal.controller.leader import LeaseSettings
+from lj_runtimekit.controller.internal.controller.operator import Controller, WatchSettings
+from lj_runtimekit.proto.pkg.version import component_version
+
+DIST = "lj-runtimekit-controller"
+ENV = "LJ_CONTROLLER_"
+_log = logging.getLogger("lj-controller")
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(ENV + name, default)
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lj-controller",
+        description="Runs an enable Job on every node labelled <label-key>=true and a disable "
+        "Job on nodes whose label went away. Every flag has an environment variable "
+        f"{ENV}<FLAG> (upper case, '-' -> '_').",
+    )
+
+    def add(flag: str, default: Any, help_: str, **kw: Any) -> None:
+        env = flag.lstrip("-").upper().replace("-", "_")
+        value = _env(env)
+        p.add_argument(
+            flag,
+            default=(kw.get("type") or str)(value) if value is not None else default,
+            help=f"{help_} (env {ENV}{env}; default {default!r})",
+            **kw,
+        )
+
+    add("--job-image", None, "image of lj-job-agent run by the Jobs (required)")
+    add("--namespace", DEFAULT_NAMESPACE, "namespace of the Jobs, events and the Lease")
+    add("--label-key", DEFAULT_LABEL_KEY, "node label whose value 'true' enables the features")
+    add("--node-selector", "", "only manage nodes matching this label selector (a=b,c,!d)")
+    add("--socket-dir", DEFAULT_SOCKET_DIR, "host directory of the Runtime sockets")
+    add("--job-service-account", "lj-runtimekit-job-agent", "service account of the Job pods")
+    add("--job-image-pull-policy", "IfNotPresent", "imagePullPolicy of the Job pods")
+    add("--job-backoff-limit", 2, "backoffLimit of the Jobs (0..10)", type=int)
+    add("--job-active-deadline", 300, "activeDeadlineSeconds of the Jobs", type=int)
+    add("--agent-retry-timeout", 60, "seconds the agent retries an absent Runtime", type=int)
+    add("--job-run-as-user", 0, "uid of the agent (non-root needs socket access)", type=int)
+    add("--job-run-as-group", 0, "gid of the agent", type=int)
+    add("--job-priority-class", "", "priorityClassName of the Job pods")
+    add(
+        "--job-pod-annotations",
+        "",
+        "extra annotations of the Job pods, comma-separated key=value",
+    )
+    add("--leader-elect", True, "elect a leader through a Lease", type=_bool)
+    add("--lease-name", "lj-runtimekit-controller", "name of the leader election Lease")
+    add("--lease-duration", 15.0, "Lease duration seconds", type=float)
+    add("--lease-renew-deadline", 10.0, "seconds the leader may fail to renew", type=float)
+    add("--lease-retry-period", 2.0, "seconds between Lease attempts", type=float)
+    add("--workers", 16, "concurrent node reconciles", type=int)
+    add("--resync-period", 600.0, "seconds between full resyncs of managed nodes", type=float)
+    add("--watch-server-timeout", 300.0, "seconds one watch request lasts", type=float)
+    add("--watch-client-timeout", 330.0, "client-side cap of one watch request", type=float)
+    add(
+        "--watch-inactivity-timeout",
+        70.0,
+        "seconds without any event or bookmark after which a watch is reopened",
+        type=float,
+    )
+    add("--api-timeout", 30.0, "seconds one API request may take", type=float)
+    add("--liveness-endpoint", "http://0.0.0.0:8080/healthz", "kopf liveness URL ('' = off)")
+    add("--kubeconfig", os.environ.get("KUBECONFIG", ""), "kubeconfig file ('' = in-cluster)")
+    add("--log-level", "INFO", "DEBUG, INFO, WARNING or ERROR", type=str.upper)
+    add("--log-format", "auto", "json, text or auto (text on a TTY)")
+    p.add_argument(
+        "--version", action="version", version=f"lj-controller {component_version(DIST)}"
+    )
+    return p
+
+
+def _annotations(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--job-pod-annotations: {item!r} is not key=value")
+        out[key] = value
+    return out
+
+
+def settings_from(args: argparse.Namespace) -> ControllerSettings:
+    """Validated settings; ConfigError names the flag."""
+    if args.job_image is None:
+        raise ConfigError("--job-image is required: the image of lj-job-agent")
+    for flag in ("lease_duration", "lease_renew_deadline", "lease_retry_period"):
+        if getattr(args, flag) <= 0:
+            raise ConfigError(f"--{flag.replace('_', '-')}: must be > 0")
+    if not args.lease_retry_period < args.lease_renew_deadline < args.lease_duration:
+        raise ConfigError(
+            "--lease-retry-period < --lease-renew-deadline < --lease-duration must hold"
+        )
+    if args.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"--log-level: {args.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
+    if args.log_format not in ("json", "text", "auto"):
+        raise ConfigError(f"--log-format: {args.log_format!r} is not json, text or auto")
+    for flag in (
+        "api_timeout",
+        "watch_server_timeout",
+        "watch_client_timeout",
+        "watch_inactivity_timeout",
+    ):
+        if getattr(args, flag) <= 0:
+            raise ConfigError(f"--{flag.replace('_', '-')}: must be > 0")
+    return ControllerSettings(
+        job=JobSettings(
+            image=args.job_image,
+            namespace=args.namespace,
+            socket_dir=args.socket_dir,
+            service_account=args.job_service_account,
+            image_pull_policy=args.job_image_pull_policy,
+            backoff_limit=args.job_backoff_limit,
+            active_deadline_s=args.job_active_deadline,
+            agent_retry_timeout_s=args.agent_retry_timeout,
+            run_as_user=args.job_run_as_user,
+            run_as_group=args.job_run_as_group,
+            priority_class=args.job_priority_class,
+            pod_annotations=_annotations(args.job_pod_annotations),
+        ),
+        label_key=args.label_key,
+        node_selector=args.node_selector,
+        workers=args.workers,
+        resync_period_s=args.resync_period,
+    )
+
+
+def load_kube(kubeconfig: str, threads: int) -> tuple[k8s.ApiClient, Any]:
+    """API client and a function giving kopf the same credentials (re-read on each login)."""
+
+    def configuration() -> k8s.Configuration:
+        c = k8s.Configuration()
+        if kubeconfig:
+            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=c)
+        else:
+            k8s_config.load_incluster_config(client_configuration=c)
+        return c
+
+    config = configuration()
+    config.connection_pool_maxsize = threads
+
+    def connection() -> kopf.ConnectionInfo:
+        c = configuration()
+        header = c.get_api_key_with_prefix("authorization") or c.get_api_key_with_prefix(
+            "BearerToken"
+        )
+        scheme, _, token = (header or "").partition(" ")
+        return kopf.ConnectionInfo(
+            server=c.host,
+            ca_path=c.ssl_ca_cert,
+            insecure=not c.verify_ssl,
+            scheme=scheme or None,
+            token=token or None,
+            certificate_path=c.cert_file,
+            private_key_path=c.key_file,
+        )
+
+    return k8s.ApiClient(config), connection
+
+
+async def preflight(kube: Kube, settings: ControllerSettings) -> None:
+    """Fail early and clearly when the API is unreachable or permissions are missing."""
+    await kube.call(
+        "list nodes (needs RBAC list on nodes)",
+        lambda: kube.core.list_node(limit=1, _preload_content=False, _request_timeout=(5, 15)),
+    )
+    await kube.call(
+        f"list jobs in {settings.job.namespace} (needs RBAC list on batch/jobs)",
+        lambda: kube.batch.list_namespaced_job(
+            settings.job.namespace, limit=1, _preload_content=False, _request_timeout=(5, 15)
+        ),
+    )
+
+
+async def _run(args: argparse.Namespace, settings: ControllerSettings) -> int:
+    api, connection = load_kube(args.kubeconfig, settings.workers + 4)
+    kube = Kube(api, threads=settings.workers + 4, request_timeout_s=args.api_timeout)
+    try:
+        await preflight(kube, settings)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        lease = (
+            LeaseSettings(
+                namespace=settings.job.namespace,
+                name=args.lease_name,
+                lease_duration_s=args.lease_duration,
+                renew_deadline_s=args.lease_renew_deadline,
+                retry_period_s=args.lease_retry_period,
+            )
+            if args.leader_elect
+            else None
+        )
+        controller = Controller(
+            settings,
+            kube,
+            connection,
+            WatchSettings(
+                server_timeout_s=args.watch_server_timeout,
+                client_timeout_s=args.watch_client_timeout,
+                inactivity_timeout_s=args.watch_inactivity_timeout,
+            ),
+            lease,
+            args.liveness_endpoint or None,
+        )
+        return await controller.run(stop)
+    finally:
+        kube.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the Controller; 1 on a bad flag, unreachable API or lost leadership."""
+    args = _parser().parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ConfigError as exc:
+        print(f"lj-controller: error: {exc}", file=sys.stderr)
+        return 1
+    logs.setup(args.log_level, args.log_format)
+    try:
+        return asyncio.run(_run(args, settings))
+    except k8s_config.ConfigException as exc:
+        _log.error("no Kubernetes credentials", extra={"error": str(exc)})
+    except ApiError as exc:
+        _log.error("Kubernetes API check failed", extra={"error": str(exc)})
+    except KeyboardInterrupt:
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The Job Agent (lj-job-agent)."""

@@ -1,0 +1,1 @@
+"""Implementation of the Controller and the Job Agent."""

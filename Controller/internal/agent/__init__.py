@@ -1,0 +1,1 @@
+"""The Job Agent: switches the Runtime features over gRPC."""

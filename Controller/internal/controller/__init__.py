@@ -1,0 +1,1 @@
+"""Reconcilers: Nodes (label -> Job) and Jobs (result -> Node)."""

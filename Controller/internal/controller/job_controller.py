@@ -1,0 +1,176 @@
+"""Finished Jobs: record the outcome on the Node, then clean up or keep for debugging.
+
+- Succeeded: the Node's state becomes enabled/disabled (annotation + label), a
+  Normal event is posted on the Node, and the Job is deleted with
+  propagationPolicy=Background so that its pods go too (`ttlSecondsAfterFinished`
+  is not used: it would delete failed Jobs as well).
+- Failed: the Node's state becomes failed with the agent's one-line message
+  (the container's termination message), a Warning event carrying it is posted
+  once (the Job is then annotated as recorded), and the Job is kept.
+
+Every step is idempotent, so a restart between two steps repeats at most one
+event.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+from lj_runtimekit.controller.internal.controller import jobspec
+from lj_runtimekit.controller.internal.controller.kube import Kube, Obj
+from lj_runtimekit.controller.internal.controller.state import (
+    DONE,
+    Action,
+    NodeState,
+    transition,
+)
+
+_log = logging.getLogger(__name__)
+Phase = Literal["active", "succeeded", "failed", "deleting"]
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the reconcilers need to know about one Job."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    action: Action | None
+    phase: Phase
+    recorded: bool
+    reason: str
+    message: str
+
+    @property
+    def ref(self) -> str:
+        """`namespace/name`, as written on the Node."""
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def of(cls, job: Obj) -> JobView:
+        """Interpret a Job object."""
+        meta = job.get("metadata", {})
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        action = labels.get(jobspec.ACTION_LABEL)
+        phase: Phase = "active"
+        reason = message = ""
+        for condition in (job.get("status") or {}).get("conditions") or []:
+            if condition.get("status") != "True":
+                continue
+            if condition.get("type") == "Complete":
+                phase = "succeeded"
+            elif condition.get("type") == "Failed":
+                phase = "failed"
+                reason = condition.get("reason", "")
+                message = condition.get("message", "")
+        if meta.get("deletionTimestamp"):
+            phase = "deleting"
+        return cls(
+            namespace=meta.get("namespace", ""),
+            name=meta.get("name", ""),
+            uid=meta.get("uid", ""),
+            node=annotations.get(jobspec.NODE_ANNOTATION, ""),
+            action=cast(Action, action) if action in ("enable", "disable") else None,
+            phase=phase,
+            recorded=jobspec.RECORDED_ANNOTATION in annotations,
+            reason=reason,
+            message=message,
+        )
+
+
+def termination_message(pods: list[Obj]) -> str | None:
+    """The agent's one-line result from the newest failed pod, if any pod left one."""
+
+    def started(pod: Obj) -> str:
+        return str(pod.get("metadata", {}).get("creationTimestamp", ""))
+
+    for pod in sorted(pods, key=started, reverse=True):
+        status: dict[str, Any] = pod.get("status") or {}
+        for container in status.get("containerStatuses") or []:
+            if container.get("name") != jobspec.CONTAINER:
+                continue
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            text = (terminated.get("message") or "").strip()
+            if text:
+                code = terminated.get("exitCode")
+                return f"{text} (exit code {code})" if code is not None else text
+        if status.get("message"):
+            return str(status["message"]).strip()
+    return None
+
+
+class JobController:
+    """Records finished Jobs on their Node and cleans up the successful ones."""
+
+    def __init__(self, kube: Kube, event_namespace: str) -> None:
+        self.kube = kube
+        self.event_namespace = event_namespace
+        self.succeeded = 0
+        self.failed = 0
+
+    async def delete(self, job: JobView, propagation: str) -> bool:
+        """Delete the Job (this uid only); False when it was already gone."""
+        deleted = await self.kube.delete_job(job.namespace, job.name, job.uid, propagation)
+        if deleted:
+            _log.info(
+                "job deleted",
+                extra={"node": job.node, "job": job.ref, "propagation": propagation},
+            )
+        return deleted
+
+    async def record_success(self, node: Obj, state: NodeState, job: JobView) -> None:
+        """Node state -> enabled/disabled (+ Normal event) once, then delete the Job."""
+        assert job.action is not None
+        done = DONE[job.action]
+        name = node["metadata"]["name"]
+        if state.state != done or state.job != job.ref:
+            message = f"{job.action} Job {job.ref} succeeded"
+            await self.kube.patch_node(name, transition(done, job.action, job.ref, message), None)
+            await self.kube.node_event(
+                self.event_namespace,
+                node,
+                "Normal",
+                "FeaturesEnabled" if job.action == "enable" else "FeaturesDisabled",
+                f"Runtime Kit features {done} on node {name} by Job {job.ref}",
+            )
+            self.succeeded += 1
+            _log.info("features " + done, extra={"node": name, "job": job.ref})
+        await self.delete(job, "Background")
+
+    async def record_failure(self, node: Obj, state: NodeState, job: JobView) -> None:
+        """Node state -> failed with the agent's message, a Warning event once; keep the Job."""
+        assert job.action is not None
+        if job.recorded and state.state == "failed" and state.job == job.ref:
+            return
+        name = node["metadata"]["name"]
+        pods = await self.kube.list_pods(job.namespace, f"batch.kubernetes.io/job-name={job.name}")
+        agent = termination_message([p for p in pods if _owned_by(p, job.uid)])
+        why = job.reason or "Failed"
+        detail = agent or job.message or "no termination message (see the Job's pods)"
+        message = f"{job.action} Job {job.ref} failed ({why}): {detail}"
+        if state.state != "failed" or state.job != job.ref:
+            await self.kube.patch_node(
+                name, transition("failed", job.action, job.ref, message), None
+            )
+        if not job.recorded:
+            await self.kube.node_event(
+                self.event_namespace, node, "Warning", "FeatureJobFailed", message
+            )
+            await self.kube.annotate_job(
+                job.namespace, job.name, {jobspec.RECORDED_ANNOTATION: "failed"}
+            )
+            self.failed += 1
+        _log.warning(
+            "feature job failed; kept for debugging",
+            extra={"node": name, "job": job.ref, "reason": why, "message": detail},
+        )
+
+
+def _owned_by(pod: Obj, uid: str) -> bool:
+    refs = pod.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid for ref in refs)

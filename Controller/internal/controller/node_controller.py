@@ -1,0 +1,226 @@
+"""Node reconciler: the enable label's value is the wish, one Job per node makes it so.
+
+Level-triggered and keyed by node name (Node events and events of the node's Jobs
+both enqueue it), so label flapping only ever acts on the latest wish:
+
+1. read the Node (gone: nothing to do, its Jobs are garbage-collected through
+   their owner reference) and every Job of the node;
+2. Jobs for the other action (superseded wishes) are deleted: a running one with
+   Foreground propagation (the Job object stays until its pod is gone) and the
+   node is requeued until they have disappeared; a new Job is only ever created
+   when no other Job of the node exists;
+3. the Job for the wished action: running -> the node's state names it;
+   succeeded/failed -> JobController records it;
+4. no Job and the state not yet as wished -> create the Job (deterministic name:
+   AlreadyExists means it is there already, never a duplicate) and record
+   enabling/disabling with the Job's name and time.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from lj_runtimekit.controller.internal.controller import jobspec
+from lj_runtimekit.controller.internal.controller.config import ControllerSettings
+from lj_runtimekit.controller.internal.controller.job_controller import JobController, JobView
+from lj_runtimekit.controller.internal.controller.kube import AlreadyExistsError, Kube, Obj
+from lj_runtimekit.controller.internal.controller.state import (
+    IN_PROGRESS,
+    Action,
+    NodeState,
+    desired_action,
+    label_value_is_invalid,
+    transition,
+)
+from lj_runtimekit.controller.internal.controller.workqueue import Requeue
+
+_log = logging.getLogger(__name__)
+DELETION_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class SelectorTerm:
+    """One equality-based label selector term."""
+
+    key: str
+    op: str  # exists, absent, eq, ne
+    value: str = ""
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        """Whether `labels` satisfy the term."""
+        if self.op == "exists":
+            return self.key in labels
+        if self.op == "absent":
+            return self.key not in labels
+        if self.op == "eq":
+            return labels.get(self.key) == self.value
+        return labels.get(self.key) != self.value
+
+
+def parse_selector(selector: str) -> list[SelectorTerm]:
+    """Parse a selector already validated by config.check_selector."""
+    terms: list[SelectorTerm] = []
+    for raw in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in raw:
+            key, value = raw.split("!=", 1)
+            terms.append(SelectorTerm(key, "ne", value))
+        elif "=" in raw:
+            key, value = raw.replace("==", "=").split("=", 1)
+            terms.append(SelectorTerm(key, "eq", value))
+        elif raw.startswith("!"):
+            terms.append(SelectorTerm(raw[1:], "absent"))
+        else:
+            terms.append(SelectorTerm(raw, "exists"))
+    return terms
+
+
+class NodeController:
+    """Reconciles one node at a time (the work queue serializes per node)."""
+
+    def __init__(self, kube: Kube, settings: ControllerSettings, jobs: JobController) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.jobs = jobs
+        self.scope = parse_selector(settings.node_selector)
+        self.created = 0
+        self._warned: dict[str, str] = {}
+
+    def in_scope(self, node: Obj) -> bool:
+        """Whether the node matches --node-selector."""
+        labels = node.get("metadata", {}).get("labels") or {}
+        return all(term.matches(labels) for term in self.scope)
+
+    async def reconcile(self, name: str) -> Requeue | None:
+        """Bring the node one step closer to its wish; see the module docstring."""
+        node = await self.kube.read_node(name)
+        if node is None:
+            self._warned.pop(name, None)
+            _log.debug("node gone; its Jobs go with it", extra={"node": name})
+            return None
+        if not self.in_scope(node):
+            return None
+        meta = node["metadata"]
+        value = (meta.get("labels") or {}).get(self.settings.label_key)
+        state = NodeState.from_annotations(meta.get("annotations"))
+        await self._warn_invalid_value(node, value)
+        target = desired_action(value, state)
+        namespace = self.settings.job.namespace
+
+        jobs = [
+            JobView.of(j)
+            for j in await self.kube.list_jobs(namespace, jobspec.node_selector(name))
+            if (j["metadata"].get("annotations") or {}).get(jobspec.NODE_ANNOTATION) == name
+        ]
+        waiting = False
+        current: JobView | None = None
+        for job in jobs:
+            if job.phase == "deleting":
+                waiting = True
+            elif job.action == target and target is not None:
+                current = job
+            else:
+                waiting = True
+                await self._supersede(node, job, target)
+
+        if target is None:
+            return Requeue(DELETION_POLL_S, "superseded Job deleting") if waiting else None
+
+        if current is not None:
+            if current.phase == "active":
+                in_progress = IN_PROGRESS[target]
+                if state.state != in_progress or state.job != current.ref:
+                    await self.kube.patch_node(
+                        name, transition(in_progress, target, current.ref), None
+                    )
+                    _log.info("adopted running job", extra={"node": name, "job": current.ref})
+                return None
+            if waiting:
+                return Requeue(DELETION_POLL_S, "superseded Job deleting")
+            if current.phase == "succeeded":
+                await self.jobs.record_success(node, state, current)
+            else:
+                await self.jobs.record_failure(node, state, current)
+            return None
+
+        if waiting:
+            return Requeue(DELETION_POLL_S, "superseded Job deleting")
+        if state.settled_for(target):
+            return None
+        return await self._start(node, state, target)
+
+    async def _supersede(self, node: Obj, job: JobView, target: Action | None) -> None:
+        """Delete a Job of the other action: the latest wish wins."""
+        name = node["metadata"]["name"]
+        propagation = "Foreground" if job.phase == "active" else "Background"
+        if await self.jobs.delete(job, propagation) and job.phase == "active":
+            _log.info(
+                "job superseded by a newer wish",
+                extra={"node": name, "job": job.ref, "wish": target or "none"},
+            )
+            await self.kube.node_event(
+                self.jobs.event_namespace,
+                node,
+                "Normal",
+                "FeatureJobSuperseded",
+                f"{job.action} Job {job.ref} deleted: the node's label now asks to"
+                f" {target or 'leave the features alone'}",
+            )
+
+    async def _start(self, node: Obj, state: NodeState, target: Action) -> Requeue | None:
+        """Create the Job for `target` and record the in-progress state."""
+        meta = node["metadata"]
+        name = meta["name"]
+        if state.state == "failed" and state.action == target:
+            _log.info("failed job is gone; retrying", extra={"node": name, "job": state.job or ""})
+        elif state.job and state.state == IN_PROGRESS[target]:
+            _log.warning(
+                "job vanished before finishing; creating it again",
+                extra={"node": name, "job": state.job},
+            )
+        manifest = jobspec.build(
+            self.settings.job,
+            target,
+            name,
+            meta.get("uid", ""),
+            (node.get("spec") or {}).get("taints"),
+        )
+        job_ref = f"{manifest['metadata']['namespace']}/{manifest['metadata']['name']}"
+        try:
+            await self.kube.create_job(manifest)
+        except AlreadyExistsError:
+            # Created meanwhile or still being deleted: look again shortly.
+            return Requeue(DELETION_POLL_S / 2, "job of that name exists")
+        self.created += 1
+        await self.kube.patch_node(name, transition(IN_PROGRESS[target], target, job_ref), None)
+        _log.info("job created", extra={"node": name, "job": job_ref, "action": target})
+        await self.kube.node_event(
+            self.jobs.event_namespace,
+            node,
+            "Normal",
+            "FeaturesEnabling" if target == "enable" else "FeaturesDisabling",
+            f"created {target} Job {job_ref}",
+        )
+        return None
+
+    async def _warn_invalid_value(self, node: Obj, value: str | None) -> None:
+        """A label value other than true/false: one Warning event per value."""
+        name = node["metadata"]["name"]
+        if not label_value_is_invalid(value):
+            self._warned.pop(name, None)
+            return
+        assert value is not None
+        if self._warned.get(name) == value:
+            return
+        self._warned[name] = value
+        message = (
+            f"label {self.settings.label_key}={value!r} on node {name} is not 'true': the"
+            " Runtime Kit features stay off (or are switched off) on this node"
+        )
+        _log.warning(
+            "invalid label value",
+            extra={"node": name, "label": self.settings.label_key, "value": value},
+        )
+        await self.kube.node_event(
+            self.jobs.event_namespace, node, "Warning", "InvalidLabelValue", message
+        )

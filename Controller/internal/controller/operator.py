@@ -1,0 +1,203 @@
+"""Wiring: kopf watches Nodes and Jobs, a keyed work queue reconciles per node.
+
+kopf provides what it is good at: list+watch with server-side label
+selectors, reconnection after a dropped stream, the inactivity timeout that
+catches a silently dead stream, per-object event batching, the liveness
+endpoint. Its handlers here are `on.event` handlers that only enqueue the node's
+name: the outcome for a node depends on two kinds (the Node's label and the
+node's Jobs), so reconciliation is level-triggered and keyed by node (see
+node_controller). This also keeps kopf from storing anything on Nodes: no
+progress or diff-base annotations and no finalizers (there is no delete
+handler; a Node deletion is never blocked).
+
+Watches: Nodes with the enable label (plus --node-selector) cluster-wide, and
+Jobs labelled managed-by=lj-runtimekit-controller in the Jobs' namespace.
+A label removal makes the API server send DELETED for that Node on the
+selector-filtered watch; the reconciler re-reads the Node, so that is handled
+like any change. Nodes whose label went away while the Controller was down
+still carry the Controller's state label and are found by the periodic resync
+(which also runs at start-up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from lj_runtimekit.controller.internal.controller import jobspec
+from lj_runtimekit.controller.internal.controller.config import ControllerSettings
+from lj_runtimekit.controller.internal.controller.job_controller import JobController
+from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
+from lj_runtimekit.controller.internal.controller.leader import LeaderElector, LeaseSettings
+from lj_runtimekit.controller.internal.controller.node_controller import NodeController
+from lj_runtimekit.controller.internal.controller.state import STATE_LABEL
+from lj_runtimekit.controller.internal.controller.workqueue import WorkQueue
+
+_log = logging.getLogger(__name__)
+NODE_EVENT_NAMESPACE = "default"
+"""Events about cluster-scoped objects live in `default` (as the kubelet's do)."""
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """kopf watch timing: a stream that brings nothing (not even a bookmark) for
+    `inactivity_timeout_s` is considered dead and reopened."""
+
+    server_timeout_s: float = 300.0
+    client_timeout_s: float = 330.0
+    connect_timeout_s: float = 10.0
+    inactivity_timeout_s: float = 70.0
+    reconnect_backoff_s: float = 1.0
+
+
+def kopf_settings(settings: ControllerSettings, watch: WatchSettings) -> kopf.OperatorSettings:
+    """kopf settings: server-side selectors, watch timeouts, nothing written to objects."""
+    s = kopf.OperatorSettings()
+    s.scanning.disabled = True  # no namespace/CRD scans: fewer permissions, nothing to discover
+    s.posting.enabled = False  # the reconcilers post their own events on the Node
+    s.watching.server_timeout = int(watch.server_timeout_s)  # timeoutSeconds is an integer
+    s.watching.client_timeout = watch.client_timeout_s
+    s.watching.connect_timeout = watch.connect_timeout_s
+    s.watching.inactivity_timeout = watch.inactivity_timeout_s
+    s.watching.reconnect_backoff = watch.reconnect_backoff_s
+    s.watching.chunk_size = 500
+    s.watching.label_selectors["", "v1", "nodes"] = settings.node_watch_selector
+    s.watching.label_selectors["batch", "v1", "jobs"] = jobspec.JOB_SELECTOR
+    s.networking.request_timeout = 30.0
+    s.networking.connect_timeout = watch.connect_timeout_s
+    # Not used by on.event handlers; set anyway so that kopf never writes its own prefix.
+    s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="lj-runtimekit.io")
+    s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="lj-runtimekit.io", key="last-handled-configuration"
+    )
+    s.persistence.finalizer = "lj-runtimekit.io/unused-finalizer"
+    return s
+
+
+class Controller:
+    """The running Controller: leader election, watches, work queue, resync."""
+
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        kube: Kube,
+        login: Callable[[], kopf.ConnectionInfo],
+        watch: WatchSettings | None = None,
+        lease: LeaseSettings | None = None,
+        liveness_endpoint: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.login = login
+        self.watch = watch or WatchSettings()
+        self.lease = lease
+        self.liveness_endpoint = liveness_endpoint
+        self.jobs = JobController(kube, NODE_EVENT_NAMESPACE)
+        self.nodes = NodeController(kube, settings, self.jobs)
+        self.queue = WorkQueue(self.nodes.reconcile, settings.workers)
+
+    def registry(self) -> kopf.OperatorRegistry:
+        """kopf handlers: log in, enqueue node names from Node and Job events."""
+        registry = kopf.OperatorRegistry()
+        login = self.login
+        queue = self.queue
+
+        @kopf.on.login(registry=registry)
+        def credentials(**_: Any) -> kopf.ConnectionInfo:
+            return login()  # re-read on every (re-)login: in-cluster tokens rotate
+
+        @kopf.on.event("", "v1", "nodes", registry=registry)
+        async def node_event(name: str, **_: Any) -> None:
+            queue.add(name)
+
+        @kopf.on.event("batch", "v1", "jobs", registry=registry)
+        async def job_event(annotations: Mapping[str, str], **_: Any) -> None:
+            node = annotations.get(jobspec.NODE_ANNOTATION)
+            if node:
+                queue.add(node)
+
+        return registry
+
+    async def resync_once(self) -> int:
+        """Enqueue every node with the label or the Controller's state label."""
+        extra = f",{self.settings.node_selector}" if self.settings.node_selector else ""
+        names: set[str] = set()
+        for selector in (self.settings.node_watch_selector, STATE_LABEL + extra):
+            names.update(await self.kube.node_names(selector))
+        for name in names:
+            self.queue.add(name)
+        return len(names)
+
+    async def _resync(self) -> None:
+        while True:
+            try:
+                count = await self.resync_once()
+                _log.info("resync", extra={"nodes": count})
+            except ApiError as exc:
+                _log.warning("resync failed", extra={"error": str(exc)})
+            await asyncio.sleep(self.settings.resync_period_s)
+
+    async def run(self, stop: asyncio.Event) -> int:
+        """Run until `stop` is set, kopf stops (signal) or leadership is lost (exit code 1)."""
+        elector = LeaderElector(self.kube, self.lease) if self.lease else None
+        if elector is not None and not await elector.acquire(stop):
+            return 0
+        kopf_stop = asyncio.Event()
+        self.queue.start()
+        background: list[asyncio.Task[Any]] = [
+            asyncio.create_task(self._resync(), name="resync"),
+        ]
+        if elector is not None:
+            background.append(asyncio.create_task(elector.renew_forever(), name="lease-renewal"))
+        operator = asyncio.create_task(
+            kopf.operator(
+                registry=self.registry(),
+                settings=kopf_settings(self.settings, self.watch),
+                standalone=True,
+                clusterwide=False,
+                namespaces=[self.settings.job.namespace],
+                stop_flag=kopf_stop,
+                liveness_endpoint=self.liveness_endpoint,
+            ),
+            name="kopf",
+        )
+        waiters = [operator, asyncio.create_task(stop.wait(), name="stop")]
+        if elector is not None:
+            waiters.append(asyncio.create_task(elector.lost.wait(), name="lost"))
+        _log.info(
+            "controller running",
+            extra={
+                "label": self.settings.label_key,
+                "namespace": self.settings.job.namespace,
+                "image": self.settings.job.image,
+                "leader_election": elector is not None,
+            },
+        )
+        code = 0
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if elector is not None and elector.lost.is_set():
+                code = 1
+            if operator.done() and operator.exception() is not None:
+                _log.error("watching stopped", extra={"error": str(operator.exception())})
+                code = 1
+        finally:
+            kopf_stop.set()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(operator, 10)
+            for task in waiters + background:
+                task.cancel()
+            for task in waiters + background:
+                with contextlib.suppress(BaseException):
+                    await task
+            await self.queue.stop()
+            if elector is not None and not elector.lost.is_set():
+                await elector.release()
+        _log.info("controller stopped", extra={"exit_code": code})
+        return code

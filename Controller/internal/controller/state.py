@@ -1,0 +1,107 @@
+"""The per-node feature state machine, kept on the Node so that a restart resumes.
+
+    (none) --label true--> enabling --Job ok--> enabled
+    enabled --label not true--> disabling --Job ok--> disabled
+    enabling/disabling --Job failed--> failed
+
+`failed` remembers which action failed; it stays until the wish changes (label
+flips) or the failed Job is deleted by hand (which retries the action).
+
+On the Node:
+- annotations `lj-runtimekit.io/feature-state`, `-action`, `-job`, `-since`,
+  `-message` (state, action of the current Job, its namespace/name, RFC 3339
+  time of the transition, last result);
+- label `lj-runtimekit.io/feature-state` (same value) so that nodes the
+  Controller ever touched can be listed server-side after a restart.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+Action = Literal["enable", "disable"]
+State = Literal["enabling", "enabled", "disabling", "disabled", "failed"]
+STATES: tuple[State, ...] = ("enabling", "enabled", "disabling", "disabled", "failed")
+
+PREFIX = "lj-runtimekit.io"
+STATE_LABEL = f"{PREFIX}/feature-state"
+STATE_ANNOTATION = f"{PREFIX}/feature-state"
+ACTION_ANNOTATION = f"{PREFIX}/feature-action"
+JOB_ANNOTATION = f"{PREFIX}/feature-job"
+SINCE_ANNOTATION = f"{PREFIX}/feature-since"
+MESSAGE_ANNOTATION = f"{PREFIX}/feature-message"
+MESSAGE_LIMIT = 1024
+
+IN_PROGRESS: dict[Action, State] = {"enable": "enabling", "disable": "disabling"}
+DONE: dict[Action, State] = {"enable": "enabled", "disable": "disabled"}
+
+
+def now_rfc3339() -> str:
+    """Current UTC time, RFC 3339 with seconds."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the node's annotations say (all None on a node never touched)."""
+
+    state: State | None = None
+    action: Action | None = None
+    job: str | None = None
+    since: str | None = None
+    message: str | None = None
+
+    @classmethod
+    def from_annotations(cls, annotations: dict[str, str] | None) -> NodeState:
+        """Read the state; unknown values (hand edits) read as untouched."""
+        a = annotations or {}
+        state = a.get(STATE_ANNOTATION)
+        action = a.get(ACTION_ANNOTATION)
+        return cls(
+            state=state if state in STATES else None,
+            action=cast(Action, action) if action in ("enable", "disable") else None,
+            job=a.get(JOB_ANNOTATION) or None,
+            since=a.get(SINCE_ANNOTATION) or None,
+            message=a.get(MESSAGE_ANNOTATION) or None,
+        )
+
+    def settled_for(self, target: Action) -> bool:
+        """True when nothing more needs to happen for `target` (failed waits for a new wish)."""
+        if target == "enable":
+            return self.state == "enabled"
+        return self.state in (None, "disabled")
+
+
+def desired_action(value: str | None, state: NodeState) -> Action | None:
+    """The wish: enable when the label value is exactly `true`; otherwise disable, but only
+    on a node the Controller touched (None: leave an untouched node alone)."""
+    if value == "true":
+        return "enable"
+    if state.state is None:
+        return None
+    return "disable"
+
+
+def label_value_is_invalid(value: str | None) -> bool:
+    """A present label value that means neither `true` nor an explicit `false`."""
+    return value is not None and value not in ("true", "false")
+
+
+def transition(
+    state: State, action: Action, job: str | None, message: str | None = None
+) -> dict[str, Any]:
+    """Merge patch of the Node's metadata that records a transition."""
+    return {
+        "metadata": {
+            "labels": {STATE_LABEL: state},
+            "annotations": {
+                STATE_ANNOTATION: state,
+                ACTION_ANNOTATION: action,
+                JOB_ANNOTATION: job,
+                SINCE_ANNOTATION: now_rfc3339(),
+                MESSAGE_ANNOTATION: message[:MESSAGE_LIMIT] if message else None,
+            },
+        }
+    }

@@ -1,0 +1,1 @@
+"""Public packages of the Controller."""
