@@ -9,16 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from lj_runtimekit.deploy import generate, manifests, verify
+from lj_runtimekit.deploy import manifests, verify
 from lj_runtimekit.deploy.components import (
-    BY_NAME,
     DEFAULT_NAMESPACE,
     DEFAULT_REGISTRY,
     DeployError,
@@ -27,6 +23,8 @@ from lj_runtimekit.deploy.components import (
     parse_image_overrides,
 )
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
+
+MIN_JOBSET_VERSION = "v0.8.0"
 
 
 def _load_json(path: str) -> Any:
@@ -55,17 +53,38 @@ def _print_report(report: verify.Report) -> int:
     return 1 if report.problems else 0
 
 
-def cmd_render(args: argparse.Namespace) -> int:
-    components = parse_components(args.components)
-    version = check_version(args.version)
-    opts = manifests.Options(
+def _options(args: argparse.Namespace) -> manifests.Options:
+    return manifests.Options(
         protocol_text=_protocol_text(args.protocol),
-        version=version,
+        version=check_version(args.version),
         namespace=args.namespace,
         registry=args.registry,
         images=parse_image_overrides(args.image or []),
-        runtime_class_api=args.runtime_class_api,
+        runtime_class_api=getattr(args, "runtime_class_api", "node.k8s.io/v1"),
     )
+
+
+def cmd_preflight(args: argparse.Namespace) -> int:
+    """Check every option by rendering once; print what deploy-all.sh needs, one per line:
+    `enable-label <key>`, `jobset required <min>|not-required`, `component <name> <kind>
+    <workload> <resource> <configmap> <app>`."""
+    components = parse_components(args.components)
+    opts = _options(args)
+    manifests.render(components, opts)
+    print("enable-label", opts.protocol.labels.enable)
+    if manifests.jobset_required(manifests.scheduler_config()):
+        print("jobset required", MIN_JOBSET_VERSION)
+    else:
+        print("jobset not-required")
+    for c in components:
+        print("component", c.name, c.kind, c.workload, c.resource, c.configmap, c.app)
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """Render the manifests with the operator's options."""
+    components = parse_components(args.components)
+    opts = _options(args)
     if args.workloads_only:
         objs = [manifests.workload(c, opts) for c in components]
     else:
@@ -75,50 +94,6 @@ def cmd_render(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     else:
         Path(args.output).write_text(text)
-    return 0
-
-
-def cmd_components(args: argparse.Namespace) -> int:
-    """One line per component: name kind workload resource configmap app images..."""
-    for c in parse_components(args.components):
-        print(c.name, c.kind, c.workload, c.resource, c.configmap, c.app)
-    return 0
-
-
-def cmd_check_version(args: argparse.Namespace) -> int:
-    check_version(args.version, args.what)
-    return 0
-
-
-def cmd_server_version(args: argparse.Namespace) -> int:
-    try:
-        major, minor, git = verify.server_version(_load_json(args.json))
-    except ValueError as exc:
-        raise DeployError(str(exc)) from exc
-    if (major, minor) < (1, 18):
-        print(f"PROBLEM Kubernetes {git} is older than 1.18; fix: upgrade the cluster")
-        return 1
-    note = "" if (major, minor) >= (1, 20) else " (RuntimeClass is rendered as node.k8s.io/v1beta1)"
-    print(f"ok      Kubernetes {git} >= 1.18{note}")
-    return 0
-
-
-def cmd_protocol(args: argparse.Namespace) -> int:
-    """Print one protocol value by its dotted key (e.g. labels.enable)."""
-    flat = load_protocol(args.protocol).as_flat()
-    if args.key not in flat:
-        raise DeployError(f"unknown protocol key {args.key!r}; known: {', '.join(sorted(flat))}")
-    print(flat[args.key])
-    return 0
-
-
-def cmd_gang(args: argparse.Namespace) -> int:
-    """Print `required <min-version>` when gang scheduling needs JobSet, else `not-required`."""
-    gang = manifests.settings(BY_NAME["scheduler-framework"]).get("gang", {})
-    if gang.get("enabled") and gang.get("requireJobSet"):
-        print("required", gang.get("minJobSetVersion", "v0.8.0"))
-    else:
-        print("not-required")
     return 0
 
 
@@ -136,7 +111,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if any(c.name == "device-plugin" for c in components):
         report.extend(verify.check_nodes(nodes, protocol))
     report.extend(verify.stale_report(nodes, protocol))
-    with_protocol = [c for c in components]
+    with_protocol = [c for c in components if c.name != "controller"]
     report.extend(
         verify.check_configmaps(
             _items(str(snap / "configmaps.json")),
@@ -171,6 +146,8 @@ def cmd_check_metrics(args: argparse.Namespace) -> int:
     if args.url:
         if not args.url.startswith(("http://", "https://")):
             raise DeployError(f"--metrics-url={args.url}: expected an http:// or https:// URL")
+        import urllib.request
+
         try:
             with urllib.request.urlopen(args.url, timeout=10) as answer:  # noqa: S310
                 text = answer.read().decode("utf-8", "replace")
@@ -183,19 +160,9 @@ def cmd_check_metrics(args: argparse.Namespace) -> int:
     return _print_report(verify.check_metrics(Path(args.file).read_text(), args.where))
 
 
-def cmd_images(args: argparse.Namespace) -> int:
-    """Print `<resource> <container>=<image>...` of the workloads in a rendered file."""
-    for doc in yaml.safe_load_all(Path(args.file).read_text()):
-        if not doc or doc.get("kind") not in ("DaemonSet", "Deployment"):
-            continue
-        short = "ds" if doc["kind"] == "DaemonSet" else "deploy"
-        containers = doc["spec"]["template"]["spec"]["containers"]
-        pairs = " ".join(f"{c['name']}={c['image']}" for c in containers)
-        print(f"{short}/{doc['metadata']['name']} {pairs}")
-    return 0
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
+    from lj_runtimekit.deploy import generate
+
     stale = generate.generate(Path(args.deploy_dir), check=args.check)
     root = Path(args.deploy_dir).resolve().parent
     for path in stale:
@@ -211,39 +178,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lj-deploy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("render", help="render the manifests with the operator's options")
-    p.add_argument("--protocol", required=True, help="deploy/protocol.yaml")
-    p.add_argument("--components", default="")
-    p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
-    p.add_argument("--registry", default=DEFAULT_REGISTRY)
-    p.add_argument("--version", required=True)
-    p.add_argument("--image", action="append", help="<component>=<image reference>")
-    p.add_argument("--runtime-class-api", default="node.k8s.io/v1")
-    p.add_argument("--no-common", action="store_true", help="leave out the RuntimeClass")
-    p.add_argument("--workloads-only", action="store_true")
-    p.add_argument("-o", "--output", default="-")
-    p.set_defaults(func=cmd_render)
-
-    p = sub.add_parser("components", help="validate --components and list them")
-    p.add_argument("--components", default="")
-    p.set_defaults(func=cmd_components)
-
-    p = sub.add_parser("check-version", help="validate a v{major}.{feature}.{iteration} version")
-    p.add_argument("version")
-    p.add_argument("--what", default="--version")
-    p.set_defaults(func=cmd_check_version)
-
-    p = sub.add_parser("server-version", help="check `kubectl version -o json` >= 1.18")
-    p.add_argument("--json", required=True)
-    p.set_defaults(func=cmd_server_version)
-
-    p = sub.add_parser("protocol", help="print one protocol value")
-    p.add_argument("--protocol", required=True)
-    p.add_argument("key")
-    p.set_defaults(func=cmd_protocol)
-
-    p = sub.add_parser("gang", help="does the scheduler configuration need JobSet?")
-    p.set_defaults(func=cmd_gang)
+    for name, func in (("render", cmd_render), ("preflight", cmd_preflight)):
+        p = sub.add_parser(name, help=(func.__doc__ or "").splitlines()[0])
+        p.add_argument("--protocol", required=True, help="deploy/protocol.yaml")
+        p.add_argument("--components", default="")
+        p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+        p.add_argument("--registry", default=DEFAULT_REGISTRY)
+        p.add_argument("--version", required=True)
+        p.add_argument("--image", action="append", help="<component>=<image reference>")
+        p.set_defaults(func=func)
+        if name == "render":
+            p.add_argument("--runtime-class-api", default="node.k8s.io/v1")
+            p.add_argument("--no-common", action="store_true", help="leave out the RuntimeClass")
+            p.add_argument("--workloads-only", action="store_true")
+            p.add_argument("-o", "--output", default="-")
 
     for name, func in (("verify", cmd_verify), ("status", cmd_status)):
         p = sub.add_parser(name, help=f"{name} report from a kubectl snapshot directory")
@@ -264,10 +212,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--where", default="metrics")
     p.add_argument("--url", help="fetch the metrics from this http(s) URL instead")
     p.set_defaults(func=cmd_check_metrics)
-
-    p = sub.add_parser("images", help="list the workload images of a rendered file")
-    p.add_argument("file")
-    p.set_defaults(func=cmd_images)
 
     p = sub.add_parser("generate", help="write the plain YAML, kustomizations and Helm chart")
     p.add_argument("--deploy-dir", required=True)

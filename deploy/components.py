@@ -46,8 +46,6 @@ class Component:
     kind: WorkloadKind
     workload: str
     images: tuple[Image, ...]
-    settings_key: str
-    """Key of the component settings file in its ConfigMap."""
 
     @property
     def app(self) -> str:
@@ -80,7 +78,6 @@ COMPONENTS: tuple[Component, ...] = (
         kind="DaemonSet",
         workload="lj-runtimekit-device-plugin-ds",
         images=(Image("device-plugin", "lj-runtimekit-device-plugin"),),
-        settings_key="device-plugin.yaml",
     ),
     Component(
         name="scheduler-framework",
@@ -89,7 +86,6 @@ COMPONENTS: tuple[Component, ...] = (
         kind="Deployment",
         workload="lj-runtimekit-scheduler-framework",
         images=(Image("scheduler-framework", "lj-runtimekit-scheduler-framework"),),
-        settings_key="scheduler-config.yaml",
     ),
     Component(
         name="exporter",
@@ -98,7 +94,6 @@ COMPONENTS: tuple[Component, ...] = (
         kind="DaemonSet",
         workload="lj-runtimekit-exporter-ds",
         images=(Image("exporter", "lj-runtimekit-exporter"),),
-        settings_key="exporter.yaml",
     ),
     Component(
         name="controller",
@@ -110,7 +105,6 @@ COMPONENTS: tuple[Component, ...] = (
             Image("controller", "lj-runtimekit-controller"),
             Image("job-agent", "lj-runtimekit-controller-job-agent"),
         ),
-        settings_key="controller.yaml",
     ),
 )
 

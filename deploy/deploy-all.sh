@@ -132,8 +132,6 @@ else
   py=$(command -v python3 || true)
 fi
 [[ -n $py ]] || die "python3 not found; install Python >= 3.11"
-"$py" -c 'import lj_runtimekit.deploy' 2>/dev/null \
-  || die "the deploy helper is not installed for $py: run 'make sync' in $root (or pip install $root/proto $root/deploy), or set LJ_DEPLOY_PYTHON"
 
 helper() { "$py" -m lj_runtimekit.deploy "$@"; }
 
@@ -141,25 +139,47 @@ protocol="$here/protocol.yaml"
 work=$(mktemp -d "${TMPDIR:-/tmp}/lj-deploy.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-component_lines=$(helper components --components="$components" 2>&1) || die "${component_lines#error: }"
-mapfile -t selected < <(printf '%s\n' "$component_lines")
-names=()
-for line in "${selected[@]}"; do names+=("${line%% *}"); done
-all_selected=false
-[[ ${#names[@]} -eq 4 ]] && all_selected=true
-
 if [[ $op == upgrade && -z $version ]]; then
   die "upgrade needs --version=v{major}.{feature}.{iteration} (the version to upgrade to)"
 fi
 if [[ -z $version ]]; then
   version=$(tr -d '[:space:]' <"$root/VERSION")
 fi
-out=$(helper check-version "$version" 2>&1) || die "${out#error: }"
 image_args=()
 for image in ${images[@]+"${images[@]}"}; do image_args+=("--image=$image"); done
 [[ -f $protocol ]] || die "$protocol is missing (the one source of protocol.yaml)"
-out=$(helper protocol --protocol="$protocol" labels.enable 2>&1) || die "${out#error: }"
-enable_label=$out
+
+render() {
+  helper render --protocol="$protocol" --components="$components" --namespace="$namespace" \
+    --registry="$registry" --version="$version" --runtime-class-api="${runtime_class_api:-node.k8s.io/v1}" \
+    ${image_args[@]+"${image_args[@]}"} "$@"
+}
+
+# One helper call checks every option (components, version, images, protocol.yaml)
+# before the cluster is contacted, and says what the rest of the script needs.
+if ! out=$(helper preflight --protocol="$protocol" --components="$components" \
+  --namespace="$namespace" --registry="$registry" --version="$version" \
+  ${image_args[@]+"${image_args[@]}"} 2>&1); then
+  if [[ $out == *"No module named"*lj_runtimekit* ]]; then
+    die "the deploy helper is not installed for $py: run 'make sync' in $root (or pip install $root/proto $root/deploy), or set LJ_DEPLOY_PYTHON"
+  fi
+  die "${out#error: }"
+fi
+selected=()
+enable_label=""
+gang=not-required
+min_jobset=""
+while read -r key rest; do
+  case $key in
+    component) selected+=("$rest") ;;
+    enable-label) enable_label=$rest ;;
+    jobset) read -r gang min_jobset <<<"$rest" ;;
+  esac
+done <<<"$out"
+names=()
+for line in "${selected[@]}"; do names+=("${line%% *}"); done
+all_selected=false
+[[ ${#names[@]} -eq 4 ]] && all_selected=true
 log "components: ${names[*]}; namespace $namespace; version $version; dry-run $dry_run"
 
 # -- kubectl and the cluster ------------------------------------------------------------------
@@ -180,23 +200,21 @@ if ! "${kc[@]}" version -o json --request-timeout=15s >"$work/version.json" 2>"$
   reason=$(grep -v '^\s*$' "$work/version.err" | tail -n 1 || true)
   die "cannot reach the cluster${server:+ at $server} (kubeconfig ${kubeconfig:-default}): ${reason:-no answer}; fix: check --kubeconfig/KUBECONFIG, the network and that the API server runs"
 fi
-out=$(helper server-version --json="$work/version.json" 2>&1) || { log "$out"; die "the cluster is too old or unreadable: $out"; }
-log "${out#ok      }"
-
+server_version=$(sed -n '/"serverVersion"/,/}/s/.*"gitVersion": *"\([^"]*\)".*/\1/p' "$work/version.json")
+[[ $server_version =~ ^v([0-9]+)\.([0-9]+) ]] || die "cannot read the server version from kubectl version (got '$server_version')"
+if (( BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < 18 )); then
+  die "Kubernetes $server_version is older than 1.18; fix: upgrade the cluster"
+fi
+log "Kubernetes $server_version >= 1.18"
 runtime_class_api=node.k8s.io/v1
 api_versions=$("${kc[@]}" api-versions 2>/dev/null || true)
 if ! grep -qx 'node.k8s.io/v1' <<<"$api_versions"; then
   runtime_class_api=node.k8s.io/v1beta1
 fi
 
+rollout_failed=()
 dry_flags=()
 $dry_run && dry_flags=(--dry-run=server)
-
-render() {
-  helper render --protocol="$protocol" --components="$components" --namespace="$namespace" \
-    --registry="$registry" --version="$version" --runtime-class-api="$runtime_class_api" \
-    ${image_args[@]+"${image_args[@]}"} "$@"
-}
 
 resource_of() { # NAME -> ds/... or deploy/...
   local line
@@ -220,15 +238,22 @@ snapshot() {
 
 namespace_exists() { "${kc[@]}" get namespace "$namespace" -o name >/dev/null 2>&1; }
 
+# wait_rollouts NAME...: waits for the rollouts in parallel; returns the names that failed.
 wait_rollouts() {
-  local name res failed=()
-  for name in "${names[@]}"; do
+  local name res pids=() failed=() i=0
+  for name in "$@"; do
     res=$(resource_of "$name")
-    if ! run "${kcn[@]}" rollout status "$res" --timeout="$timeout"; then failed+=("$name"); fi
+    log "\$ kubectl rollout status $res --timeout=$timeout"
+    "${kcn[@]}" rollout status "$res" --timeout="$timeout" >"$work/rollout-$name.log" 2>&1 &
+    pids+=($!)
   done
-  if [[ ${#failed[@]} -gt 0 ]]; then
-    die "not rolled out within $timeout: ${failed[*]}; fix: see '$0 status --components=$(IFS=,; echo "${failed[*]}") --namespace=$namespace' and kubectl -n $namespace describe pods -l app=lj-runtimekit-<component>"
-  fi
+  for name in "$@"; do
+    if ! wait "${pids[$i]}"; then failed+=("$name"); fi
+    tee -a "$log_file" <"$work/rollout-$name.log"
+    i=$((i + 1))
+  done
+  rollout_failed=("${failed[@]+"${failed[@]}"}")
+  [[ ${#failed[@]} -eq 0 ]]
 }
 
 # -- commands ---------------------------------------------------------------------------------
@@ -247,7 +272,6 @@ cmd_precheck() {
   else
     log "ok      RuntimeClass lj-runtime absent: deploy creates it ($runtime_class_api); the node's container runtime must define the lj-runtime handler (hack/node-precheck.sh)"
   fi
-  read -r gang min_jobset <<<"$(helper gang)"
   if [[ $gang == required ]]; then
     if "${kc[@]}" get crd jobsets.jobset.x-k8s.io -o name >/dev/null 2>&1; then
       local jobset_image
@@ -314,7 +338,9 @@ cmd_deploy() {
   if [[ $labelled -eq 0 ]]; then
     log "warning: no node is labelled $enable_label=true, so the DaemonSets run nowhere; label GPU nodes: kubectl label node <gpu-node> $enable_label=true"
   fi
-  wait_rollouts
+  if ! wait_rollouts "${names[@]}"; then
+    die "not rolled out within $timeout: ${rollout_failed[*]}; fix: see '$0 status --components=$(IFS=,; echo "${rollout_failed[*]}") --namespace=$namespace' and kubectl -n $namespace describe pods -l app=lj-runtimekit-<component>"
+  fi
   cmd_status
   log "deploy done"
 }
@@ -403,40 +429,43 @@ cmd_upgrade() {
     ${dry_flags[@]+"${dry_flags[@]}"} -f "$work/workloads.yaml" \
     || die "setting the images failed (see above); nothing else was changed"
   if $dry_run; then log "dry run: the API server accepted the new images"; return; fi
-  local failed=() i=0
+  wait_rollouts "${names[@]}" || true
+  local i=0
   for name in "${names[@]}"; do
     res=$(resource_of "$name")
-    if run "${kcn[@]}" rollout status "$res" --timeout="$timeout"; then
+    if [[ " ${rollout_failed[*]} " != *" $name "* ]]; then
       log "upgraded $name: ${before[$i]% } -> $(images_of "$res" | sed 's/ $//')"
-    else
-      failed+=("$name")
     fi
     i=$((i + 1))
   done
-  if [[ ${#failed[@]} -gt 0 ]]; then
-    die "upgrade to $version did not roll out within $timeout: ${failed[*]}; to return: $0 rollback --components=$(IFS=,; echo "${failed[*]}") --namespace=$namespace"
+  if [[ ${#rollout_failed[@]} -gt 0 ]]; then
+    die "upgrade to $version did not roll out within $timeout: ${rollout_failed[*]}; to return: $0 rollback --components=$(IFS=,; echo "${rollout_failed[*]}") --namespace=$namespace"
   fi
   log "upgrade to $version done"
 }
 
 cmd_rollback() {
-  local name res before failed=()
+  local name res before=()
   for name in "${names[@]}"; do
     res=$(resource_of "$name")
-    before=$(images_of "$res")
-    [[ -n $before ]] || die "$name is not deployed in namespace $namespace ($res)"
+    before+=("$(images_of "$res")")
+    [[ -n ${before[-1]} ]] || die "$name is not deployed in namespace $namespace ($res)"
     if ! run "${kcn[@]}" rollout undo "$res" ${dry_flags[@]+"${dry_flags[@]}"}; then
       die "cannot roll back $name ($res): see the kubectl message above (no previous revision after a first deploy)"
     fi
-    $dry_run && continue
-    if run "${kcn[@]}" rollout status "$res" --timeout="$timeout"; then
-      log "rolled back $name: ${before% } -> $(images_of "$res" | sed 's/ $//')"
-    else
-      failed+=("$name")
-    fi
   done
-  if [[ ${#failed[@]} -gt 0 ]]; then
-    die "rollback did not finish within $timeout: ${failed[*]}; fix: see $0 status"
+  if $dry_run; then log "dry run: the API server accepted the rollbacks"; return; fi
+  wait_rollouts "${names[@]}" || true
+  local i=0
+  for name in "${names[@]}"; do
+    res=$(resource_of "$name")
+    if [[ " ${rollout_failed[*]} " != *" $name "* ]]; then
+      log "rolled back $name: ${before[$i]% } -> $(images_of "$res" | sed 's/ $//')"
+    fi
+    i=$((i + 1))
+  done
+  if [[ ${#rollout_failed[@]} -gt 0 ]]; then
+    die "rollback did not finish within $timeout: ${rollout_failed[*]}; fix: see $0 status"
   fi
   log "rollback done"
 }

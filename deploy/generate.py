@@ -11,9 +11,17 @@ from pathlib import Path
 
 import yaml
 
-from lj_runtimekit.deploy.components import COMPONENTS, DEFAULT_REGISTRY, IMAGE_KEYS, Component
+from lj_runtimekit.deploy.components import (
+    BY_NAME,
+    COMPONENTS,
+    DEFAULT_REGISTRY,
+    IMAGE_KEYS,
+    Component,
+)
 from lj_runtimekit.deploy.manifests import (
     GENERATED_HEADER,
+    SCHEDULER_CONFIG_KEY,
+    SETTINGS,
     Obj,
     Options,
     common_files,
@@ -22,7 +30,6 @@ from lj_runtimekit.deploy.manifests import (
     config_data,
     default_options,
     plain_files,
-    settings_text,
 )
 
 CHART = "helm/lj-runtimekit"
@@ -136,12 +143,22 @@ def _helpers() -> str:
         "{{- end -}}",
     ]
     for component in COMPONENTS:
+        settings = f".Values.settings.{VALUES_KEYS[component.name]}"
+        lines += ["", f'{{{{- define "lj-runtimekit.configData.{component.directory}" -}}}}']
+        if component.name == "controller":
+            lines.append("{{- $d := dict -}}")
+        else:
+            lines.append('{{- $d := dict "protocol.yaml" (.Files.Get "files/protocol.yaml") -}}')
+        if component.name == "scheduler-framework":
+            lines.append(
+                f'{{{{- $_ := set $d "{SCHEDULER_CONFIG_KEY}"'
+                f' (.Files.Get "files/{SCHEDULER_CONFIG_KEY}") -}}}}'
+            )
         lines += [
-            "",
-            f'{{{{- define "lj-runtimekit.configData.{component.directory}" -}}}}',
-            '{{- dict "protocol.yaml" (.Files.Get "files/protocol.yaml")'
-            f' "{component.settings_key}" (.Files.Get "files/settings/{component.settings_key}")'
-            " | toJson -}}",
+            f"{{{{- range $k, $v := {settings} }}}}",
+            "{{- $_ := set $d $k (toString $v) -}}",
+            "{{- end -}}",
+            "{{- toJson $d -}}",
             "{{- end -}}",
         ]
     return "\n".join(lines) + "\n"
@@ -161,6 +178,13 @@ def _values(opts: Options) -> str:
         "components:\n"
         + "".join(f"  {VALUES_KEYS[c.name]}: true\n" for c in COMPONENTS)
         + "runtimeClass:\n  create: true\n"
+        + "# Component tunables: the ConfigMap keys each component reads into its flags.\n"
+        + "settings:\n"
+        + "".join(
+            f"  {VALUES_KEYS[c.name]}:\n"
+            + "".join(f'    {s.key}: "{s.default}"\n' for s in SETTINGS[c.name])
+            for c in COMPONENTS
+        )
     )
 
 
@@ -196,8 +220,10 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
             + _templated(docs, None, sentinel)
             + "{{- end }}\n"
         )
+    out[chart / "files" / SCHEDULER_CONFIG_KEY] = config_data(BY_NAME["scheduler-framework"], opts)[
+        SCHEDULER_CONFIG_KEY
+    ]
     for component in COMPONENTS:
-        out[chart / "files" / "settings" / component.settings_key] = settings_text(component)
         for name, docs in component_files(component, sentinel).items():
             if name == "02-configmap.yaml":
                 body = _configmap_template(component, sentinel, docs[0])
@@ -220,7 +246,15 @@ def all_files(deploy_dir: Path) -> dict[Path, str]:
 def generate(deploy_dir: Path, *, check: bool) -> list[Path]:
     """Writes (or with `check`, only compares) every generated file; returns the stale ones."""
     stale: list[Path] = []
-    for path, text in sorted(all_files(deploy_dir).items()):
+    files = all_files(deploy_dir)
+    chart = deploy_dir / CHART
+    for generated_dir in (chart / "templates", chart / "files"):
+        extra = [p for p in generated_dir.rglob("*") if p.is_file() and p not in files]
+        stale += extra
+        if not check:
+            for path in extra:
+                path.unlink()
+    for path, text in sorted(files.items()):
         current = path.read_text() if path.exists() else None
         if current == text:
             continue

@@ -37,7 +37,12 @@ from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
 Obj = dict[str, Any]
 
 NODE_AGENT_PRIORITY_CLASS = "lj-runtimekit-node-agent"
-METRICS_PORT = 9400
+JOB_AGENT_SERVICE_ACCOUNT = "lj-runtimekit-job-agent"
+"""The Job Agent's pods talk to the Runtime only: a ServiceAccount without rights or token."""
+METRICS_PORT = 9445
+SCHEDULER_METRICS_PORT = 10261
+CONTROLLER_HEALTH_PORT = 8080
+KUBELET_PODS_URL = "http://$(HOST_IP):10255/pods"
 EXPORTER_PORT_NAME = "metrics"
 
 
@@ -81,104 +86,135 @@ def _meta(name: str, component: Component, namespace: str | None) -> Obj:
     return meta
 
 
-# -- settings (the component's own config file in its ConfigMap) ---------------------------
+# -- settings (the component's tunables in its ConfigMap) --------------------------------
 
 
-def settings(component: Component) -> Obj:
-    """Default component settings, as the component's `--config` file reads them.
+@dataclass(frozen=True)
+class Setting:
+    """One tunable: a ConfigMap key read into the environment variable its flag mirrors."""
 
-    Nothing here depends on the deploy options (the namespace comes from the
-    downward API, images are flags), so the kustomizations and the Helm chart
-    carry the same text.
-    """
-    if component.name == "device-plugin":
-        return {"devicePluginDir": DEVICE_PLUGIN_DIR, "runtimeSocketDir": RUNTIME_SOCKET_DIR}
-    if component.name == "scheduler-framework":
-        return {
-            "schedulerName": "lj-runtimekit-scheduler",
-            "leaderElection": {"leaderElect": True},
-            "gang": {"enabled": True, "requireJobSet": True, "minJobSetVersion": "v0.8.0"},
-        }
-    if component.name == "exporter":
-        return {
-            "kubeletReadOnlyPort": 10255,
-            "listenPort": METRICS_PORT,
-            "runtimeSocketDir": RUNTIME_SOCKET_DIR,
-        }
-    return {"runtimeSocketDir": RUNTIME_SOCKET_DIR}
+    key: str
+    env: str
+    default: str
 
 
-def settings_text(component: Component) -> str:
-    return yaml.safe_dump(settings(component), sort_keys=True, default_flow_style=False)
+SETTINGS: Mapping[str, tuple[Setting, ...]] = {
+    "device-plugin": (
+        Setting("log-level", "LJ_DP_LOG_LEVEL", "INFO"),
+        Setting("label-node", "LJ_DP_LABEL_NODE", "true"),
+        Setting("release-grace-seconds", "LJ_DP_RELEASE_GRACE_S", "60"),
+        Setting("collect-interval-seconds", "LJ_DP_COLLECT_INTERVAL_S", "30"),
+    ),
+    "scheduler-framework": (Setting("log-level", "LJ_SCHEDULER_LOG_LEVEL", "info"),),
+    "exporter": (
+        Setting("log-level", "LJ_EXPORTER_LOG_LEVEL", "INFO"),
+        Setting("collection-interval-seconds", "LJ_EXPORTER_COLLECTION_INTERVAL", "15"),
+        Setting("runtime-timeout-seconds", "LJ_EXPORTER_RUNTIME_TIMEOUT", "5"),
+        Setting("apiserver-fallback", "LJ_EXPORTER_APISERVER_FALLBACK", "auto"),
+    ),
+    "controller": (
+        Setting("log-level", "LJ_CONTROLLER_LOG_LEVEL", "INFO"),
+        Setting("workers", "LJ_CONTROLLER_WORKERS", "16"),
+        Setting("job-backoff-limit", "LJ_CONTROLLER_JOB_BACKOFF_LIMIT", "2"),
+        Setting("job-active-deadline-seconds", "LJ_CONTROLLER_JOB_ACTIVE_DEADLINE", "300"),
+    ),
+}
+
+SCHEDULER_CONFIG_KEY = "scheduler-config.yaml"
+SCHEDULER_NAME = "lj-scheduler"
+GANG_PLUGINS = ("Coscheduling", "Gang", "GangScheduling", "TopologyGang")
+"""Scheduler plugins that place JobSet gangs: enabling one makes precheck require JobSet."""
+
+
+def scheduler_config() -> Obj:
+    """The LjSchedulerConfiguration (SchedulerFramework/internal/config/config.py)."""
+    return {
+        "apiVersion": "scheduler.lingjun.com/v1",
+        "kind": "LjSchedulerConfiguration",
+        "clientConnection": {"qps": 50, "burst": 100},
+        "leaderElection": {
+            "leaderElect": True,
+            "resourceName": "lj-runtimekit-scheduler-framework",
+            "leaseDuration": "15s",
+            "renewDeadline": "10s",
+            "retryPeriod": "2s",
+        },
+        "profiles": [{"schedulerName": SCHEDULER_NAME}],
+    }
+
+
+def jobset_required(config: Obj) -> bool:
+    """True when a profile of the scheduler configuration enables a gang plugin."""
+    for profile in config.get("profiles") or []:
+        plugins = (profile.get("plugins") or {}).get("multiPoint") or {}
+        for plugin in plugins.get("enabled") or []:
+            if plugin.get("name") in GANG_PLUGINS:
+                return True
+    return False
+
+
+def _yaml(data: Obj) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 
 def config_data(component: Component, opts: Options) -> dict[str, str]:
-    return {
-        "protocol.yaml": opts.protocol_text,
-        component.settings_key: settings_text(component),
-    }
+    """The component ConfigMap's data: protocol.yaml (not the Controller's), tunables."""
+    data: dict[str, str] = {}
+    if component.name != "controller":
+        data["protocol.yaml"] = opts.protocol_text
+    if component.name == "scheduler-framework":
+        data[SCHEDULER_CONFIG_KEY] = _yaml(scheduler_config())
+    for setting in SETTINGS[component.name]:
+        data[setting.key] = setting.default
+    return data
 
 
 # -- RBAC ------------------------------------------------------------------------------------
 
 
+def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> Obj:
+    return {"apiGroups": groups, "resources": resources, "verbs": verbs}
+
+
+_READ = ["get", "list", "watch"]
+_EVENTS = _rule(["", "events.k8s.io"], ["events"], ["create", "patch", "update"])
+_LEASES = _rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])
+
+
 def _rules(component: Component) -> list[Obj]:
-    events = {
-        "apiGroups": ["", "events.k8s.io"],
-        "resources": ["events"],
-        "verbs": ["create", "patch"],
-    }
+    """Cluster-wide rules: only what the component's code calls."""
     if component.name == "device-plugin":
+        # Node labels (device kind/model/count/mode, Runtime version); the node's pods
+        # (Allocate finds its pod by identity) and the allocation record annotation.
         return [
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
-            events,
+            _rule([""], ["nodes"], ["get", "patch"]),
+            _rule([""], ["pods"], ["get", "list", "watch", "patch"]),
         ]
     if component.name == "scheduler-framework":
         return [
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
-            {
-                "apiGroups": [""],
-                "resources": ["pods"],
-                "verbs": ["get", "list", "watch", "patch", "update"],
-            },
-            {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
-            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]},
-            {
-                "apiGroups": ["jobset.x-k8s.io"],
-                "resources": ["jobsets"],
-                "verbs": ["get", "list", "watch"],
-            },
-            events,
+            _rule([""], ["nodes"], _READ),
+            _rule([""], ["pods"], [*_READ, "delete"]),
+            _rule([""], ["pods/binding"], ["create"]),
+            _EVENTS,
         ]
     if component.name == "exporter":
-        return [
-            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-        ]
-    return [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
-        {
-            "apiGroups": ["batch"],
-            "resources": ["jobs"],
-            "verbs": ["get", "list", "watch", "create", "delete"],
-        },
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-        events,
-    ]
+        # The API server fallback of the kubelet /pods list (by spec.nodeName).
+        return [_rule([""], ["pods"], ["list"])]
+    return [_rule([""], ["nodes"], [*_READ, "patch"])]
 
 
 def _namespaced_rules(component: Component) -> list[Obj]:
-    """Leader election (one active replica) for the two Deployments."""
-    if component.kind != "Deployment":
-        return []
-    return [
-        {
-            "apiGroups": ["coordination.k8s.io"],
-            "resources": ["leases"],
-            "verbs": ["get", "list", "watch", "create", "update", "patch"],
-        }
-    ]
+    """Rules in the component's own namespace (leader election; the Controller's Jobs)."""
+    if component.name == "scheduler-framework":
+        return [_LEASES]
+    if component.name == "controller":
+        return [
+            _rule(["batch"], ["jobs"], [*_READ, "create", "patch", "delete"]),
+            _rule([""], ["pods"], ["list"]),
+            _rule([""], ["events"], ["create", "patch"]),
+            _LEASES,
+        ]
+    return []
 
 
 def rbac(component: Component, opts: Options) -> list[Obj]:
@@ -209,6 +245,15 @@ def rbac(component: Component, opts: Options) -> list[Obj]:
             "subjects": [subject],
         },
     ]
+    if component.name == "controller":
+        objs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": _meta(JOB_AGENT_SERVICE_ACCOUNT, component, ns),
+                "automountServiceAccountToken": False,
+            }
+        )
     namespaced = _namespaced_rules(component)
     if namespaced:
         objs += [
@@ -282,77 +327,127 @@ def _tolerations(protocol: Protocol) -> list[Obj]:
     return tolerations
 
 
+def _http_probes(path: str, port: str) -> tuple[Obj, Obj]:
+    liveness = {
+        "httpGet": {"path": path, "port": port},
+        "initialDelaySeconds": 10,
+        "periodSeconds": 20,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
+    readiness = {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
+    return liveness, readiness
+
+
+def _socket_probes() -> tuple[Obj, Obj]:
+    """The plugin serves a socket per resource in the plugin dir (`lj-<resource>.sock`).
+
+    The kubelet removes every socket there when it restarts and the plugin serves
+    them again within seconds, so liveness allows a minute and a half.
+    """
+    check = ["sh", "-c", f"ls {DEVICE_PLUGIN_DIR}/lj-*.sock >/dev/null 2>&1"]
+    liveness = {
+        "exec": {"command": check},
+        "initialDelaySeconds": 30,
+        "periodSeconds": 30,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
+    readiness = {
+        "exec": {"command": check},
+        "periodSeconds": 10,
+        "timeoutSeconds": 5,
+        "failureThreshold": 3,
+    }
+    return liveness, readiness
+
+
 def _container(component: Component, opts: Options) -> Obj:
-    """The container: command line, environment, mounts, probes, resources, security."""
+    """The container: command line (the real flags), environment, mounts, probes, resources."""
     image = image_ref(component.images[0], opts.registry, opts.version, dict(opts.images))
-    config = f"{CONFIG_DIR}/{component.settings_key}"
     protocol = f"{CONFIG_DIR}/protocol.yaml"
-    mounts: list[Obj] = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
-    env: list[Obj] = [
-        _env_field("NODE_NAME", "spec.nodeName"),
-        _env_field("POD_NAMESPACE", "metadata.namespace"),
-        _env_field("POD_NAME", "metadata.name"),
-    ]
+    mounts: list[Obj] = []
+    if component.name != "controller":
+        mounts.append({"name": "config", "mountPath": CONFIG_DIR, "readOnly": True})
+    env: list[Obj] = []
     ports: list[Obj] = []
     if component.name == "device-plugin":
+        env += [_env_field("NODE_NAME", "spec.nodeName"), _env_field("HOST_IP", "status.hostIP")]
         args = [
             "lj-device-plugin",
-            f"--config={config}",
-            f"--protocol-config={protocol}",
+            f"--plugin-dir={DEVICE_PLUGIN_DIR}",
             f"--runtime-socket-dir={RUNTIME_SOCKET_DIR}",
-            f"--device-plugin-dir={DEVICE_PLUGIN_DIR}",
-            "--health-port=8081",
+            f"--protocol={protocol}",
+            f"--kubelet-pods-url={KUBELET_PODS_URL}",
+            "--log-format=json",
         ]
         mounts += [
             {"name": "device-plugins", "mountPath": DEVICE_PLUGIN_DIR},
             {"name": "runtime-sockets", "mountPath": RUNTIME_SOCKET_DIR, "readOnly": True},
         ]
         resources = _resources("50m", "64Mi", "500m", "256Mi")
-        ports.append({"name": "health", "containerPort": 8081, "protocol": "TCP"})
-        health_port: str | int = "health"
+        liveness, readiness = _socket_probes()
         root = True
     elif component.name == "exporter":
-        env.append(_env_field("HOST_IP", "status.hostIP"))
+        env += [_env_field("NODE_NAME", "spec.nodeName"), _env_field("HOST_IP", "status.hostIP")]
         args = [
             "lj-exporter",
-            f"--config={config}",
-            f"--protocol-config={protocol}",
             f"--runtime-socket-dir={RUNTIME_SOCKET_DIR}",
+            f"--kubelet-pods-url={KUBELET_PODS_URL}",
             f"--port={METRICS_PORT}",
-            "--kubelet-url=http://$(HOST_IP):10255",
+            f"--protocol-file={protocol}",
+            "--log-format=json",
         ]
         mounts.append(
             {"name": "runtime-sockets", "mountPath": RUNTIME_SOCKET_DIR, "readOnly": True}
         )
         resources = _resources("100m", "128Mi", "1", "512Mi")
         ports.append({"name": EXPORTER_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"})
-        health_port = EXPORTER_PORT_NAME
+        liveness, readiness = _http_probes("/healthz", EXPORTER_PORT_NAME)
         root = True
     elif component.name == "scheduler-framework":
+        env.append(_env_field("LJ_SCHEDULER_LEASE_NAMESPACE", "metadata.namespace"))
         args = [
             "lj-scheduler",
-            f"--config={config}",
-            f"--protocol-config={protocol}",
-            "--health-port=10259",
+            f"--config={CONFIG_DIR}/{SCHEDULER_CONFIG_KEY}",
+            f"--protocol-file={protocol}",
+            f"--metrics-port={SCHEDULER_METRICS_PORT}",
+            "--log-format=json",
         ]
         resources = _resources("200m", "256Mi", "2", "1Gi")
-        ports.append({"name": "health", "containerPort": 10259, "protocol": "TCP"})
-        health_port = "health"
+        ports.append(
+            {"name": "metrics", "containerPort": SCHEDULER_METRICS_PORT, "protocol": "TCP"}
+        )
+        liveness, readiness = _http_probes("/metrics", "metrics")
         root = False
     else:
+        env.append(_env_field("LJ_CONTROLLER_NAMESPACE", "metadata.namespace"))
+        job_image = image_ref(component.images[1], opts.registry, opts.version, dict(opts.images))
         args = [
             "lj-controller",
-            f"--config={config}",
-            f"--protocol-config={protocol}",
-            "--job-agent-image="
-            + image_ref(component.images[1], opts.registry, opts.version, dict(opts.images)),
-            "--health-port=8081",
+            f"--job-image={job_image}",
+            f"--label-key={opts.protocol.labels.enable}",
+            f"--socket-dir={RUNTIME_SOCKET_DIR}",
+            f"--job-service-account={JOB_AGENT_SERVICE_ACCOUNT}",
+            f"--liveness-endpoint=http://0.0.0.0:{CONTROLLER_HEALTH_PORT}/healthz",
+            "--log-format=json",
         ]
         resources = _resources("100m", "128Mi", "1", "512Mi")
-        ports.append({"name": "health", "containerPort": 8081, "protocol": "TCP"})
-        health_port = "health"
+        ports.append({"name": "health", "containerPort": CONTROLLER_HEALTH_PORT, "protocol": "TCP"})
+        liveness, readiness = _http_probes("/healthz", "health")
         root = False
-    probe_path = "/metrics" if component.name == "exporter" else "/healthz"
+    env += [
+        {
+            "name": setting.env,
+            "valueFrom": {"configMapKeyRef": {"name": component.configmap, "key": setting.key}},
+        }
+        for setting in SETTINGS[component.name]
+    ]
     container: Obj = {
         "name": component.name,
         "image": image,
@@ -360,32 +455,24 @@ def _container(component: Component, opts: Options) -> Obj:
         "command": args[:1],
         "args": args[1:],
         "env": env,
-        "ports": ports,
-        "volumeMounts": mounts,
+    }
+    if ports:
+        container["ports"] = ports
+    if mounts:
+        container["volumeMounts"] = mounts
+    container |= {
         "resources": resources,
-        "livenessProbe": {
-            "httpGet": {"path": probe_path, "port": health_port},
-            "initialDelaySeconds": 10,
-            "periodSeconds": 20,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
-        "readinessProbe": {
-            "httpGet": {
-                "path": "/readyz" if probe_path == "/healthz" else probe_path,
-                "port": health_port,
-            },
-            "periodSeconds": 10,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
+        "livenessProbe": liveness,
+        "readinessProbe": readiness,
         "securityContext": _security(root),
     }
     return container
 
 
 def _volumes(component: Component) -> list[Obj]:
-    volumes: list[Obj] = [{"name": "config", "configMap": {"name": component.configmap}}]
+    volumes: list[Obj] = []
+    if component.name != "controller":
+        volumes.append({"name": "config", "configMap": {"name": component.configmap}})
     if component.name == "device-plugin":
         volumes.append(
             {"name": "device-plugins", "hostPath": {"path": DEVICE_PLUGIN_DIR, "type": "Directory"}}
@@ -408,8 +495,9 @@ def workload(component: Component, opts: Options) -> Obj:
         "serviceAccountName": component.service_account,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_container(component, opts)],
-        "volumes": _volumes(component),
     }
+    if volumes := _volumes(component):
+        pod_spec["volumes"] = volumes
     if component.kind == "DaemonSet":
         pod_spec["priorityClassName"] = (
             "system-node-critical"

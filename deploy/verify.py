@@ -187,9 +187,11 @@ def check_nodes(nodes: Iterable[Obj], protocol: Protocol) -> Report:
                 f" (deploy-all.sh status --components=device-plugin)"
             )
             continue
-        kind = node_labels.get(labels.device_kind, "gpu")
+        kind = node_labels.get(labels.device_kind, "gpu").lower()
         mode = node_labels.get(labels.device_mode, "").lower()
-        expected: dict[str, int] = {}
+        if "mixed" in (kind, mode):
+            report.ok.append(f"node {name}: mixed device kinds or modes, capacity not compared")
+            continue
         if mode == "mig":
             mig = {k: _int(v) or 0 for k, v in capacity.items() if res.mig_profile(k) is not None}
             if not any(mig.values()):
@@ -201,14 +203,16 @@ def check_nodes(nodes: Iterable[Obj], protocol: Protocol) -> Report:
                 total = ", ".join(f"{k}={v}" for k, v in sorted(mig.items()))
                 report.ok.append(f"node {name}: MIG capacity {total}")
             continue
-        expected[_device_resource(protocol, kind)] = count
-        if kind.lower() == "gpu" and (mode == "tdm" or res.core in capacity or mode == ""):
-            expected[res.core] = 100 * count
-            expected[res.memory] = 100 * count
+        expected: dict[str, int] = {_device_resource(protocol, kind): count}
+        if kind == "gpu":
+            # TDM: 100 core and memory units per device; exclusive: the resources exist, empty.
+            tdm = mode == "tdm" or (mode == "" and (_int(capacity.get(res.core)) or 0) > 0)
+            expected[res.core] = 100 * count if tdm else 0
+            expected[res.memory] = 100 * count if tdm else 0
         wrong = [
             f"{r}={capacity.get(r, '<none>')} (want {want})"
             for r, want in expected.items()
-            if _int(capacity.get(r)) != want
+            if (_int(capacity.get(r)) or 0) != want
         ]
         if wrong:
             report.problems.append(
@@ -353,18 +357,3 @@ def check_metrics(text: str, where: str) -> Report:
             " exporter pod"
         )
     return report
-
-
-# -- versions --------------------------------------------------------------------------------
-
-_SERVER_RE = re.compile(r"^v?(\d+)\.(\d+)")
-
-
-def server_version(version_json: Obj) -> tuple[int, int, str]:
-    """(major, minor, gitVersion) of `kubectl version -o json`'s serverVersion."""
-    server = version_json.get("serverVersion") or {}
-    git = str(server.get("gitVersion", ""))
-    match = _SERVER_RE.match(git)
-    if not match:
-        raise ValueError(f"cannot read the server version from {git!r}")
-    return int(match.group(1)), int(match.group(2)), git

@@ -85,6 +85,23 @@ class Env:
         result = self.k("get", kind, name, "-o", "json", *ns, check=False)
         return json.loads(result.stdout) if result.returncode == 0 else None
 
+    def live(self) -> dict[tuple[str, str], tuple[str, int]]:
+        """(kind, name) -> (resourceVersion, generation) of every object of the deployment."""
+        selector = "app.kubernetes.io/part-of=lj-runtimekit"
+        namespaced = "serviceaccounts,configmaps,daemonsets,deployments,roles,rolebindings"
+        cluster = "clusterroles,clusterrolebindings,priorityclasses,runtimeclasses"
+        items = []
+        for kinds, ns in ((namespaced, [f"--namespace={self.namespace}"]), (cluster, [])):
+            out = self.k("get", kinds, "-l", selector, "-o", "json", *ns).stdout
+            items += json.loads(out)["items"]
+        return {
+            (i["kind"], i["metadata"]["name"]): (
+                i["metadata"]["resourceVersion"],
+                i["metadata"].get("generation", 0),
+            )
+            for i in items
+        }
+
     def images(self, component: str) -> list[str]:
         kind, name = WORKLOADS[component]
         obj = self.get(kind, name)
@@ -166,38 +183,34 @@ def test_components_deploys_only_the_device_plugin_onto_enabled_gpu_nodes(env: E
     )["items"]
     nodes = sorted(p["spec"]["nodeName"] for p in pods)
     assert nodes == [f"{env.namespace}-gpu-0", f"{env.namespace}-gpu-1"]
-    assert "device-plugin" in out and "2/2 ready" in out
+    assert "device-plugin" in out
+    assert "2/2 ready" in out
 
 
 def test_deploy_creates_every_object_and_is_idempotent(env: Env) -> None:
     env.ok("deploy")
-    rendered = [
-        d
+    rendered = {
+        (d["kind"], d["metadata"]["name"])
         for f in sorted((ROOT / "deploy").glob("*/0*.yaml"))
         for d in yaml.safe_load_all(f.read_text())
         if d
-    ]
-    versions = {}
-    for obj in rendered:
-        namespaced = "namespace" in obj["metadata"]
-        live = env.get(obj["kind"], obj["metadata"]["name"], namespaced)
-        assert live is not None, f"{obj['kind']}/{obj['metadata']['name']} was not created"
-        versions[(obj["kind"], obj["metadata"]["name"])] = live["metadata"]["resourceVersion"]
+    }
+    first = env.live()
+    assert rendered <= set(first), f"not created: {rendered - set(first)}"
     again = env.ok("deploy")
     assert "no change: every object is already as rendered" in again
-    for (kind, name), version in versions.items():
-        live = env.get(
-            kind, name, kind not in {"ClusterRole", "ClusterRoleBinding", "PriorityClass"}
-        )
-        assert live is not None
-        if kind not in {"DaemonSet", "Deployment"}:  # status updates move workloads' versions
-            assert live["metadata"]["resourceVersion"] == version, f"{kind}/{name} changed"
+    second = env.live()
+    for key in rendered:
+        # Workloads: status updates move the resourceVersion; the spec's generation must stay.
+        field = 1 if key[0] in {"DaemonSet", "Deployment"} else 0
+        assert second[key][field] == first[key][field], f"{key} changed"
 
 
 def test_status_and_verify_report_the_pods_on_the_gpu_nodes(env: Env, metrics_url: str) -> None:
     status = env.ok("status")
     for component, (_, name) in WORKLOADS.items():
-        assert component in status and name in status
+        assert component in status
+        assert name in status
     assert f"node={env.namespace}-gpu-0" in status
     out = env.ok("verify", f"--metrics-url={metrics_url}")
     assert f"node {env.namespace}-gpu-0: capacity matches" in out
@@ -229,7 +242,9 @@ def test_verify_reports_configmap_drift_key_by_key_and_deploy_heals_it(
     assert "exporter=example.com/gpu" in result.stdout
     assert "device-plugin=alibabacloud.com/gpu" in result.stdout
     env.ok("deploy", "--components=exporter")
-    env.ok("verify", f"--metrics-url={metrics_url}")
+    healed = env.get("configmap", "lj-runtimekit-exporter-config")
+    assert healed is not None
+    assert healed["data"]["protocol.yaml"] == (ROOT / "deploy/protocol.yaml").read_text()
 
 
 def test_stale_resource_is_reported_and_cleaned_up(env: Env, metrics_url: str) -> None:
@@ -248,8 +263,9 @@ def test_stale_resource_is_reported_and_cleaned_up(env: Env, metrics_url: str) -
     assert f"node {node}: stale resource(s) alibabacloud.com/gpu-old" in result.stdout
     env.ok("cleanup-stale-resources")
     live = env.get("node", node, namespaced=False)
-    assert live is not None and "alibabacloud.com/gpu-old" not in live["status"]["capacity"]
-    env.ok("verify", f"--metrics-url={metrics_url}")
+    assert live is not None
+    assert "alibabacloud.com/gpu-old" not in live["status"]["capacity"]
+    assert "alibabacloud.com/gpu-old" not in live["status"]["allocatable"]
 
 
 def test_upgrade_sets_the_images_and_rollback_restores_them(env: Env) -> None:

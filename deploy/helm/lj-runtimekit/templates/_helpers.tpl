@@ -21,17 +21,34 @@ node.k8s.io/v1beta1
 {{- end -}}
 
 {{- define "lj-runtimekit.configData.deviceplugin" -}}
-{{- dict "protocol.yaml" (.Files.Get "files/protocol.yaml") "device-plugin.yaml" (.Files.Get "files/settings/device-plugin.yaml") | toJson -}}
+{{- $d := dict "protocol.yaml" (.Files.Get "files/protocol.yaml") -}}
+{{- range $k, $v := .Values.settings.devicePlugin }}
+{{- $_ := set $d $k (toString $v) -}}
+{{- end -}}
+{{- toJson $d -}}
 {{- end -}}
 
 {{- define "lj-runtimekit.configData.scheduler" -}}
-{{- dict "protocol.yaml" (.Files.Get "files/protocol.yaml") "scheduler-config.yaml" (.Files.Get "files/settings/scheduler-config.yaml") | toJson -}}
+{{- $d := dict "protocol.yaml" (.Files.Get "files/protocol.yaml") -}}
+{{- $_ := set $d "scheduler-config.yaml" (.Files.Get "files/scheduler-config.yaml") -}}
+{{- range $k, $v := .Values.settings.schedulerFramework }}
+{{- $_ := set $d $k (toString $v) -}}
+{{- end -}}
+{{- toJson $d -}}
 {{- end -}}
 
 {{- define "lj-runtimekit.configData.exporter" -}}
-{{- dict "protocol.yaml" (.Files.Get "files/protocol.yaml") "exporter.yaml" (.Files.Get "files/settings/exporter.yaml") | toJson -}}
+{{- $d := dict "protocol.yaml" (.Files.Get "files/protocol.yaml") -}}
+{{- range $k, $v := .Values.settings.exporter }}
+{{- $_ := set $d $k (toString $v) -}}
+{{- end -}}
+{{- toJson $d -}}
 {{- end -}}
 
 {{- define "lj-runtimekit.configData.controller" -}}
-{{- dict "protocol.yaml" (.Files.Get "files/protocol.yaml") "controller.yaml" (.Files.Get "files/settings/controller.yaml") | toJson -}}
+{{- $d := dict -}}
+{{- range $k, $v := .Values.settings.controller }}
+{{- $_ := set $d $k (toString $v) -}}
+{{- end -}}
+{{- toJson $d -}}
 {{- end -}}

@@ -1,0 +1,45 @@
+# syntax=docker/dockerfile:1.7
+# Image lj-runtimekit-scheduler-framework: Scheduler Framework: places pods on nodes and devices.
+# Built by `make -C SchedulerFramework docker` (deploy/docker/build.sh) from the repository root:
+#   docker build -f deploy/docker/scheduler-framework.Dockerfile --build-arg VERSION=$(cat VERSION) \
+#     --build-arg GIT_REVISION=$(git rev-parse HEAD) .
+# Stage 1 builds the wheels with uv and installs them with the dependency versions
+# of uv.lock into a virtual environment (the context is the workspace without
+# tests, build trees and caches: uv reads every member's pyproject.toml); stage 2
+# is the slim runtime with only that environment.
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+ARG UV_VERSION=0.13.9
+
+FROM ghcr.io/astral-sh/uv:${UV_VERSION} AS uv
+
+FROM ${PYTHON_IMAGE} AS build
+COPY --from=uv /uv /usr/local/bin/uv
+ENV UV_NO_CACHE=1 UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy
+WORKDIR /src
+COPY . .
+RUN uv build --wheel --out-dir /wheels proto \
+ && uv build --wheel --out-dir /wheels SchedulerFramework \
+ && uv export --frozen --no-dev --no-emit-workspace --no-hashes \
+      --package lj-runtimekit-schedulerframework --output-file /wheels/requirements.txt \
+ && uv venv /opt/lj-runtimekit \
+ && uv pip install --python /opt/lj-runtimekit/bin/python \
+      -r /wheels/requirements.txt /wheels/*.whl \
+ && /opt/lj-runtimekit/bin/lj-scheduler --help >/dev/null
+
+FROM ${PYTHON_IMAGE}
+ARG VERSION
+ARG GIT_REVISION=unknown
+LABEL org.opencontainers.image.title="lj-runtimekit-scheduler-framework" \
+      org.opencontainers.image.description="LJ Runtime Kit Scheduler Framework: places pods on nodes and devices" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${GIT_REVISION}" \
+      org.opencontainers.image.vendor="LJ Runtime Kit"
+COPY --from=build /opt/lj-runtimekit /opt/lj-runtimekit
+ENV PATH=/opt/lj-runtimekit/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# Non-root by default; the node agents' DaemonSets run as uid 0 (without any
+# capability) only because the Runtime sockets and the kubelet plugin directory on
+# the host belong to root.
+USER 65532:65532
+ENTRYPOINT ["lj-scheduler"]

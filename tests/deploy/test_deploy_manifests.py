@@ -1,0 +1,312 @@
+"""The rendered manifests: one source, the naming and security rules, real component flags."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from lj_runtimekit.deploy import generate, manifests
+from lj_runtimekit.deploy.components import (
+    BY_NAME,
+    CHECKSUM_ANNOTATION,
+    COMPONENTS,
+    DeployError,
+    check_version,
+    parse_components,
+    parse_image_overrides,
+)
+from lj_runtimekit.proto.pkg.protocol import DEFAULTS, load_protocol
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+VERSION = (ROOT / "VERSION").read_text().strip()
+
+
+def plain(component_dir: str) -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted((DEPLOY / component_dir).glob("0*.yaml")):
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return docs
+
+
+def workload_of(component_dir: str) -> dict[str, Any]:
+    return next(d for d in plain(component_dir) if d["kind"] in ("DaemonSet", "Deployment"))
+
+
+def test_protocol_source_equals_the_built_in_defaults() -> None:
+    text = (DEPLOY / "protocol.yaml").read_text()
+    data = yaml.safe_load(text)
+    assert set(data) == set(DEFAULTS), "deploy/protocol.yaml must spell out every key"
+    assert load_protocol(DEPLOY / "protocol.yaml").as_flat() == dict(DEFAULTS)
+
+
+def test_generated_files_are_current() -> None:
+    assert generate.generate(DEPLOY, check=True) == [], "run: make -C deploy manifests"
+
+
+def test_one_version_drives_images_and_chart() -> None:
+    chart = yaml.safe_load((DEPLOY / "helm/lj-runtimekit/Chart.yaml").read_text())
+    assert chart["appVersion"] == VERSION
+    assert "v" + chart["version"] == VERSION
+    check_version(VERSION, "VERSION")
+    for component in COMPONENTS:
+        for container in workload_of(component.directory)["spec"]["template"]["spec"]["containers"]:
+            assert container["image"].endswith(f":{VERSION}")
+    args = workload_of("controller")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert (
+        "--job-image=lj-runtimekit-registry.cn-hangzhou.cr.aliyuncs.com/lj-runtimekit/"
+        f"lj-runtimekit-controller-job-agent:{VERSION}" in args
+    )
+
+
+@pytest.mark.parametrize("component", COMPONENTS, ids=lambda c: c.name)
+def test_names_labels_and_namespace(component: Any) -> None:
+    docs = plain(component.directory)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert (component.kind, component.workload) in kinds
+    assert ("ConfigMap", component.configmap) in kinds
+    assert ("ServiceAccount", component.service_account) in kinds
+    for doc in docs:
+        labels = doc["metadata"]["labels"]
+        if doc["kind"] != "PriorityClass":
+            assert labels["app"] == f"lj-runtimekit-{component.name}"
+        assert labels["app.kubernetes.io/part-of"] == "lj-runtimekit"
+        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding", "PriorityClass"):
+            assert doc["metadata"]["namespace"] == "kube-system"
+    workload = workload_of(component.directory)
+    assert workload["spec"]["template"]["metadata"]["labels"]["app"] == component.app
+    assert workload["spec"]["selector"]["matchLabels"] == {"app": component.app}
+
+
+@pytest.mark.parametrize("component", COMPONENTS, ids=lambda c: c.name)
+def test_security_resources_and_probes(component: Any) -> None:
+    spec = workload_of(component.directory)["spec"]["template"]["spec"]
+    assert not spec.get("hostNetwork")
+    assert not spec.get("hostPID")
+    assert not spec.get("hostIPC")
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert spec["priorityClassName"]
+    container = spec["containers"][0]
+    ctx = container["securityContext"]
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["privileged"] is False
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert set(container["resources"]) == {"requests", "limits"}
+    for part in ("requests", "limits"):
+        assert set(container["resources"][part]) == {"cpu", "memory"}
+    assert "livenessProbe" in container
+    assert "readinessProbe" in container
+    host_paths = {
+        v["name"]: v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v
+    }
+    mounts = {m["name"]: m for m in container.get("volumeMounts", [])}
+    if component.name == "device-plugin":
+        assert sorted(host_paths.values()) == [
+            "/run/amp/eKitC/xdm/sockets",
+            "/var/lib/kubelet/device-plugins",
+        ]
+        assert mounts["runtime-sockets"]["readOnly"] is True
+        assert spec["priorityClassName"] == "system-node-critical"
+    elif component.name == "exporter":
+        assert list(host_paths.values()) == ["/run/amp/eKitC/xdm/sockets"]
+        assert all(m.get("readOnly") for m in mounts.values()), "the exporter only reads"
+    else:
+        assert host_paths == {}, "no host access for the scheduler and the controller"
+        assert ctx["runAsNonRoot"] is True
+        assert ctx["runAsUser"] != 0
+
+
+@pytest.mark.parametrize("name", ["device-plugin", "exporter"])
+def test_daemonsets_target_enabled_gpu_nodes_and_tolerate_gpu_taints(name: str) -> None:
+    spec = workload_of(BY_NAME[name].directory)["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {DEFAULTS["labels.enable"]: "true"}
+    keys = {t["key"] for t in spec["tolerations"]}
+    assert {"nvidia.com/gpu", DEFAULTS["resources.gpu"], "CriticalAddonsOnly"} <= keys
+
+
+@pytest.mark.parametrize("component", COMPONENTS, ids=lambda c: c.name)
+def test_config_checksum_on_the_pod_template_follows_the_configmap(component: Any) -> None:
+    cm = next(d for d in plain(component.directory) if d["kind"] == "ConfigMap")
+    annotations = workload_of(component.directory)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations[CHECKSUM_ANNOTATION] == manifests.config_checksum(cm["data"])
+    opts = manifests.default_options(DEPLOY)
+    changed = manifests.Options(
+        protocol_text=opts.protocol_text.replace(
+            "labels.device_model: lingjun.com/device-model",
+            "labels.device_model: example.com/model",
+        ),
+        version=opts.version,
+    )
+    rolled = manifests.workload(component, changed)["spec"]["template"]["metadata"]
+    if component.name == "controller":  # reads no protocol.yaml
+        assert rolled["annotations"][CHECKSUM_ANNOTATION] == annotations[CHECKSUM_ANNOTATION]
+    else:
+        assert rolled["annotations"][CHECKSUM_ANNOTATION] != annotations[CHECKSUM_ANNOTATION]
+
+
+def test_protocol_configmaps_carry_the_one_source_text() -> None:
+    source = (DEPLOY / "protocol.yaml").read_text()
+    for name in ("device-plugin", "scheduler-framework", "exporter"):
+        cm = next(d for d in plain(BY_NAME[name].directory) if d["kind"] == "ConfigMap")
+        assert cm["data"]["protocol.yaml"] == source
+
+
+def test_render_options_reach_every_object() -> None:
+    opts = manifests.Options(
+        protocol_text=(DEPLOY / "protocol.yaml").read_text(),
+        version="v2.0.1",
+        namespace="gpu-system",
+        registry="registry.example.com/lj/",
+        images=parse_image_overrides(["exporter=mirror.example.com/exp@sha256:" + "a" * 64]),
+    )
+    objs = manifests.render(COMPONENTS, opts)
+    text = yaml.safe_dump_all(objs)
+    assert "kube-system" not in text
+    for obj in objs:
+        if obj["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            assert {s["namespace"] for s in obj["subjects"]} == {"gpu-system"}
+    images = {
+        c["name"]: c["image"]
+        for o in objs
+        if o["kind"] in ("DaemonSet", "Deployment")
+        for c in o["spec"]["template"]["spec"]["containers"]
+    }
+    assert images == {
+        "device-plugin": "registry.example.com/lj/lj-runtimekit-device-plugin:v2.0.1",
+        "scheduler-framework": "registry.example.com/lj/lj-runtimekit-scheduler-framework:v2.0.1",
+        "exporter": "mirror.example.com/exp@sha256:" + "a" * 64,
+        "controller": "registry.example.com/lj/lj-runtimekit-controller:v2.0.1",
+    }
+    assert "--job-image=registry.example.com/lj/lj-runtimekit-controller-job-agent:v2.0.1" in text
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: parse_components("device-plugin,gpu-operator"),
+            "unknown component 'gpu-operator'",
+        ),
+        (lambda: check_version("1.15.0"), "is not a version; expected v{major}"),
+        (lambda: check_version("v1.15"), "is not a version"),
+        (lambda: check_version("v1.15.0-rc1"), "is not a version"),
+        (lambda: parse_image_overrides(["nothing"]), "expected <component>=<image reference>"),
+        (lambda: parse_image_overrides(["gpu=x:1"]), "unknown image 'gpu'"),
+    ],
+)
+def test_operator_mistakes_are_named(call: Any, message: str) -> None:
+    with pytest.raises(DeployError, match=re.escape(message)):
+        call()
+
+
+# -- the container command lines against the real console scripts' parsers --------------------
+
+
+class _Parsed(Exception):
+    def __init__(self, namespace: argparse.Namespace) -> None:
+        self.namespace = namespace
+
+
+@pytest.fixture
+def capture_parse(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Stops a console script's main() right after its flags parsed (errors still exit 2)."""
+    original = argparse.ArgumentParser.parse_known_args
+
+    def parse_known_args(self: argparse.ArgumentParser, *a: Any, **kw: Any) -> Any:
+        namespace, extra = original(self, *a, **kw)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        raise _Parsed(namespace)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_args)
+    return
+
+
+def _environment(container: dict[str, Any], configmap: dict[str, Any]) -> dict[str, str]:
+    """The container environment as the kubelet would set it (downward API faked)."""
+    fields = {
+        "spec.nodeName": "gpu-node-1",
+        "status.hostIP": "10.0.0.7",
+        "metadata.namespace": "kube-system",
+        "metadata.name": "pod-1",
+    }
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif "fieldRef" in item["valueFrom"]:
+            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            ref = item["valueFrom"]["configMapKeyRef"]
+            assert ref["name"] == configmap["metadata"]["name"]
+            env[item["name"]] = configmap["data"][ref["key"]]
+    return env
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg)
+
+
+MAINS = {
+    "lj-device-plugin": "lj_runtimekit.deviceplugin.cmd.device_plugin.main",
+    "lj-exporter": "lj_runtimekit.exporter.cmd.exporter.main",
+    "lj-scheduler": "lj_runtimekit.schedulerframework.cmd.scheduler.main",
+    "lj-controller": "lj_runtimekit.controller.cmd.controller.main",
+}
+
+
+@pytest.mark.parametrize("component", COMPONENTS, ids=lambda c: c.name)
+def test_container_command_line_parses_with_the_real_flags(
+    component: Any, capture_parse: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    docs = plain(component.directory)
+    cm = next(d for d in docs if d["kind"] == "ConfigMap")
+    container = workload_of(component.directory)["spec"]["template"]["spec"]["containers"][0]
+    script = container["command"][0]
+    try:
+        module = importlib.import_module(MAINS[script])
+    except ImportError as exc:  # the component is not in this tree yet
+        pytest.skip(f"{script} is not installed: {exc}")
+    env = _environment(container, cm)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    # The ConfigMap's files, where the container mounts them.
+    config_dir = tmp_path / "etc"
+    config_dir.mkdir()
+    for key, value in cm["data"].items():
+        (config_dir / key).write_text(value)
+    args = [
+        _expand(a, env).replace("/etc/lj-runtimekit", str(config_dir)) for a in container["args"]
+    ]
+    with pytest.raises(_Parsed) as parsed:
+        module.main(args)
+    ns = vars(parsed.value.namespace)
+    if script == "lj-device-plugin":
+        assert ns["kubelet_pods_url"] == "http://10.0.0.7:10255/pods"
+        assert ns["node_name"] == "gpu-node-1"
+        assert ns["label_node"] is True
+        assert load_protocol(ns["protocol"]).as_flat() == dict(DEFAULTS)
+    elif script == "lj-exporter":
+        assert ns["port"] == manifests.METRICS_PORT
+        assert ns["node_name"] == "gpu-node-1"
+        assert load_protocol(ns["protocol_file"]).as_flat() == dict(DEFAULTS)
+    elif script == "lj-scheduler":
+        assert ns["lease_namespace"] == "kube-system"
+        assert ns["metrics_port"] == manifests.SCHEDULER_METRICS_PORT
+        config = importlib.import_module(
+            "lj_runtimekit.schedulerframework.internal.config.config"
+        ).load_config(ns["config"])
+        assert [p.scheduler_name for p in config.profiles] == [manifests.SCHEDULER_NAME]
+    else:
+        assert ns["namespace"] == "kube-system"
+        assert ns["label_key"] == DEFAULTS["labels.enable"]
+        settings = module.settings_from(parsed.value.namespace)
+        assert settings is not None
