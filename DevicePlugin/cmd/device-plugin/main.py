@@ -20,7 +20,11 @@ from pathlib import Path
 from lj_runtimekit.deviceplugin.internal.allocate.allocator import Allocator
 from lj_runtimekit.deviceplugin.internal.allocate.records import ApiPodRecorder
 from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi, KubeConfigError
-from lj_runtimekit.deviceplugin.internal.nodelabels.labels import NodeLabeller, node_labels
+from lj_runtimekit.deviceplugin.internal.nodelabels.labels import (
+    NodeLabeller,
+    node_inventory,
+    node_labels,
+)
 from lj_runtimekit.deviceplugin.internal.plugin.manager import PluginManager
 from lj_runtimekit.deviceplugin.internal.plugin.server import EndpointError
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods
@@ -291,11 +295,16 @@ async def _serve(
         pending: asyncio.Queue[Snapshot] = asyncio.Queue()
         rm.add_listener(pending.put_nowait)
 
+        inventory_key = cfg.protocol.annotations.node_devices
+
         async def label_loop() -> None:
-            await labeller.apply(node_labels(rm.snapshot.devices, version, cfg.protocol))
+            snap = rm.snapshot
             while True:
+                await labeller.apply(
+                    node_labels(snap.devices, version, cfg.protocol),
+                    {inventory_key: node_inventory(snap.devices, snap.runtime_up)},
+                )
                 snap = await pending.get()
-                await labeller.apply(node_labels(snap.devices, version, cfg.protocol))
 
         tasks.append(asyncio.create_task(label_loop(), name="labels"))
     log.info(

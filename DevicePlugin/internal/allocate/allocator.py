@@ -266,23 +266,23 @@ class Allocator:
             self._protocol.annotations.assigned_devices,
             self._protocol.annotations.assume_time,
         )
-        free = set(available)
+        sliced = info.kind in (ResourceKind.CORE, ResourceKind.MEMORY)
 
-        def fits(c: Candidate) -> bool:
+        def pick(c: Candidate) -> list[str] | None:
+            """The candidate's assignment as IDs the kubelet can give, or None."""
             ids = self._assigned_ids(c, info)
-            return ids is not None and set(ids) <= free
+            if ids is None:
+                return None
+            if sliced:
+                own = set(ids)
+                units = [*must, *(u for u in available if u not in must and u in own)]
+                return units[:size] if len(units) >= size else None
+            fits = len(ids) == size and set(ids) <= set(available) and set(must) <= set(ids)
+            return ids if fits else None
 
-        cand, _ = choose(ordered, fits)
-        if cand is not None:
-            ids = self._assigned_ids(cand, info)
-            if ids is not None and set(ids) <= free:
-                if info.kind in (ResourceKind.CORE, ResourceKind.MEMORY):
-                    units = [*must, *(u for u in available if u not in must and u in ids)]
-                    if len(units) >= size:
-                        return units[:size]
-                elif len(ids) == size and set(must) <= set(ids):
-                    return ids
-        return self._fallback(info, available, must, size)
+        cand, _ = choose(ordered, lambda c: pick(c) is not None)
+        chosen = pick(cand) if cand is not None else None
+        return chosen if chosen is not None else self._fallback(info, available, must, size)
 
     def _assigned_ids(self, cand: Candidate, info: ResourceInfo) -> list[str] | None:
         """The kubelet IDs of a candidate's assignment for `info` (all units of a slice)."""

@@ -1,6 +1,8 @@
 """Kubernetes API access: configuration, the node's pod list, pod and node patches.
 
-Blocking calls of the official client; callers run them in a thread.
+Blocking calls of the official client; callers run them in a thread. The
+client is imported only when API access is configured (it takes seconds of
+CPU to import, and nodes without API access never need it).
 """
 
 from __future__ import annotations
@@ -10,9 +12,6 @@ import logging
 import os
 from collections.abc import Mapping
 from typing import Any
-
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +24,18 @@ class KubeApi:
     """The calls the Device Plugin makes to the API server."""
 
     def __init__(self, api_client: Any) -> None:
+        from kubernetes import client as k8s_client
+
         self._core = k8s_client.CoreV1Api(api_client)
 
     @classmethod
     def load(cls, kubeconfig: str | None) -> KubeApi | None:
         """From `kubeconfig`, else in-cluster; None when neither exists."""
+        if not kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return None
+        from kubernetes import client as k8s_client
+        from kubernetes import config as k8s_config
+
         if kubeconfig:
             if not os.path.exists(kubeconfig):
                 raise KubeConfigError(f"kubeconfig {kubeconfig} does not exist")
@@ -38,14 +44,12 @@ class KubeApi:
             except Exception as exc:
                 raise KubeConfigError(f"kubeconfig {kubeconfig} is not usable: {exc}") from exc
             return cls(api_client)
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            configuration = k8s_client.Configuration()
-            try:
-                k8s_config.load_incluster_config(client_configuration=configuration)
-            except k8s_config.ConfigException as exc:
-                raise KubeConfigError(f"in-cluster configuration is not usable: {exc}") from exc
-            return cls(k8s_client.ApiClient(configuration))
-        return None
+        configuration = k8s_client.Configuration()
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except k8s_config.ConfigException as exc:
+            raise KubeConfigError(f"in-cluster configuration is not usable: {exc}") from exc
+        return cls(k8s_client.ApiClient(configuration))
 
     def list_node_pods(self, node_name: str) -> bytes:
         """The raw PodList of the pods bound to `node_name`."""
@@ -61,9 +65,17 @@ class KubeApi:
             name, namespace, {"metadata": {"annotations": dict(annotations)}}
         )
 
-    def label_node(self, node_name: str, labels: Mapping[str, str | None]) -> None:
-        """Merge-patch labels onto a node (None removes a label)."""
-        self._core.patch_node(node_name, {"metadata": {"labels": dict(labels)}})
+    def label_node(
+        self,
+        node_name: str,
+        labels: Mapping[str, str | None],
+        annotations: Mapping[str, str | None] | None = None,
+    ) -> None:
+        """Merge-patch labels (and annotations) onto a node (None removes a key)."""
+        meta: dict[str, Any] = {"labels": dict(labels)}
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        self._core.patch_node(node_name, {"metadata": meta})
 
     def node_labels(self, node_name: str) -> dict[str, str]:
         """The node's current labels."""

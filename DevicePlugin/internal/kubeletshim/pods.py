@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import socket
 import threading
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,15 +36,40 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, owner: PodListServer) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    allow_reuse_address = True
+
+    def __init__(self, owner: PodListServer, port: int = 0) -> None:
+        super().__init__(("127.0.0.1", port), _Handler)
         self.owner = owner
+        self.connections: set[socket.socket] = set()
+        self._conn_lock = threading.Lock()
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        conn, addr = super().get_request()
+        with self._conn_lock:
+            self.connections.add(conn)
+        return conn, addr
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conn_lock:
+            self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """Close kept-alive client connections (a stopped kubelet answers nothing)."""
+        with self._conn_lock:
+            conns = list(self.connections)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
 
 class PodListServer:
     """Serves `GET /pods` with the pods it holds; pods can be added, changed and removed live."""
 
-    def __init__(self, pods: Iterable[Mapping[str, Any]] = ()) -> None:
+    def __init__(self, pods: Iterable[Mapping[str, Any]] = (), *, port: int = 0) -> None:
+        self.port = port
+        """Loopback port to listen on (0: a free one, chosen at start)."""
         self._lock = threading.Lock()
         self._pods: dict[str, PodObject] = {}
         self._body: bytes | None = None
@@ -61,7 +88,7 @@ class PodListServer:
 
     def start(self) -> PodListServer:
         """Listen on a free loopback port."""
-        self._server = _Server(self)
+        self._server = _Server(self, self.port)
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="kubelet-pods", daemon=True
         )
@@ -73,6 +100,7 @@ class PodListServer:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+            self._server.close_connections()
             self._server = None
         if self._thread is not None:
             self._thread.join()

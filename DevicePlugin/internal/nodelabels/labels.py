@@ -16,7 +16,12 @@ from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
 from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi
 from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
-from lj_runtimekit.proto.pkg.protocol import Protocol
+from lj_runtimekit.proto.pkg.protocol import DeviceLink, MigSlot, NodeDevice, Protocol
+from lj_runtimekit.proto.pkg.protocol.inventory import (
+    DeviceKindName,
+    DeviceModeName,
+    encode_inventory,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,35 @@ def node_labels(
     }
 
 
+def node_inventory(devices: Iterable[rpb.Device], runtime_up: bool = True) -> str:
+    """The node device inventory annotation value (the scheduler places pods on these ids)."""
+    kinds: dict[int, DeviceKindName] = {rpb.DEVICE_KIND_PPU: "ppu", rpb.DEVICE_KIND_AMD: "amd"}
+    modes: dict[int, DeviceModeName] = {
+        rpb.DEVICE_MODE_EXCLUSIVE: "exclusive",
+        rpb.DEVICE_MODE_MIG: "mig",
+    }
+    return encode_inventory(
+        NodeDevice(
+            id=d.id,
+            index=d.index,
+            kind=kinds.get(d.kind, "gpu"),
+            mode=modes.get(d.mode, "tdm"),
+            numa=d.numa_node,
+            healthy=runtime_up and d.health == rpb.HEALTH_HEALTHY,
+            links=tuple(
+                DeviceLink(
+                    p.peer_id,
+                    "nvlink" if p.kind == rpb.INTERCONNECT_KIND_NVLINK else "pcie",
+                    p.bandwidth_gbps,
+                )
+                for p in d.peers
+            ),
+            mig=tuple(MigSlot(m.id, m.profile) for m in d.mig_instances),
+        )
+        for d in devices
+    )
+
+
 class NodeLabeller:
     """Patches the labels onto the Node when they change."""
 
@@ -69,9 +103,13 @@ class NodeLabeller:
         self._attempts = attempts
         self._applied: Mapping[str, str | None] | None = None
 
-    async def apply(self, labels: Mapping[str, str | None]) -> bool:
-        """Patch `labels` when they differ from the last applied; False when the API refused."""
-        if labels == self._applied:
+    async def apply(
+        self, labels: Mapping[str, str | None], annotations: Mapping[str, str] | None = None
+    ) -> bool:
+        """Patch `labels` (and `annotations`) when they differ from the last applied; False
+        when the API refused."""
+        wanted = {**labels, **{f"annotation:{k}": v for k, v in (annotations or {}).items()}}
+        if wanted == self._applied:
             return True
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._attempts),
@@ -81,11 +119,13 @@ class NodeLabeller:
         try:
             async for attempt in retrying:
                 with attempt:
-                    await asyncio.to_thread(self._api.label_node, self.node_name, labels)
+                    await asyncio.to_thread(
+                        self._api.label_node, self.node_name, labels, annotations
+                    )
         except Exception as exc:
             log.warning("node labels not written node=%s reason=%r", self.node_name, str(exc))
             return False
-        self._applied = dict(labels)
+        self._applied = wanted
         log.info(
             "node labelled node=%s labels=%s",
             self.node_name,

@@ -1,0 +1,141 @@
+"""Allocate (whole, slice, MIG, unplaced pods) and GetPreferredAllocation via the kubelet shim."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import CORE, GPU, MEMORY, RES, Bed
+from lj_runtimekit.deviceplugin.internal.kubeletshim.kubelet import AdmissionError
+from lj_runtimekit.proto.pkg.protocol import DeviceShare
+
+BedFactory = Callable[..., contextlib.AbstractAsyncContextManager[Bed]]
+
+
+def unit_devices(ids: list[str]) -> set[str]:
+    return {i.rpartition("::")[0] for i in ids}
+
+
+async def test_whole_devices_follow_the_scheduler(make_bed: BedFactory) -> None:
+    async with make_bed() as bed:
+        want = [bed.gpu(2), bed.gpu(5)]
+        pod = bed.pod({"main": {GPU: 2}}, {"main": [DeviceShare(d) for d in want]})
+        opts = (await bed.kubelet.admit(pod))["main"]
+        assert opts.device_ids[GPU] == want  # GetPreferredAllocation steered the kubelet
+        assert opts.envs["LJ_VISIBLE_DEVICES"] == ",".join(want)
+        assert set(opts.devices) >= {"/dev/nvidia2", "/dev/nvidia5"}
+        assert opts.mounts
+        assert opts.cdi_devices == [f"lingjun.com/gpu={d}" for d in want]
+        assert opts.annotations["lingjun.com/pod-name"] == pod["metadata"]["name"]
+        (alloc,) = await bed.allocations()
+        assert alloc.container_key == f"{pod['metadata']['uid']}/main"
+        assert [d.device_id for d in alloc.devices] == want
+
+
+async def test_slice_gets_its_device_for_core_and_memory(make_bed: BedFactory) -> None:
+    async with make_bed() as bed:
+        share = DeviceShare(bed.gpu(3), 30, 20)
+        pod = bed.pod({"main": {CORE: 30, MEMORY: 20}}, {"main": [share]})
+        opts = (await bed.kubelet.admit(pod))["main"]
+        assert len(opts.device_ids[CORE]) == 30
+        assert len(opts.device_ids[MEMORY]) == 20
+        assert unit_devices(opts.device_ids[CORE]) == {bed.gpu(3)}
+        assert unit_devices(opts.device_ids[MEMORY]) == {bed.gpu(3)}
+        assert opts.envs["LJ_VISIBLE_DEVICES"] == bed.gpu(3)
+        assert opts.envs["LJ_DEVICE_CORE_PERCENT"] == "30"
+        assert opts.envs["LJ_DEVICE_MEMORY_PERCENT"] == "20"
+        (alloc,) = await bed.allocations()
+        assert [(d.device_id, d.core_percent, d.memory_percent) for d in alloc.devices] == [
+            (bed.gpu(3), 30, 20)
+        ]
+
+
+async def test_mig_instance(make_bed: BedFactory) -> None:
+    mig = RES.mig("3g.40gb")
+    async with make_bed("mig-8gpu", wait_for=(GPU, mig)) as bed:
+        (instance,) = [m for d in bed.devices for m in d.mig_instances if m.profile == "3g.40gb"]
+        pod = bed.pod({"train": {mig: 1}}, {"train": [DeviceShare(instance.id)]})
+        opts = (await bed.kubelet.admit(pod))["train"]
+        assert opts.device_ids[mig] == [instance.id]
+        assert opts.envs["LJ_VISIBLE_DEVICES"] == instance.id
+        assert any(p.startswith("/dev/nvidia-caps/") for p in opts.devices)
+
+
+async def test_unplaced_whole_pod_only_gets_devices_without_slices(make_bed: BedFactory) -> None:
+    async with make_bed() as bed:
+        sliced = bed.pod({"a": {CORE: 10, MEMORY: 10}}, {"a": [DeviceShare(bed.gpu(0), 10, 10)]})
+        await bed.kubelet.admit(sliced)
+        unplaced = bed.pod({"main": {GPU: 1}})
+        # The kubelet may pick the sliced device (it cannot see slices): the plugin substitutes.
+        response = await bed.kubelet.allocate(GPU, [[bed.gpu(0)]])
+        got = response.container_responses[0].envs["LJ_VISIBLE_DEVICES"]
+        assert got != bed.gpu(0)
+        allocs = {a.container_key: a for a in await bed.allocations()}
+        assert [d.device_id for d in allocs[f"{unplaced['metadata']['uid']}/main"].devices] == [got]
+
+
+async def test_unplaced_whole_pod_fails_clearly_when_every_device_is_sliced(
+    make_bed: BedFactory,
+) -> None:
+    async with make_bed() as bed:
+        for i in range(8):
+            pod = bed.pod({"a": {CORE: 5, MEMORY: 5}}, {"a": [DeviceShare(bed.gpu(i), 5, 5)]})
+            await bed.kubelet.admit(pod)
+        unplaced = bed.pod({"main": {GPU: 1}})
+        with pytest.raises(AdmissionError) as err:
+            await bed.kubelet.admit(unplaced)
+        message = str(err.value)
+        assert "FAILED_PRECONDITION" in message
+        assert "was not placed by the Runtime Kit scheduler" in message
+        assert f"pod {unplaced['metadata']['namespace']}/{unplaced['metadata']['name']}" in message
+
+
+async def test_preferred_allocation_by_interconnect_then_numa(make_bed: BedFactory) -> None:
+    async with make_bed() as bed:
+        everything = [bed.gpu(i) for i in range(8)]
+        assert sorted(await bed.kubelet.preferred(GPU, everything, 2)) == sorted(
+            [bed.gpu(0), bed.gpu(1)]
+        )
+        # All-to-all NVLink: NUMA decides (GPUs 4..7 share NUMA node 1).
+        got = await bed.kubelet.preferred(GPU, [bed.gpu(0), bed.gpu(4), bed.gpu(5)], 2)
+        assert sorted(got) == sorted([bed.gpu(4), bed.gpu(5)])
+        got = await bed.kubelet.preferred(GPU, everything, 2, must_include=[bed.gpu(6)])
+        assert bed.gpu(6) in got
+        assert len(got) == 2
+        assert {bed.devices[i].numa_node for i in range(8) if bed.gpu(i) in got} == {1}
+        # A pending pod's assignment comes first, even when it is not the best-connected set.
+        want = [bed.gpu(3), bed.gpu(6)]
+        bed.pod({"main": {GPU: 2}}, {"main": [DeviceShare(d) for d in want]})
+        assert sorted(await bed.kubelet.preferred(GPU, everything, 2)) == sorted(want)
+
+
+async def test_preferred_allocation_by_nvlink_pairs(make_bed: BedFactory) -> None:
+    async with make_bed("ppu-16", wait_for=(RES.ppu,)) as bed:
+        ppu = [bed.gpu(i) for i in range(16)]
+        # Linked in pairs (0-1, 2-3, ...): 1 has no link to 2, but 2 and 3 are peers.
+        assert sorted(await bed.kubelet.preferred(RES.ppu, ppu[1:4], 2)) == sorted(ppu[2:4])
+        assert sorted(await bed.kubelet.preferred(RES.ppu, ppu, 2)) == sorted(ppu[0:2])
+
+
+async def test_plugin_restart_never_hands_out_an_assignment_twice(make_bed: BedFactory) -> None:
+    async with make_bed() as bed:
+        first = bed.pod({"main": {GPU: 1}}, {"main": [DeviceShare(bed.gpu(1))]})
+        await bed.kubelet.admit(first)
+        bed.plugin.stop()
+        bed.plugin.start()
+        await bed.kubelet.wait_registered((GPU,), 30, since=time.monotonic())
+        # The kubelet now asks for the same device again: the first pod is done (rebuilt from
+        # the Runtime), so only the second pod can be the subject, and it has its own device.
+        second = bed.pod({"main": {GPU: 1}}, {"main": [DeviceShare(bed.gpu(2))]})
+        response = await bed.kubelet.allocate(GPU, [[bed.gpu(1)]])
+        assert response.container_responses[0].envs["LJ_VISIBLE_DEVICES"] == bed.gpu(2)
+        keys = sorted(a.container_key for a in await bed.allocations())
+        assert keys == sorted(f"{p['metadata']['uid']}/main" for p in (first, second))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await bed.kubelet.allocate(GPU, [[bed.gpu(1)]])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "no pending pod" in (err.value.details() or "")
