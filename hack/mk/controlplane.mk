@@ -20,9 +20,9 @@ cluster-down: ## Stop the background control plane started by cluster-up
 	$(UV) run lj-envtest cluster-down --state-dir $(CLUSTER_STATE_DIR)
 
 .PHONY: test-controlplane
-test-controlplane: ## Run the control plane tests (tests/controlplane)
+test-controlplane: ## Run the envtest harness and control plane tests (tests/controlplane, tests/envtest)
 	bash hack/k8s-tools.sh
-	$(UV) run pytest -m controlplane tests/controlplane hack/envtest/tests
+	$(UV) run pytest tests/controlplane tests/envtest
 
 .PHONY: bench-controlplane
 bench-controlplane: ## Measure cold build, warm start and 1000 KWOK nodes into bench/parts/controlplane.json
