@@ -125,9 +125,16 @@ def make_namespace(kube: Kube, ns: str) -> None:
 
 
 def delete_pods(kube: Kube, ns: str) -> None:
-    kube.request(
-        "DELETE", f"/api/v1/namespaces/{ns}/pods", query={"gracePeriodSeconds": 0}, timeout_s=300
-    )
+    items, _ = kube.list_all(f"/api/v1/namespaces/{ns}/pods")
+
+    def one(obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        kube.request(
+            "DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", query={"gracePeriodSeconds": 0}
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, items))
     deadline = time.monotonic() + 120
     while kube.list_all(f"/api/v1/namespaces/{ns}/pods")[0]:
         if time.monotonic() > deadline:

@@ -118,6 +118,7 @@ class Framework:
                     result = PreFilterResult(
                         [n for n in result.node_names if n in keep],
                         result.excluded_reason or r.excluded_reason,
+                        result.enough,
                     )
         return result, SUCCESS
 
@@ -152,6 +153,8 @@ class Framework:
                 present = present[start:] + present[:start]
             candidates = present
         want = num_feasible_nodes_to_find(self.percentage, total)
+        if prefilter is not None and prefilter.enough > 0:
+            want = min(want, prefilter.enough)
         feasible: list[NodeInfo] = []
         processed = 0
         for node in candidates:

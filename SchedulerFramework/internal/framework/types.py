@@ -103,6 +103,8 @@ class PreFilterResult:
 
     node_names: tuple[str, ...] | list[str]
     excluded_reason: str = ""
+    enough: int = 0
+    """When > 0 the names are ranked best first: finding this many feasible ones is enough."""
 
 
 # -- quantities ----------------------------------------------------------------------------

@@ -224,6 +224,8 @@ class Scheduler:
         self.queue.move_all_to_active_or_backoff()
 
     def on_pod(self, etype: str, obj: KubeObject) -> None:
+        if etype != "DELETED" and self._unchanged_bound_pod(obj):
+            return  # e.g. a status update of a running pod: nothing to account
         pod = parse_pod(obj)
         if etype == "DELETED":
             self.queue.delete(pod.uid)
@@ -246,6 +248,26 @@ class Scheduler:
         if pod.uid in self._cache.pods:
             return  # assumed: its binding is in flight
         self.queue.add(pod)
+
+    def _unchanged_bound_pod(self, obj: KubeObject) -> bool:
+        spec = obj.get("spec") or {}
+        node = spec.get("nodeName")
+        if not node:
+            return False
+        meta = obj.get("metadata") or {}
+        state = self._cache.pods.get(str(meta.get("uid", "")))
+        if state is None or state.assumed or state.node != node:
+            return False
+        if meta.get("deletionTimestamp") or (obj.get("status") or {}).get("phase") in (
+            "Succeeded",
+            "Failed",
+        ):
+            return False
+        old = state.pod.obj
+        return bool(
+            old.get("spec") == spec
+            and (old.get("metadata") or {}).get("annotations") == meta.get("annotations")
+        )
 
     # -- scheduling loop ------------------------------------------------------------------
 

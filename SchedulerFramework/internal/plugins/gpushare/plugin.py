@@ -16,6 +16,7 @@ from lj_runtimekit.proto.pkg.protocol import encode_assignment
 from lj_runtimekit.schedulerframework.internal.cache.cache import flatten
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
 from lj_runtimekit.schedulerframework.internal.framework.args import (
+    ArgsError,
     boolean,
     check_fields,
     choice,
@@ -53,14 +54,28 @@ class Args:
     policy: str = "binpack"
     runtime_class_name: str = "lj-runtime"
     warn_missing_runtime_class: bool = True
+    ranked_nodes_to_score: int = 64
+    """Whole-device pods: the free-device index ranks nodes by policy; score this many feasible
+    ones (0: upstream's percentageOfNodesToScore alone)."""
 
     @staticmethod
     def parse(raw: Mapping[str, Any]) -> Args:
-        check_fields(NAME, raw, ("policy", "runtimeClassName", "warnMissingRuntimeClass"))
+        check_fields(
+            NAME,
+            raw,
+            ("policy", "runtimeClassName", "warnMissingRuntimeClass", "rankedNodesToScore"),
+        )
+        ranked = raw.get("rankedNodesToScore", 64)
+        if isinstance(ranked, bool) or not isinstance(ranked, int) or ranked < 0:
+            raise ArgsError(
+                f"pluginConfig {NAME}: args.rankedNodesToScore must be an integer >= 0, "
+                f"got {ranked!r}"
+            )
         return Args(
             policy=choice(NAME, raw, "policy", POLICIES, "binpack"),
             runtime_class_name=string(NAME, raw, "runtimeClassName", "lj-runtime"),
             warn_missing_runtime_class=boolean(NAME, raw, "warnMissingRuntimeClass", True),
+            ranked_nodes_to_score=ranked,
         )
 
 
@@ -115,7 +130,8 @@ class GpuShare:
             kind = req.asks[0].kind
             total = req.whole_total()[kind]
             names = cache.nodes_with_free(kind, total, ascending=policy == "binpack")
-            return PreFilterResult(names, f"Insufficient {self.resource_of[kind]}"), SUCCESS
+            reason = f"Insufficient {self.resource_of[kind]}"
+            return PreFilterResult(names, reason, self.args.ranked_nodes_to_score), SUCCESS
         profiles = req.mig_profiles()
         if profiles:
             missing = sorted(p for p in profiles if not cache.mig_nodes.get(p))
