@@ -200,7 +200,8 @@ def _rules(component: Component) -> list[Obj]:
     if component.name == "exporter":
         # The API server fallback of the kubelet /pods list (by spec.nodeName).
         return [_rule([""], ["pods"], ["list"])]
-    return [_rule([""], ["nodes"], [*_READ, "patch"])]
+    # Nodes (watch the enable label, record state); Events about Nodes go to `default`.
+    return [_rule([""], ["nodes"], [*_READ, "patch"]), _EVENTS]
 
 
 def _namespaced_rules(component: Component) -> list[Obj]:
@@ -211,7 +212,6 @@ def _namespaced_rules(component: Component) -> list[Obj]:
         return [
             _rule(["batch"], ["jobs"], [*_READ, "create", "patch", "delete"]),
             _rule([""], ["pods"], ["list"]),
-            _rule([""], ["events"], ["create", "patch"]),
             _LEASES,
         ]
     return []

@@ -156,6 +156,14 @@ def metrics_url() -> Iterator[str]:
     thread.join(timeout=5)
 
 
+def test_precheck_passes_with_labelled_nodes(env: Env) -> None:
+    out = env.ok("precheck")
+    assert "Kubernetes v1." in out
+    assert "ok      gang scheduling needs no JobSet" in out
+    assert "node(s) labelled lj_runtimekit_enable=true" in out
+    assert "precheck passed" in out
+
+
 def test_dry_run_validates_on_the_server_and_creates_nothing(env: Env) -> None:
     out = env.ok("deploy", "--dry-run")
     assert "dry run: the API server accepted every object" in out
@@ -204,6 +212,59 @@ def test_deploy_creates_every_object_and_is_idempotent(env: Env) -> None:
         # Workloads: status updates move the resourceVersion; the spec's generation must stay.
         field = 1 if key[0] in {"DaemonSet", "Deployment"} else 0
         assert second[key][field] == first[key][field], f"{key} changed"
+
+
+# (service account, verb, resource, subresource, namespace or None for cluster-wide, allowed)
+ACCESS = [
+    ("device-plugin", "patch", "nodes", "", None, True),
+    ("device-plugin", "list", "pods", "", None, True),
+    ("device-plugin", "patch", "pods", "", "default", True),
+    ("device-plugin", "delete", "pods", "", "default", False),
+    ("device-plugin", "create", "jobs", "", "@", False),
+    ("exporter", "list", "pods", "", None, True),
+    ("exporter", "patch", "nodes", "", None, False),
+    ("exporter", "get", "secrets", "", "@", False),
+    ("scheduler-framework", "create", "pods", "binding", "default", True),
+    ("scheduler-framework", "watch", "nodes", "", None, True),
+    ("scheduler-framework", "update", "leases", "", "@", True),
+    ("scheduler-framework", "update", "leases", "", "default", False),
+    ("scheduler-framework", "patch", "nodes", "", None, False),
+    ("controller", "create", "jobs", "", "@", True),
+    ("controller", "create", "jobs", "", "default", False),
+    ("controller", "create", "events", "", "default", True),
+    ("controller", "patch", "nodes", "", None, True),
+    ("controller", "create", "pods", "binding", "default", False),
+    ("job-agent", "get", "nodes", "", None, False),
+]
+
+
+def test_rbac_grants_what_each_component_calls_and_nothing_more(env: Env) -> None:
+    api = env.cp.api_client()
+    try:
+        authz = k8s_client.AuthorizationV1Api(api)
+        wrong = []
+        for account, verb, resource, sub, ns, allowed in ACCESS:
+            namespace = env.namespace if ns == "@" else ns
+            group = {"jobs": "batch", "leases": "coordination.k8s.io"}.get(resource, "")
+            review = authz.create_subject_access_review(
+                {
+                    "spec": {
+                        "user": f"system:serviceaccount:{env.namespace}:lj-runtimekit-{account}",
+                        "resourceAttributes": {
+                            "verb": verb,
+                            "group": group,
+                            "resource": resource,
+                            "subresource": sub,
+                            "namespace": namespace or "",
+                        },
+                    }
+                }
+            )
+            if review.status.allowed != allowed:
+                wrong.append((account, verb, resource, sub, namespace, review.status.allowed))
+        assert wrong == []
+    finally:
+        api.close()
 
 
 def test_status_and_verify_report_the_pods_on_the_gpu_nodes(env: Env, metrics_url: str) -> None:

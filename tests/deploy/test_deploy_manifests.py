@@ -310,3 +310,10 @@ def test_container_command_line_parses_with_the_real_flags(
         assert ns["label_key"] == DEFAULTS["labels.enable"]
         settings = module.settings_from(parsed.value.namespace)
         assert settings is not None
+
+
+def test_jobset_is_required_only_when_a_gang_plugin_is_enabled() -> None:
+    config = manifests.scheduler_config()
+    assert manifests.jobset_required(config) is False
+    config["profiles"][0]["plugins"] = {"multiPoint": {"enabled": [{"name": "Coscheduling"}]}}
+    assert manifests.jobset_required(config) is True
