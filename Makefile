@@ -48,9 +48,21 @@ build: ## Build the wheel of every workspace member into dist/
 
 ##@ Run
 
+SANDBOX_NODES ?= 4
+
 .PHONY: sandbox
-sandbox: deps sync ## Start a Runtime simulator and show its devices (the local sandbox)
-	bash hack/sandbox.sh
+sandbox: ## The local sandbox: control plane + SANDBOX_NODES KWOK Lingjun nodes with every component, demo, stays up until Ctrl-C
+	@t0=$$(date +%s.%N); $(MAKE) --no-print-directory deps sync && \
+		$(UV) run lj-sandbox up --nodes $(SANDBOX_NODES) --t0 $$t0
+
+.PHONY: sandbox-down
+sandbox-down: ## Stop the sandbox (also a leftover one) and remove its state directory
+	$(UV) run lj-sandbox down
+
+.PHONY: test-e2e
+test-e2e: ## Run the end-to-end tests on the sandbox bed (tests/e2e)
+	bash hack/k8s-tools.sh
+	$(UV) run pytest -m e2e tests/e2e
 
 -include hack/mk/*.mk
 

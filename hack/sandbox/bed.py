@@ -1,0 +1,601 @@
+"""The sandbox bed: control plane + KWOK, N Lingjun nodes and every Runtime Kit component.
+
+    with Sandbox(SandboxConfig(nodes=4)) as bed:
+        bed.nodes[0].exporter_url ...
+
+Per node (as the DaemonSets and the kubelet would run there): a Runtime
+simulator (`lj-runtime-sim`, example nodes cycling TDM, MIG, PPU), the kubelet
+shim (`lj-sandbox-kubelet`), the Device Plugin (`lj-device-plugin`) and the
+Exporter (`lj-exporter`), each a subprocess in its own session with its own
+directories, port, NODE_NAME and kubeconfig. Once: the Scheduler Framework
+(`lj-scheduler`) and the Controller (`lj-controller`). Every process can be
+killed and restarted (`Component.restart`), which is what the end-to-end tests
+do. State and logs live under one directory (`sandbox.json` records the
+process groups for `lj-sandbox down`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+from kubernetes import client as k8s_client
+from kubernetes.client.rest import ApiException
+
+from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig, GpuNodeSpec, gpu_node_manifest
+from lj_runtimekit.envtest.controlplane import free_port
+from lj_runtimekit.envtest.nodes import node_ready
+from lj_runtimekit.envtest.process import Process, ProcessExitedError, log_tail
+from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES
+from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
+from lj_runtimekit.proto.pkg.protocol import Protocol, load_protocol
+from lj_runtimekit.sandbox.stages import sandbox_stages
+
+DEFAULT_STATE_DIR = Path("/tmp/lj-sandbox")
+NODE_KINDS = ("tdm-8gpu", "mig-8gpu", "ppu-16")
+HOST_SOCKET_DIR = "/run/amp/eKitC/xdm/sockets"
+"""The Runtime socket directory the Controller's Jobs mount (mapped per node by the shim)."""
+JOB_SERVICE_ACCOUNT = "lj-runtimekit-job-agent"
+SYSTEM_NAMESPACE = "kube-system"
+STATE_FILE = "sandbox.json"
+
+
+class SandboxError(RuntimeError):
+    """A step failed; the message names the step and the log to read."""
+
+
+def _bin(name: str) -> str:
+    """A console script installed beside this interpreter."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        raise SandboxError(f"{name} is not installed in {path.parent}; run `make sync`")
+    return str(path)
+
+
+@dataclass
+class SandboxConfig:
+    """What to start."""
+
+    nodes: int = 4
+    state_dir: Path = DEFAULT_STATE_DIR
+    kinds: Sequence[str] = NODE_KINDS
+    runtime_version: str | None = "v1.15.0"
+    """Version every simulator reports (v1.15.0 turns on every gated feature); None keeps
+    the node files' own."""
+    exporter_interval_s: float = 2.0
+    controller: bool = True
+    scheduler: bool = True
+    keep_state: bool = False
+    start_timeout_s: float = 120.0
+
+
+@dataclass
+class Component:
+    """One managed process of the bed."""
+
+    name: str
+    process: Process
+    ready: Callable[[], bool] | None = None
+    """True once the component serves (checked after start and restart)."""
+
+    @property
+    def log_path(self) -> Path:
+        return self.process.log_path
+
+    @property
+    def running(self) -> bool:
+        return self.process.running()
+
+    def start(self) -> None:
+        self.process.start()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        self.process.stop(grace_s)
+
+    def kill(self) -> None:
+        """SIGKILL the process group (a crash)."""
+        pid = self.process.pid
+        if pid is not None and self.process.running():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        self.process.stop(0)
+
+    def restart(self, timeout_s: float = 60.0, *, crash: bool = False) -> None:
+        """Stop (or kill) and start again; wait until ready."""
+        if crash:
+            self.kill()
+        else:
+            self.stop()
+        self.start()
+        self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.process.check_running()
+            except ProcessExitedError as exc:
+                raise SandboxError(f"{self.name} exited: {exc}") from None
+            if self.ready is None or self.ready():
+                return
+            if time.monotonic() > deadline:
+                raise SandboxError(
+                    f"{self.name} not ready within {timeout_s:.0f}s; log {self.log_path}:\n"
+                    f"{log_tail(self.log_path, 15)}"
+                )
+            time.sleep(0.2)
+
+
+def _unix_grpc_ready(path: Path) -> bool:
+    if not path.exists():
+        return False
+    with grpc.insecure_channel(f"unix:{path}") as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=0.5)
+        except grpc.FutureTimeoutError:
+            return False
+    return True
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:  # noqa: S310 - loopback URL
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class NodeHandle:
+    """One Lingjun node of the bed and its per-node components."""
+
+    name: str
+    kind: str
+    dir: Path
+    pods_port: int
+    exporter_port: int
+    components: dict[str, Component] = field(default_factory=dict)
+
+    @property
+    def sim_dir(self) -> Path:
+        return self.dir / "rt"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.dir / "dp"
+
+    @property
+    def pods_url(self) -> str:
+        return f"http://127.0.0.1:{self.pods_port}/pods"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.exporter_port}/metrics"
+
+    @property
+    def sim(self) -> Component:
+        return self.components["sim"]
+
+    @property
+    def kubelet(self) -> Component:
+        return self.components["kubelet"]
+
+    @property
+    def plugin(self) -> Component:
+        return self.components["device-plugin"]
+
+    @property
+    def exporter(self) -> Component:
+        return self.components["exporter"]
+
+    @contextlib.contextmanager
+    def admin(self) -> Iterator[admin_pb2_grpc.SimulatorAdminStub]:
+        """The simulator's fault-injection admin interface."""
+        with grpc.insecure_channel(f"unix:{self.sim_dir / 'sim-admin.sock'}") as channel:
+            yield admin_pb2_grpc.SimulatorAdminStub(channel)
+
+    def set_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
+        """Mark a device of this node's simulator healthy or unhealthy."""
+        with self.admin() as stub:
+            stub.SetDeviceHealth(
+                admin_pb2.SetDeviceHealthRequest(
+                    device_id=device_id, healthy=healthy, reason=reason
+                ),
+                timeout=5,
+            )
+
+
+class Sandbox:
+    """Starts and stops the whole bed; see the module docstring."""
+
+    def __init__(
+        self, config: SandboxConfig | None = None, progress: Callable[[str], None] | None = None
+    ) -> None:
+        self.config = config or SandboxConfig()
+        self.state_dir = self.config.state_dir
+        self.log_dir = self.state_dir / "logs"
+        self.progress = progress or (lambda _msg: None)
+        self.protocol: Protocol = load_protocol()
+        self.cp: ControlPlane | None = None
+        self.nodes: list[NodeHandle] = []
+        self.components: dict[str, Component] = {}
+        """Cluster-wide components: scheduler, controller."""
+        self._step = 0
+        self.started_s = 0.0
+
+    # -- public ---------------------------------------------------------------------------
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "cp" / "kubeconfig"
+
+    def api_client(self) -> k8s_client.ApiClient:
+        if self.cp is None:
+            raise SandboxError("the sandbox is not started")
+        return self.cp.api_client()
+
+    def all_components(self) -> list[Component]:
+        out = [c for n in self.nodes for c in n.components.values()]
+        return out + list(self.components.values())
+
+    def node(self, name: str) -> NodeHandle:
+        return next(n for n in self.nodes if n.name == name)
+
+    @contextlib.contextmanager
+    def step(self, what: str, log: Path | None = None) -> Iterator[None]:
+        """Announce a step; on failure raise SandboxError naming it and its log."""
+        self._step += 1
+        number = self._step
+        began = time.monotonic()
+        self.progress(f"step {number}: {what} ...")
+        try:
+            yield
+        except SandboxError as exc:
+            raise SandboxError(f"step {number} ({what}) failed: {exc}") from None
+        except Exception as exc:
+            where = f"; log: {log}" if log else f"; logs in {self.log_dir}"
+            raise SandboxError(
+                f"step {number} ({what}) failed: {type(exc).__name__}: {exc}{where}"
+            ) from None
+        self.progress(f"step {number}: {what}: done in {time.monotonic() - began:.1f}s")
+
+    def start(self) -> Sandbox:
+        began = time.monotonic()
+        try:
+            self._start()
+        except BaseException:
+            self.stop(failed=True)
+            raise
+        self.started_s = time.monotonic() - began
+        return self
+
+    def stop(self, failed: bool = False) -> None:
+        """Stop every process (cluster-wide, then per node, then the control plane)."""
+        for comp in reversed(self.all_components()):
+            with contextlib.suppress(Exception):
+                comp.stop(5)
+        if self.cp is not None:
+            self.cp.stop(failed=failed)
+            self.cp = None
+        if failed or self.config.keep_state:
+            self.progress(f"state and logs kept in {self.state_dir}")
+            return
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop(failed=exc is not None and not isinstance(exc, KeyboardInterrupt))
+
+    # -- start-up -------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        cfg = self.config
+        if cfg.nodes < 1:
+            raise SandboxError(f"nodes must be >= 1, got {cfg.nodes}")
+        if self.state_dir.exists():
+            cleanup_leftovers(self.state_dir)
+            shutil.rmtree(self.state_dir)
+        self.log_dir.mkdir(parents=True)
+        cp_dir = self.state_dir / "cp"
+        with self.step(
+            "start the control plane (etcd, kube-apiserver, controller-manager,"
+            " kube-scheduler, KWOK)",
+            cp_dir / "logs",
+        ):
+            self.cp = ControlPlane(
+                ControlPlaneConfig(state_dir=cp_dir, keep_state=True, kwok_stages=sandbox_stages())
+            ).start()
+        self._write_state()
+        with self.step(f"create {cfg.nodes} KWOK Lingjun nodes"):
+            self._create_nodes()
+        with self.step("start a Runtime simulator per node"):
+            for node in self.nodes:
+                self._start_sim(node)
+            for node in self.nodes:
+                node.sim.wait_ready(cfg.start_timeout_s)
+        self._write_state()
+        with self.step("start the kubelet shim, Device Plugin and Exporter per node"):
+            for node in self.nodes:
+                self._add_node_agents(node)
+                node.kubelet.start()
+            for node in self.nodes:
+                node.kubelet.wait_ready(cfg.start_timeout_s)
+            for node in self.nodes:
+                node.plugin.start()
+                node.exporter.start()
+            for node in self.nodes:
+                node.plugin.wait_ready(cfg.start_timeout_s)
+                node.exporter.wait_ready(cfg.start_timeout_s)
+        self._write_state()
+        with self.step("wait for device plugin registration and node capacity"):
+            self._wait_capacity()
+        if cfg.scheduler or cfg.controller:
+            with self.step("start the Scheduler Framework and the Controller"):
+                self._start_cluster_components()
+                for comp in self.components.values():
+                    comp.wait_ready(cfg.start_timeout_s)
+        self._write_state()
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
+        """A component process; `env` is set for it alone (env(1) execs the command)."""
+        prefix = ["/usr/bin/env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
+        return Process(name, [*prefix, *argv], self.log_dir / f"{name}.log")
+
+    def _create_nodes(self) -> None:
+        assert self.cp is not None
+        kinds = list(self.config.kinds)
+        with self.cp.api_client() as api:
+            core = k8s_client.CoreV1Api(api)
+            rbac_sa = {"metadata": {"name": JOB_SERVICE_ACCOUNT}}
+            with contextlib.suppress(ApiException):
+                core.create_namespaced_service_account(SYSTEM_NAMESPACE, rbac_sa)
+            node_api = k8s_client.NodeV1Api(api)
+            with contextlib.suppress(ApiException):
+                node_api.create_runtime_class(
+                    {"metadata": {"name": "lj-runtime"}, "handler": "lj-runtime"}
+                )
+            for i in range(self.config.nodes):
+                kind = kinds[i % len(kinds)]
+                name = f"lj-{kind.split('-')[0]}-{i}"
+                node = NodeHandle(
+                    name=name,
+                    kind=kind,
+                    dir=self.state_dir / name,
+                    pods_port=free_port(),
+                    exporter_port=free_port(),
+                )
+                node.sim_dir.mkdir(parents=True)
+                node.plugin_dir.mkdir(parents=True)
+                spec = GpuNodeSpec(name=name, gpus=0, enable=False, labels={"lj-sandbox": "true"})
+                core.create_node(gpu_node_manifest(spec))
+                self.nodes.append(node)
+            deadline = time.monotonic() + self.config.start_timeout_s
+            for node in self.nodes:
+                while not node_ready(core.read_node(node.name)):
+                    if time.monotonic() > deadline:
+                        raise SandboxError(f"node {node.name} not Ready (KWOK running?)")
+                    time.sleep(0.2)
+
+    def _start_sim(self, node: NodeHandle) -> None:
+        argv = [
+            _bin("lj-runtime-sim"),
+            "--node",
+            str(EXAMPLE_NODES / f"{node.kind}.yaml"),
+            "--socket-dir",
+            str(node.sim_dir),
+        ]
+        if self.config.runtime_version:
+            argv += ["--version", self.config.runtime_version]
+        comp = Component(
+            f"{node.name}/runtime-sim",
+            self._spawn(f"{node.name}-runtime-sim", argv),
+            ready=lambda: (
+                _unix_grpc_ready(node.sim_dir / "runtime.sock")
+                and _unix_grpc_ready(node.sim_dir / "sim-admin.sock")
+            ),
+        )
+        node.components["sim"] = comp
+        comp.start()
+
+    def _add_node_agents(self, node: NodeHandle) -> None:
+        kubeconfig = str(self.kubeconfig)
+        env = {"NODE_NAME": node.name, "KUBECONFIG": kubeconfig}
+        kubelet = Component(
+            f"{node.name}/kubelet",
+            self._spawn(
+                f"{node.name}-kubelet",
+                [
+                    _bin("lj-sandbox-kubelet"),
+                    f"--node-name={node.name}",
+                    f"--plugin-dir={node.plugin_dir}",
+                    f"--pods-port={node.pods_port}",
+                    f"--kubeconfig={kubeconfig}",
+                    f"--host-path={HOST_SOCKET_DIR}={node.sim_dir}",
+                ],
+                env,
+            ),
+            ready=lambda: (node.plugin_dir / "kubelet.sock").exists() and _http_ok(node.pods_url),
+        )
+        plugin = Component(
+            f"{node.name}/device-plugin",
+            self._spawn(
+                f"{node.name}-device-plugin",
+                [
+                    _bin("lj-device-plugin"),
+                    f"--plugin-dir={node.plugin_dir}",
+                    f"--runtime-socket-dir={node.sim_dir}",
+                    f"--kubelet-pods-url={node.pods_url}",
+                    f"--node-name={node.name}",
+                    f"--kubeconfig={kubeconfig}",
+                    "--label-node=true",
+                    "--release-grace=5",
+                    "--collect-interval=2",
+                    "--log-format=text",
+                ],
+                env,
+            ),
+        )
+        exporter = Component(
+            f"{node.name}/exporter",
+            self._spawn(
+                f"{node.name}-exporter",
+                [
+                    _bin("lj-exporter"),
+                    f"--runtime-socket-dir={node.sim_dir}",
+                    f"--kubelet-pods-url={node.pods_url}",
+                    f"--node-name={node.name}",
+                    f"--kubeconfig={kubeconfig}",
+                    f"--collection-interval={self.config.exporter_interval_s}",
+                    "--listen-address=127.0.0.1",
+                    f"--port={node.exporter_port}",
+                    "--log-format=text",
+                ],
+                env,
+            ),
+            ready=lambda: _http_ok(f"http://127.0.0.1:{node.exporter_port}/healthz"),
+        )
+        node.components.update({"kubelet": kubelet, "device-plugin": plugin, "exporter": exporter})
+
+    def expected_resources(self, node: NodeHandle) -> set[str]:
+        """The extended resources a node's plugin registers (by its example node kind)."""
+        res = self.protocol.resources
+        if node.kind.startswith("ppu"):
+            return {res.ppu}
+        if node.kind.startswith("mig"):
+            return {res.gpu, res.core, res.memory, res.mig("1g.10gb")}
+        return {res.gpu, res.core, res.memory}
+
+    def _wait_capacity(self) -> None:
+        assert self.cp is not None
+        deadline = time.monotonic() + self.config.start_timeout_s
+        with self.cp.api_client() as api:
+            core = k8s_client.CoreV1Api(api)
+            for node in self.nodes:
+                want = self.expected_resources(node)
+                while True:
+                    obj = core.read_node(node.name)
+                    have = {
+                        k for k, v in (obj.status.allocatable or {}).items() if str(v) not in ("0",)
+                    }
+                    annotations = obj.metadata.annotations or {}
+                    inventory = self.protocol.annotations.node_devices in annotations
+                    if want <= have and inventory:
+                        break
+                    for comp in node.components.values():
+                        try:
+                            comp.process.check_running()
+                        except ProcessExitedError as exc:
+                            raise SandboxError(str(exc)) from None
+                    if time.monotonic() > deadline:
+                        raise SandboxError(
+                            f"node {node.name} has {sorted(have)} of {sorted(want)},"
+                            f" inventory annotation {'present' if inventory else 'absent'};"
+                            f" see {node.plugin.log_path} and {node.kubelet.log_path}"
+                        )
+                    time.sleep(0.3)
+
+    def _start_cluster_components(self) -> None:
+        kubeconfig = str(self.kubeconfig)
+        if self.config.scheduler:
+            port = free_port()
+            sched = Component(
+                "scheduler",
+                self._spawn(
+                    "scheduler",
+                    [
+                        _bin("lj-scheduler"),
+                        f"--kubeconfig={kubeconfig}",
+                        "--leader-elect=false",
+                        f"--metrics-port={port}",
+                        "--log-format=text",
+                    ],
+                ),
+                ready=functools.partial(_http_ok, f"http://127.0.0.1:{port}/metrics"),
+            )
+            self.components["scheduler"] = sched
+            sched.start()
+        if self.config.controller:
+            port = free_port()
+            ctrl = Component(
+                "controller",
+                self._spawn(
+                    "controller",
+                    [
+                        _bin("lj-controller"),
+                        "--job-image=lj-runtimekit-controller-job-agent:sandbox",
+                        f"--kubeconfig={kubeconfig}",
+                        "--leader-elect=false",
+                        f"--socket-dir={HOST_SOCKET_DIR}",
+                        f"--liveness-endpoint=http://127.0.0.1:{port}/healthz",
+                        "--log-format=text",
+                    ],
+                ),
+                ready=functools.partial(_http_ok, f"http://127.0.0.1:{port}/healthz"),
+            )
+            self.components["controller"] = ctrl
+            ctrl.start()
+
+    def _write_state(self) -> None:
+        """Record process groups, ports and the kubeconfig for `lj-sandbox down` and users."""
+        groups = [c.process.pid for c in self.all_components() if c.process.pid is not None]
+        if self.cp is not None:
+            groups += [p.pid for p in self.cp.processes if p.pid is not None]
+        state: dict[str, Any] = {
+            "pid": os.getpid(),
+            "process_groups": groups,
+            "kubeconfig": str(self.kubeconfig),
+            "nodes": [
+                {
+                    "name": n.name,
+                    "kind": n.kind,
+                    "runtime_socket_dir": str(n.sim_dir),
+                    "plugin_dir": str(n.plugin_dir),
+                    "pods_url": n.pods_url,
+                    "metrics_url": n.metrics_url,
+                }
+                for n in self.nodes
+            ],
+        }
+        (self.state_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+def cleanup_leftovers(state_dir: Path) -> list[int]:
+    """Kill the process groups a sandbox under `state_dir` recorded; return those killed."""
+    try:
+        state = json.loads((state_dir / STATE_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+    killed = []
+    for pgid in state.get("process_groups") or []:
+        try:
+            cmdline = Path(f"/proc/{int(pgid)}/cmdline").read_bytes().replace(b"\0", b" ")
+        except (OSError, ValueError):
+            continue
+        if str(state_dir).encode() not in cmdline:
+            continue  # the id was reused by a process that is not ours
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(pgid), signal.SIGKILL)
+            killed.append(int(pgid))
+    return killed

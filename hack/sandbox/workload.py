@@ -1,0 +1,430 @@
+"""What runs on the bed: enabling nodes by label, workload pods, and reading back where
+everything landed (scheduler annotations, Device Plugin records, kubelet device IDs,
+Runtime allocations, exporter metrics). Shared by the demo, the e2e tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s_client
+from kubernetes.client.rest import ApiException
+
+from lj_runtimekit.proto.pkg.protocol import (
+    AssignmentError,
+    DeviceShare,
+    Protocol,
+    decode_assignment,
+)
+from lj_runtimekit.proto.pkg.protocol.inventory import InventoryError, decode_inventory
+from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
+from lj_runtimekit.sandbox.bed import SYSTEM_NAMESPACE, NodeHandle, Sandbox
+from lj_runtimekit.sandbox.stages import ADMITTED_ANNOTATION
+
+SCHEDULER_NAME = "lj-scheduler"
+STATE_ANNOTATION = "lj-runtimekit.io/feature-state"
+JOB_SELECTOR = "app.kubernetes.io/managed-by=lj-runtimekit-controller"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOBSET_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+
+
+class WaitError(TimeoutError):
+    """A wait ran out; the message says what was still missing."""
+
+
+def wait_until(what: str, check: Any, timeout_s: float, interval_s: float = 0.3) -> Any:
+    """Poll `check()` until it returns a truthy value (returned) or `what` times out.
+
+    `check` may return (value, detail): detail describes the last state for the error.
+    """
+    deadline = time.monotonic() + timeout_s
+    detail = ""
+    while True:
+        result = check()
+        if isinstance(result, tuple):
+            result, detail = result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise WaitError(f"timed out after {timeout_s:.0f}s waiting for {what}: {detail}")
+        time.sleep(interval_s)
+
+
+# -- enabling nodes ---------------------------------------------------------------------------
+
+
+def label_nodes(
+    api: k8s_client.ApiClient, names: Iterable[str], key: str, value: str | None
+) -> None:
+    """Set (or with None remove) the enable label on nodes."""
+    core = k8s_client.CoreV1Api(api)
+    for name in names:
+        core.patch_node(name, {"metadata": {"labels": {key: value}}})
+
+
+def wait_feature_state(
+    api: k8s_client.ApiClient, names: Sequence[str], state: str, timeout_s: float = 90
+) -> None:
+    """Until every node's Controller state annotation is `state` and no Job remains."""
+    core = k8s_client.CoreV1Api(api)
+    batch = k8s_client.BatchV1Api(api)
+
+    def check() -> tuple[bool, str]:
+        states = {
+            n: (core.read_node(n).metadata.annotations or {}).get(STATE_ANNOTATION) for n in names
+        }
+        jobs = batch.list_namespaced_job(SYSTEM_NAMESPACE, label_selector=JOB_SELECTOR).items
+        done = all(s == state for s in states.values()) and not jobs
+        return done, f"states {states}, jobs left {[j.metadata.name for j in jobs]}"
+
+    wait_until(
+        f"feature state {state} on {len(names)} nodes with their Jobs cleaned", check, timeout_s
+    )
+
+
+async def _feature_state(node: NodeHandle) -> tuple[bool, str]:
+    async with RuntimeClient(node.sim_dir, retry=RetryPolicy(attempts=3)) as client:
+        state = await client.feature_state()
+    return state.enabled, state.changed_by
+
+
+def runtime_feature_states(nodes: Sequence[NodeHandle]) -> dict[str, tuple[bool, str]]:
+    """What each node's Runtime (simulator) says of its features: (enabled, changed_by)."""
+
+    async def all_states() -> list[tuple[bool, str]]:
+        return list(await asyncio.gather(*(_feature_state(n) for n in nodes)))
+
+    return dict(zip((n.name for n in nodes), asyncio.run(all_states()), strict=True))
+
+
+# -- pods -------------------------------------------------------------------------------------
+
+
+def pod_manifest(
+    name: str,
+    containers: Mapping[str, Mapping[str, int]],
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    node_selector: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A workload pod for the Runtime Kit scheduler: container -> extended resource limits."""
+    spec: dict[str, Any] = {
+        "schedulerName": SCHEDULER_NAME,
+        "runtimeClassName": "lj-runtime",
+        "containers": [
+            {
+                "name": cname,
+                "image": "registry.example/cuda-sample:12",
+                "resources": {
+                    "limits": {k: str(v) for k, v in limits.items()},
+                    "requests": {"cpu": "100m", "memory": "128Mi"},
+                },
+            }
+            for cname, limits in containers.items()
+        ],
+    }
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": dict(labels or {}),
+            "annotations": dict(annotations or {}),
+        },
+        "spec": spec,
+    }
+
+
+def demo_pods(protocol: Protocol) -> list[dict[str, Any]]:
+    """The demo's workload: slices, whole devices, MIG, PPU and a JobSet-style gang."""
+    res, ann = protocol.resources, protocol.annotations
+    pods = [
+        pod_manifest("slice-a", {"main": {res.core: 30, res.memory: 25}}),
+        pod_manifest("slice-b", {"main": {res.core: 50, res.memory: 50}}),
+        pod_manifest("slice-c", {"main": {res.core: 20, res.memory: 40}}),
+        pod_manifest("whole-1", {"main": {res.gpu: 1}}),
+        pod_manifest("whole-2", {"main": {res.gpu: 2}}),
+        pod_manifest("mig-1g", {"main": {res.mig("1g.10gb"): 1}}),
+        pod_manifest("ppu-2", {"main": {res.ppu: 2}}),
+    ]
+    for i in range(4):
+        pods.append(
+            pod_manifest(
+                f"train-worker-0-{i}",
+                {"trainer": {res.gpu: 2}},
+                labels={
+                    JOBSET_NAME_LABEL: "train",
+                    JOBSET_JOB_LABEL: "worker",
+                    JOBSET_INDEX_LABEL: "0",
+                },
+                annotations={ann.gang_group: "train", ann.gang_min_members: "4"},
+            )
+        )
+    return pods
+
+
+def ensure_namespace(api: k8s_client.ApiClient, namespace: str, timeout_s: float = 30) -> None:
+    """Create `namespace` (if absent) and wait for its default ServiceAccount."""
+    core = k8s_client.CoreV1Api(api)
+    try:
+        core.create_namespace({"metadata": {"name": namespace}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+    def has_sa() -> bool:
+        try:
+            core.read_namespaced_service_account("default", namespace)
+        except ApiException:
+            return False
+        return True
+
+    wait_until(f"ServiceAccount default in {namespace}", has_sa, timeout_s)
+
+
+def create_pods(
+    api: k8s_client.ApiClient, namespace: str, pods: Iterable[Mapping[str, Any]]
+) -> None:
+    core = k8s_client.CoreV1Api(api)
+    for pod in pods:
+        core.create_namespaced_pod(namespace, dict(pod))
+
+
+def list_pods(api: k8s_client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    """The namespace's pods as JSON dicts."""
+    core = k8s_client.CoreV1Api(api)
+    response = core.list_namespaced_pod(namespace, _preload_content=False)
+    items: list[dict[str, Any]] = json.loads(response.data)["items"]
+    return items
+
+
+def settled(pod: Mapping[str, Any]) -> bool:
+    """Running, finished, or Pending with a scheduler verdict (not just not-yet-seen)."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Running", "Succeeded", "Failed"):
+        return True
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False"
+        for c in status.get("conditions") or ()
+    )
+
+
+def wait_pods(
+    api: k8s_client.ApiClient,
+    namespace: str,
+    names: Sequence[str],
+    *,
+    timeout_s: float = 90,
+    running: bool = False,
+) -> list[dict[str, Any]]:
+    """Until every named pod settled (or, with `running`, is Running); returns them."""
+    wanted = set(names)
+
+    def check() -> tuple[list[dict[str, Any]] | None, str]:
+        pods = [p for p in list_pods(api, namespace) if p["metadata"]["name"] in wanted]
+        phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}
+        ok = (lambda p: phases[p["metadata"]["name"]] == "Running") if running else settled
+        done = len(pods) == len(wanted) and all(ok(p) for p in pods)
+        return (pods if done else None), f"phases {phases}"
+
+    result: list[dict[str, Any]] = wait_until(
+        f"{len(wanted)} pods in {namespace}", check, timeout_s
+    )
+    return result
+
+
+# -- where things landed ----------------------------------------------------------------------
+
+
+@dataclass
+class Placement:
+    """One pod and what each layer says it holds."""
+
+    namespace: str
+    name: str
+    node: str
+    phase: str
+    reason: str
+    requests: dict[str, dict[str, int]]
+    assigned: dict[str, tuple[DeviceShare, ...]] | None
+    """Scheduler: annotations.assigned_devices (None when absent)."""
+    allocated: dict[str, tuple[DeviceShare, ...]] | None
+    """Device Plugin: annotations.allocated_devices."""
+    kubelet_ids: dict[str, dict[str, list[str]]] | None
+    """Kubelet shim: device IDs given per container and resource."""
+    runtime: dict[str, tuple[DeviceShare, ...]] = field(default_factory=dict)
+    """Runtime simulator: ListAllocations of the node, per container."""
+
+
+def _decode(text: str | None) -> dict[str, tuple[DeviceShare, ...]] | None:
+    if text is None:
+        return None
+    try:
+        return {c: tuple(s) for c, s in decode_assignment(text).items()}
+    except AssignmentError:
+        return None
+
+
+def placements(
+    pods: Iterable[Mapping[str, Any]], protocol: Protocol, runtime: Mapping[str, Any] | None = None
+) -> list[Placement]:
+    """Placement rows for pods; `runtime` maps pod uid -> container -> shares."""
+    ann = protocol.annotations
+    out = []
+    for pod in pods:
+        meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+        annotations = meta.get("annotations") or {}
+        reason = status.get("reason") or ""
+        for cond in status.get("conditions") or ():
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                reason = cond.get("message") or cond.get("reason") or ""
+        if status.get("message") and status.get("phase") == "Failed":
+            reason = f"{reason}: {status['message']}"
+        checkpoint = annotations.get(ADMITTED_ANNOTATION)
+        out.append(
+            Placement(
+                namespace=meta["namespace"],
+                name=meta["name"],
+                node=spec.get("nodeName") or "",
+                phase=status.get("phase") or "",
+                reason=reason,
+                requests={
+                    c["name"]: {
+                        k: int(v)
+                        for k, v in ((c.get("resources") or {}).get("limits") or {}).items()
+                        if "/" in k
+                    }
+                    for c in spec.get("containers") or ()
+                },
+                assigned=_decode(annotations.get(ann.assigned_devices)),
+                allocated=_decode(annotations.get(ann.allocated_devices)),
+                kubelet_ids=json.loads(checkpoint) if checkpoint else None,
+                runtime=dict((runtime or {}).get(meta.get("uid", ""), {})),
+            )
+        )
+    return out
+
+
+async def _allocations(node: NodeHandle) -> list[Any]:
+    async with RuntimeClient(node.sim_dir, retry=RetryPolicy(attempts=3)) as client:
+        return list(await client.list_allocations())
+
+
+def runtime_allocations(
+    nodes: Sequence[NodeHandle],
+) -> dict[str, dict[str, dict[str, tuple[DeviceShare, ...]]]]:
+    """node -> pod uid -> container -> shares, from every node's Runtime simulator."""
+
+    async def gather() -> list[list[Any]]:
+        return list(await asyncio.gather(*(_allocations(n) for n in nodes)))
+
+    out: dict[str, dict[str, dict[str, tuple[DeviceShare, ...]]]] = {}
+    for node, allocations in zip(nodes, asyncio.run(gather()), strict=True):
+        per_pod: dict[str, dict[str, tuple[DeviceShare, ...]]] = {}
+        for a in allocations:
+            per_pod.setdefault(a.pod_uid, {})[a.container_name] = tuple(
+                DeviceShare(d.device_id, d.core_percent, d.memory_percent) for d in a.devices
+            )
+        out[node.name] = per_pod
+    return out
+
+
+def node_device_index(api: k8s_client.ApiClient, protocol: Protocol) -> dict[str, str]:
+    """Device ID -> `<kind>#<index>` from every node's inventory annotation."""
+    core = k8s_client.CoreV1Api(api)
+    out = {}
+    for node in core.list_node().items:
+        text = (node.metadata.annotations or {}).get(protocol.annotations.node_devices)
+        if not text:
+            continue
+        try:
+            devices = decode_inventory(text)
+        except InventoryError:
+            continue
+        for d in devices:
+            out[d.id] = f"{d.kind}#{d.index}"
+            for m in d.mig:
+                out[m.id] = f"{d.kind}#{d.index}/{m.profile}"
+    return out
+
+
+def describe_shares(shares: Iterable[DeviceShare], names: Mapping[str, str]) -> str:
+    parts = []
+    for s in shares:
+        label = names.get(s.device_id, s.device_id)
+        parts.append(label if s.whole else f"{label} {s.core_percent}%c/{s.memory_percent}%m")
+    return ", ".join(parts)
+
+
+def placement_table(rows: Sequence[Placement], names: Mapping[str, str]) -> str:
+    """pod -> node -> device/slice, one line per container."""
+    lines = [("POD", "NODE", "PHASE", "CONTAINER", "DEVICES (scheduler = plugin = Runtime)")]
+    for row in sorted(rows, key=lambda r: r.name):
+        containers = row.assigned or row.allocated or {c: () for c in row.requests}
+        for container in sorted(containers or {"-": ()}):
+            assigned = (row.assigned or {}).get(container, ())
+            allocated = (row.allocated or {}).get(container, ())
+            runtime = row.runtime.get(container, ())
+            text = describe_shares(assigned or allocated, names)
+            agree = _norm(assigned) == _norm(allocated) == _norm(runtime)
+            if row.phase == "Running" and assigned and not agree:
+                text += (
+                    f"  [MISMATCH plugin: {describe_shares(allocated, names) or '-'};"
+                    f" Runtime: {describe_shares(runtime, names) or '-'}]"
+                )
+            if not text:
+                text = row.reason[:90] or "-"
+            lines.append((row.name, row.node or "-", row.phase, container, text))
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line[:4])) + "  " + line[4]
+        for line in lines
+    )
+
+
+def _norm(shares: Iterable[DeviceShare]) -> list[tuple[str, int, int]]:
+    out = []
+    for s in shares:
+        core, mem = s.core_percent, s.memory_percent
+        if core in (0, 100) and mem in (0, 100):
+            core = mem = 0
+        out.append((s.device_id, core, mem))
+    return sorted(out)
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+def scrape(url: str, timeout_s: float = 5) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback URL
+        text: str = resp.read().decode()
+        return text
+
+
+def pod_metric_lines(text: str, namespace: str, pod: str) -> list[str]:
+    """The sample lines of one pod."""
+    needle_ns, needle_pod = f'namespace="{namespace}"', f'pod="{pod}"'
+    return [
+        line
+        for line in text.splitlines()
+        if not line.startswith("#") and needle_pod in line and needle_ns in line
+    ]
+
+
+def sandbox_nodes_by_name(bed: Sandbox) -> dict[str, NodeHandle]:
+    return {n.name: n for n in bed.nodes}
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
