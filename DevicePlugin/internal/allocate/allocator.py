@@ -274,8 +274,8 @@ class Allocator:
             if ids is None:
                 return None
             if sliced:
-                own = set(ids)
-                units = [*must, *(u for u in available if u not in must and u in own)]
+                free = set(available)
+                units = [*must, *(u for u in ids if u not in must and u in free)]
                 return units[:size] if len(units) >= size else None
             fits = len(ids) == size and set(ids) <= set(available) and set(must) <= set(ids)
             return ids if fits else None
@@ -292,7 +292,7 @@ class Allocator:
             sliced = [s.device_id for s in cand.shares if not s.whole]
             if len(sliced) != 1:
                 return None
-            return [u.id for u in self._rm.resources().get(info.name, ()) if u.device_id in sliced]
+            return list(self._rm.snapshot.units(info.name, sliced[0]))
         return [s.device_id for s in cand.shares if s.whole]
 
     def _fallback(
@@ -343,7 +343,7 @@ class Allocator:
                 f"Allocate for {name} asks for {len(ids)} units; a container gets 1..100"
                 " percent of one device",
             )
-        known = {d.id for d in self._rm.resources().get(name, ())}
+        known = self._rm.snapshot.ids(name)
         unknown = [d for d in ids if d not in known]
         if unknown:
             raise AllocationError(

@@ -22,6 +22,7 @@ on a conforming kubelet the call names its pod's assignment.
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,6 +84,15 @@ def _time_key(value: str | None) -> tuple[int, float]:
     return (0, number)
 
 
+@functools.lru_cache(maxsize=4096)
+def _decode(text: str) -> Mapping[str, tuple[DeviceShare, ...]] | str:
+    """The decoded assignment, or the reason it is malformed (cached by text)."""
+    try:
+        return decode_assignment(text)
+    except AssignmentError as exc:
+        return str(exc)
+
+
 def candidates(
     pods: Iterable[PodInfo],
     resource: str,
@@ -108,10 +118,11 @@ def candidates(
         assignment: Mapping[str, tuple[DeviceShare, ...]] | None = None
         pod_problem = None
         if text is not None:
-            try:
-                assignment = decode_assignment(text)
-            except AssignmentError as exc:
-                pod_problem = f"annotation {assigned_key} of pod {pod.ref} is malformed: {exc}"
+            decoded = _decode(text)
+            if isinstance(decoded, str):
+                pod_problem = f"annotation {assigned_key} of pod {pod.ref} is malformed: {decoded}"
+            else:
+                assignment = decoded
         for position, container in wanting:
             shares: tuple[DeviceShare, ...] | None = None
             problem = pod_problem

@@ -127,6 +127,21 @@ def parse_pod_list(body: bytes, source: str) -> list[PodInfo]:
     return [parse_pod(item) for item in data.get("items") or () if isinstance(item, dict)]
 
 
+class _ParsedCache:
+    """The last answer and its parse: consecutive Allocate calls of one admission mostly
+    see the same bytes, and comparing bytes is far cheaper than parsing them again."""
+
+    def __init__(self) -> None:
+        self._body: bytes | None = None
+        self._pods: list[PodInfo] = []
+
+    def parse(self, body: bytes, source: str) -> list[PodInfo]:
+        if body != self._body:
+            self._pods = parse_pod_list(body, source)
+            self._body = body
+        return list(self._pods)
+
+
 class PodApi(Protocol):
     """The API server side: a PodList of the node as JSON bytes."""
 
@@ -207,6 +222,7 @@ class NodePods:
         self._api = api
         self._kubelet_retry_s = kubelet_retry_s
         self._source = _Source()
+        self._kubelet_cache = _ParsedCache()
 
     @property
     def kubelet_url(self) -> str:
@@ -237,7 +253,7 @@ class NodePods:
                 if not src.on_kubelet:
                     src.on_kubelet = True
                     log.info("kubelet pod list answers again url=%s", self._kubelet.url)
-                return parse_pod_list(body, f"kubelet {self._kubelet.url}")
+                return self._kubelet_cache.parse(body, f"kubelet {self._kubelet.url}")
         else:
             kubelet_error = "closed at last try"
         return await self._from_api(kubelet_error)

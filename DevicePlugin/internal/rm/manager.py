@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
@@ -81,6 +81,39 @@ class Snapshot:
     runtime_up: bool
     devices: tuple[rpb.Device, ...]
     inventory: Inventory
+    _index: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
+
+    def ids(self, resource: str) -> frozenset[str]:
+        """The kubelet IDs of a resource (computed once per snapshot)."""
+        key = f"ids/{resource}"
+        if key not in self._index:
+            devices = self.inventory.resources.get(resource, ())
+            self._index[key] = frozenset(d.id for d in devices)
+        found = self._index[key]
+        assert isinstance(found, frozenset)
+        return found
+
+    def units(self, resource: str, device_id: str) -> tuple[str, ...]:
+        """The kubelet IDs of a resource that stand for one physical device."""
+        key = f"units/{resource}"
+        if key not in self._index:
+            by_device: dict[str, list[str]] = {}
+            for d in self.inventory.resources.get(resource, ()):
+                by_device.setdefault(d.device_id, []).append(d.id)
+            self._index[key] = {k: tuple(v) for k, v in by_device.items()}
+        found = self._index[key]
+        assert isinstance(found, dict)
+        units: tuple[str, ...] = found.get(device_id, ())
+        return units
+
+    def device(self, device_id: str) -> rpb.Device | None:
+        """The Runtime's description of a physical device."""
+        if "devices" not in self._index:
+            self._index["devices"] = {d.id: d for d in self.devices}
+        found = self._index["devices"]
+        assert isinstance(found, dict)
+        dev: rpb.Device | None = found.get(device_id)
+        return dev
 
 
 class _StreamLost(Exception):
@@ -132,10 +165,7 @@ class ResourceManager:
 
     def device(self, device_id: str) -> rpb.Device | None:
         """The Runtime's description of a physical device."""
-        for dev in self._snapshot.devices:
-            if dev.id == device_id:
-                return dev
-        return None
+        return self._snapshot.device(device_id)
 
     def add_listener(self, listener: Callable[[Snapshot], None]) -> None:
         """Call `listener` with every new snapshot (after the ListAndWatch wake-up)."""
