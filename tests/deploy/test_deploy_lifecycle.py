@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
+import socket
 import subprocess
-import threading
+import sys
+import tempfile
+import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from kubernetes import client as k8s_client
 from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
 from lj_runtimekit.envtest.nodes import NodeFactory
 from lj_runtimekit.envtest.versions import find_tools
+from lj_runtimekit.proto.internal.simulator.process import SimulatorProcess
 
 pytestmark = pytest.mark.controlplane
 
@@ -127,33 +131,49 @@ def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
     api.close()
 
 
-class MetricsServer(BaseHTTPRequestHandler):
-    """Answers like the exporter: Prometheus text exposition."""
-
-    def do_GET(self) -> None:
-        body = (
-            b"# HELP lj_gpu_utilization_ratio GPU utilisation.\n"
-            b"# TYPE lj_gpu_utilization_ratio gauge\n"
-            b'lj_gpu_utilization_ratio{gpu="0"} 0.5\n'
-        )
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        return
-
-
 @pytest.fixture(scope="module")
 def metrics_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), MetricsServer)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+    """The real Exporter on a Runtime simulator: what `verify --metrics-url` reads."""
+    work = Path(tempfile.mkdtemp(prefix="lj", dir="/tmp"))
+    sockets = work / "sockets"
+    sockets.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    node = ROOT / "proto/examples/nodes/tdm-8gpu.yaml"
+    with SimulatorProcess(sockets, node), (work / "exporter.log").open("wb") as log:
+        exporter = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lj_runtimekit.exporter.cmd.exporter.main",
+                f"--runtime-socket-dir={sockets}",
+                f"--port={port}",
+                "--listen-address=127.0.0.1",
+                "--node-name=gpu-0",
+                "--kubelet-pods-url=http://127.0.0.1:9/pods",
+                "--apiserver-fallback=off",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+
+        def serving() -> bool:
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=2):
+                    return True
+            except OSError:
+                assert exporter.poll() is None, (work / "exporter.log").read_text()
+                return False
+
+        try:
+            wait_for(serving, 30, "the exporter to serve /healthz")
+            yield url + "/metrics"
+        finally:
+            exporter.terminate()
+            exporter.wait(timeout=10)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def test_precheck_passes_with_labelled_nodes(env: Env) -> None:
