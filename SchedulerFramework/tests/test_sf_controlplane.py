@@ -7,13 +7,15 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s_client
 
 from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
 from lj_runtimekit.envtest.nodes import NodeFactory
-from lj_runtimekit.proto.pkg.protocol import decode_assignment, load_protocol
+from lj_runtimekit.proto.pkg.protocol import decode_assignment, encode_inventory, load_protocol
+from lj_runtimekit.schedulerframework.internal.schedtesting.fake import nvlink_inventory
 from lj_runtimekit.schedulerframework.internal.schedtesting.process import (
     SchedulerProcess,
     annotate_inventory,
@@ -216,3 +218,58 @@ def test_two_replicas_one_leader(
     finally:
         for r in replicas:
             r.stop()
+
+
+def test_policies_mig_and_topology_on_kwok_nodes(
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: NodeFactory,
+    scheduler: SchedulerProcess,
+) -> None:
+    core = k8s_client.CoreV1Api(api_client)
+    nodes = [node_factory.create(f"{namespace}-n{i}", wait=False) for i in range(2)]
+    node_factory.wait_ready(nodes)
+    mig_res = P.resources.mig("3g.40gb")
+    for n in nodes:
+        inv = nvlink_inventory(n, mig={7: ["3g.40gb", "4g.40gb"]})
+        core.patch_node(
+            n, {"metadata": {"annotations": {P.annotations.node_devices: encode_inventory(inv)}}}
+        )
+        core.patch_node_status(
+            n, {"status": {"capacity": {mig_res: "1"}, "allocatable": {mig_res: "1"}}}
+        )
+    name = f"lj-{namespace}"
+    sel = node_factory.selector
+    spread = {P.annotations.gpu_policy: "spread"}
+
+    def place(pod_name: str, limits: dict[str, str], **extra: Any) -> Any:
+        core.create_namespaced_pod(namespace, pod(pod_name, name, sel, limits, **extra))
+        wait_for(
+            lambda: pod_name in bound(core, namespace),
+            60,
+            f"{pod_name} bound",
+            describe=lambda: str(events(core, namespace, pod_name)),
+        )
+        p = bound(core, namespace)[pod_name]
+        shares = decode_assignment(p.metadata.annotations[P.annotations.assigned_devices])["main"]
+        return p.spec.node_name, shares
+
+    first, one = place("a", {GPU: "1"})
+    # gpu7 is in MIG mode, so island 4-7 is broken already: a single GPU comes from it
+    assert one[0].device_id == f"{first}-gpu4"
+    second, _ = place("b", {GPU: "1"})  # binpack: same node
+    assert second == first
+    third, _ = place("c", {GPU: "1"}, annotations=spread)  # per-pod spread: the other node
+    assert third != first
+    node4, four = place("d", {GPU: "4"})
+    # binpack onto the fuller node, on its intact NVLink island 0-3
+    assert node4 == first
+    assert sorted(s.device_id for s in four) == [f"{first}-gpu{i}" for i in range(4)]
+    mig_node, mig = place("m", {mig_res: "1"})
+    assert mig[0].device_id == f"{mig_node}-gpu7-mig0"
+    slices = [place(f"s{i}", {P.resources.core: "60", P.resources.memory: "10"}) for i in range(2)]
+    for node_name, shares in slices:
+        assert not shares[0].device_id.startswith(f"{node_name}-gpu7")  # never on the MIG GPU
+    assert slices[0][1][0].device_id != slices[1][1][0].device_id or (
+        slices[0][0] != slices[1][0]
+    )  # 60 % + 60 % never on one device

@@ -269,3 +269,18 @@ def test_restart_rebuilds_device_accounting(cluster: FakeCluster) -> None:
     assert sum(1 for u in more if cluster.node_of(u)) == 2
     assert {u: cluster.assignment(u) for u in uids} == before
     assert cluster.scheduler.cache.violations() == []
+
+
+def test_single_devices_fill_broken_islands_first(cluster: FakeCluster) -> None:
+    mig_res = PROTOCOL.resources.mig("3g.40gb")
+    inv = nvlink_inventory("a", mig={7: ["3g.40gb", "4g.40gb"]})
+    cluster.add_node("a", inventory=inv, extra={mig_res: "1"})
+    p = cluster.add_pod("one", {GPU: "1"})
+    cluster.schedule()
+    # gpu7 is in MIG mode: island 4-7 is already broken, so the single GPU comes from it
+    assert decode_assignment(cluster.assignment(p))["c0"][0].device_id == "a-gpu4"
+    q = cluster.add_pod("four", {GPU: "4"})
+    cluster.schedule()
+    assert sorted(d.device_id for d in decode_assignment(cluster.assignment(q))["c0"]) == [
+        f"a-gpu{i}" for i in range(4)
+    ]

@@ -68,22 +68,40 @@ def set_quality(devices: Sequence[DeviceState]) -> int:
     return sum(pair_score(a, b) for a, b in itertools.combinations(devices, 2))
 
 
+def _broken_links(chosen: Sequence[DeviceState], free_ids: set[str]) -> int:
+    """Fast links from the chosen devices to devices left free (islands broken)."""
+    ids = {d.id for d in chosen}
+    fast = max(LINK_SCORE.values())
+    return sum(
+        1
+        for d in chosen
+        for peer, score in d.links.items()
+        if score == fast and peer in free_ids and peer not in ids
+    )
+
+
 def best_set(
     free: Sequence[DeviceState], count: int, max_exhaustive: int = 256
 ) -> list[DeviceState]:
-    """The `count` free devices with the best interconnect (lowest indexes on ties)."""
+    """The `count` free devices with the best interconnect.
+
+    Ties go to the set that breaks the fewest fast links to devices left free
+    (whole NVLink islands stay available for bigger pods), then to the lowest
+    indexes.
+    """
     free = sorted(free, key=lambda d: d.index)
     if count >= len(free):
         return list(free)
-    if count <= 1:
-        return list(free[:count])
+    if count <= 0:
+        return []
+    free_ids = {d.id for d in free}
     if math.comb(len(free), count) <= max_exhaustive:
         best: tuple[DeviceState, ...] = ()
-        best_q = -1
+        best_key: tuple[int, int] | None = None
         for combo in itertools.combinations(free, count):
-            q = set_quality(combo)
-            if q > best_q:
-                best, best_q = combo, q
+            key = (set_quality(combo), -_broken_links(combo, free_ids))
+            if best_key is None or key > best_key:
+                best, best_key = combo, key
         return list(best)
     # Greedy: grow from each seed, always adding the device best linked to the set.
     best_list: list[DeviceState] = []
