@@ -1,0 +1,90 @@
+"""Against the real API server: node labels, pod records, and the pod list fallback by nodeName."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s_client
+
+from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import ANN, GPU, PROTOCOL, node_bed
+from lj_runtimekit.proto.pkg.protocol import DeviceShare, decode_assignment, encode_assignment
+
+
+def _pod(core: k8s_client.CoreV1Api, namespace: str, name: str) -> dict[str, Any]:
+    response = core.read_namespaced_pod(name, namespace, _preload_content=False)
+    data: dict[str, Any] = json.loads(response.data)
+    return data
+
+
+@pytest.mark.controlplane
+async def test_labels_records_and_api_fallback(
+    control_plane: Any,
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: Any,
+    workdir: Path,
+) -> None:
+    core = k8s_client.CoreV1Api(api_client)
+    node = node_factory.create(f"{namespace}-gpu")
+    args = [
+        "--label-node=true",
+        f"--kubeconfig={control_plane.kubeconfig_path}",
+        f"--node-name={node}",
+        "--kubelet-pods-url=http://127.0.0.1:1/pods",  # closed: the API server is the fallback
+    ]
+    async with node_bed(workdir, "tdm-8gpu", plugin_args=args) as bed:
+        labels = PROTOCOL.labels
+        deadline = time.monotonic() + 30
+        while True:
+            got = core.read_node(node).metadata.labels or {}
+            if got.get(labels.device_count) == "8" or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        assert got[labels.device_kind] == "gpu"
+        assert got[labels.device_model] == "A100-SXM4-80GB"
+        assert got[labels.device_count] == "8"
+        assert got[labels.device_mode] == "tdm"
+        assert got[labels.runtime_version] == "v1.14.0"
+
+        assignment = {"main": (DeviceShare(bed.gpu(4)),)}
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "trainer",
+                "annotations": {
+                    ANN.assigned_devices: encode_assignment(assignment),
+                    ANN.assume_time: "1",
+                },
+            },
+            "spec": {
+                "nodeName": node,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "busybox",
+                        "resources": {"limits": {GPU: "1"}, "requests": {GPU: "1"}},
+                    }
+                ],
+            },
+        }
+        core.create_namespaced_pod(namespace, manifest)
+        pod = _pod(core, namespace, "trainer")
+        opts = (await bed.kubelet.admit(pod))["main"]
+        assert opts.envs["LJ_VISIBLE_DEVICES"] == bed.gpu(4)
+
+        deadline = time.monotonic() + 30
+        while ANN.allocated_devices not in pod["metadata"].get("annotations", {}):
+            assert time.monotonic() < deadline, bed.fail("no allocation record on the pod")
+            await asyncio.sleep(0.2)
+            pod = _pod(core, namespace, "trainer")
+        record = decode_assignment(pod["metadata"]["annotations"][ANN.allocated_devices])
+        assert record == assignment
+        log = bed.plugin.log()
+        assert log.count("listing the node's pods from the API server instead") == 1
