@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from lj_runtimekit.deviceplugin.internal.allocate.allocator import Allocator
 from lj_runtimekit.deviceplugin.internal.allocate.records import ApiPodRecorder
@@ -60,9 +61,16 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flag mistakes are operator mistakes: one line, exit status 1."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(1, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="lj-device-plugin",
         description="Advertise whole GPUs, TDM core/memory slices, MIG profiles and PPU/AMD"
         " devices of the Lingjun Runtime to the kubelet (device plugin API v1beta1).",
@@ -109,21 +117,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--label-node",
         type=_bool,
-        default=_bool(env("LJ_DP_LABEL_NODE", "true")),
+        default=env("LJ_DP_LABEL_NODE", "true"),
         help="label the Node with device kind, model, count, mode and Runtime version"
         " (env LJ_DP_LABEL_NODE, default true; needs API access and --node-name)",
     )
     p.add_argument(
         "--release-grace",
         type=float,
-        default=float(env("LJ_DP_RELEASE_GRACE_S", "60")),
+        default=env("LJ_DP_RELEASE_GRACE_S", "60"),
         help="seconds a pod may be missing from the pod list before its Runtime allocation is"
         " released (env LJ_DP_RELEASE_GRACE_S, default 60)",
     )
     p.add_argument(
         "--collect-interval",
         type=float,
-        default=float(env("LJ_DP_COLLECT_INTERVAL_S", "30")),
+        default=env("LJ_DP_COLLECT_INTERVAL_S", "30"),
         help="seconds between clean-up rounds of finished pods' allocations"
         " (env LJ_DP_COLLECT_INTERVAL_S, default 30)",
     )
