@@ -18,6 +18,8 @@ from lj_runtimekit.deploy.components import (
     DEFAULT_NAMESPACE,
     DEFAULT_REGISTRY,
     DeployError,
+    check_namespace,
+    check_registry,
     check_version,
     parse_components,
     parse_image_overrides,
@@ -57,21 +59,24 @@ def _options(args: argparse.Namespace) -> manifests.Options:
     return manifests.Options(
         protocol_text=_protocol_text(args.protocol),
         version=check_version(args.version),
-        namespace=args.namespace,
-        registry=args.registry,
+        namespace=check_namespace(args.namespace),
+        registry=check_registry(args.registry),
         images=parse_image_overrides(args.image or []),
         runtime_class_api=getattr(args, "runtime_class_api", "node.k8s.io/v1"),
     )
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    """Check every option by rendering once; print what deploy-all.sh needs, one per line:
-    `enable-label <key>`, `jobset required <min>|not-required`, `component <name> <kind>
-    <workload> <resource> <configmap> <app>`."""
+    """Check every option by rendering once; print what deploy-all.sh needs, one per line.
+
+    `enable-label <key>`, `exporter-port <port>`, `jobset required <min>|not-required`,
+    and per component `component <name> <kind> <workload> <resource> <configmap> <app>`.
+    """
     components = parse_components(args.components)
     opts = _options(args)
     manifests.render(components, opts)
     print("enable-label", opts.protocol.labels.enable)
+    print("exporter-port", manifests.METRICS_PORT)
     if manifests.jobset_required(manifests.scheduler_config()):
         print("jobset required", MIN_JOBSET_VERSION)
     else:

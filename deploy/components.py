@@ -153,6 +153,29 @@ def parse_image_overrides(items: list[str]) -> dict[str, str]:
     return overrides
 
 
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def check_namespace(text: str) -> str:
+    """A namespace name (a DNS-1123 label)."""
+    if not _DNS_LABEL_RE.match(text):
+        raise DeployError(
+            f"--namespace={text}: not a namespace name (lowercase letters, digits and '-',"
+            " at most 63 characters)"
+        )
+    return text
+
+
+def check_registry(text: str) -> str:
+    """A registry prefix such as `registry.example.com/team` (no scheme, no spaces)."""
+    if not text or "://" in text or any(ch.isspace() for ch in text):
+        raise DeployError(
+            f"--registry={text}: expected a registry prefix like registry.example.com/team"
+            " (no scheme, no spaces)"
+        )
+    return text
+
+
 def image_ref(
     image: Image, registry: str, version: str, overrides: dict[str, str] | None = None
 ) -> str:

@@ -120,6 +120,8 @@ case $op in
   *) die "unknown command '$op'; commands: precheck deploy status verify upgrade rollback delete cleanup-stale-resources" ;;
 esac
 
+[[ $timeout =~ ^[1-9][0-9]*(s|m|h)$ ]] || die "--timeout=$timeout: expected a duration like 300s, 10m or 1h"
+
 start_log
 
 # -- the helper (rendering and checks) ---------------------------------------------------------
@@ -167,12 +169,14 @@ if ! out=$(helper preflight --protocol="$protocol" --components="$components" \
 fi
 selected=()
 enable_label=""
+exporter_port=""
 gang=not-required
 min_jobset=""
 while read -r key rest; do
   case $key in
     component) selected+=("$rest") ;;
     enable-label) enable_label=$rest ;;
+    exporter-port) exporter_port=$rest ;;
     jobset) read -r gang min_jobset <<<"$rest" ;;
   esac
 done <<<"$out"
@@ -377,7 +381,7 @@ cmd_verify() {
       for pod in $pods; do
         [[ $checked -lt 3 ]] || break
         checked=$((checked + 1))
-        if "${kcn[@]}" get --raw "/api/v1/namespaces/$namespace/pods/$pod:9400/proxy/metrics" \
+        if "${kcn[@]}" get --raw "/api/v1/namespaces/$namespace/pods/$pod:$exporter_port/proxy/metrics" \
           --request-timeout=10s >"$work/metrics.txt" 2>"$work/metrics.err"; then
           out=$(helper check-metrics "$work/metrics.txt" --where="pod $namespace/$pod") || problems=$((problems + 1))
           log "$out"

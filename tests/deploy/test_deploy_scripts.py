@@ -57,6 +57,9 @@ def log_env(tmp_path: Path) -> dict[str, str]:
         (["upgrade", "--version=v1.16"], "'v1.16' is not a version"),
         (["upgrade"], "upgrade needs --version=v{major}.{feature}.{iteration}"),
         (["deploy", "--image=exporter"], "expected <component>=<image reference>"),
+        (["deploy", "--namespace=Kube_System"], "--namespace=Kube_System: not a namespace name"),
+        (["deploy", "--registry=https://r.example.com"], "expected a registry prefix"),
+        (["deploy", "--timeout=5"], "--timeout=5: expected a duration"),
         (["deploy", "--kubeconfig=/nonexistent/kubeconfig"], "kubeconfig /nonexistent/kubeconfig"),
     ],
 )
