@@ -70,6 +70,23 @@ class ProtocolNames:
     topology_block_label: str = "lingjun.com/topology-block"
     topology_switch_label: str = "lingjun.com/topology-switch"
 
+    @classmethod
+    def from_protocol(cls, protocol: Any) -> ProtocolNames:
+        """From a `lj_runtimekit.proto.pkg.protocol.Protocol` (e.g. `load_protocol(path)`),
+        read structurally so that envtest does not depend on the contract package."""
+        resources, labels = protocol.resources, protocol.labels
+        return cls(
+            gpu=resources.gpu,
+            gpu_core=resources.core,
+            gpu_memory=resources.memory,
+            enable_label=labels.enable,
+            device_kind_label=labels.device_kind,
+            device_model_label=labels.device_model,
+            device_count_label=labels.device_count,
+            topology_block_label=labels.topology_block,
+            topology_switch_label=labels.topology_switch,
+        )
+
 
 @dataclass(frozen=True)
 class Taint:

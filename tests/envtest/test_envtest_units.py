@@ -113,3 +113,8 @@ def test_kwok_stages_parse_and_use_the_documented_annotations() -> None:
         kwok_mod.FAIL_MESSAGE_ANNOTATION,
     ):
         assert key in text
+
+
+def test_protocol_names_match_the_contract_package_defaults() -> None:
+    protocol_mod = pytest.importorskip("lj_runtimekit.proto.pkg.protocol")
+    assert ProtocolNames.from_protocol(protocol_mod.load_protocol()) == ProtocolNames()
