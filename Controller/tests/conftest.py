@@ -14,7 +14,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from controller_harness import OperatorProcess, StartOperator
+from controller_harness import (  # type: ignore[import-not-found]
+    OperatorProcess,
+    StartOperator,
+)
 
 from lj_runtimekit.envtest.controlplane import ControlPlane
 

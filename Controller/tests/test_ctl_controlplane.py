@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from controller_harness import (
+from controller_harness import (  # type: ignore[import-not-found]
     GROUP_LABEL,
     JOB_ANNOTATION,
     MESSAGE,

@@ -156,6 +156,17 @@ class RefusingRuntime(
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, "node is draining")
         raise AssertionError("unreachable")
 
+    def DisableFeatures(
+        self, request: object, context: grpc.ServicerContext
+    ) -> runtime_pb2.FeatureState:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "node is draining")
+        raise AssertionError("unreachable")
+
+    def GetFeatureState(
+        self, request: object, context: grpc.ServicerContext
+    ) -> runtime_pb2.FeatureState:
+        return runtime_pb2.FeatureState(enabled=False)
+
 
 def test_runtime_refusing_gives_exit_5(socket_dir: Path) -> None:
     socket_dir.mkdir(parents=True)

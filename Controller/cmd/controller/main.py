@@ -95,7 +95,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--lease-renew-deadline", 10.0, "seconds the leader may fail to renew", type=float)
     add("--lease-retry-period", 2.0, "seconds between Lease attempts", type=float)
     add("--workers", 16, "concurrent node reconciles", type=int)
-    add("--resync-period", 600.0, "seconds between full resyncs of managed nodes", type=float)
+    add(
+        "--resync-period",
+        300.0,
+        "seconds between checks of every managed node for label/state disagreement",
+        type=float,
+    )
     add("--watch-server-timeout", 300.0, "seconds one watch request lasts", type=float)
     add("--watch-client-timeout", 330.0, "client-side cap of one watch request", type=float)
     add(

@@ -101,7 +101,7 @@ class ControllerSettings:
     label_key: str = DEFAULT_LABEL_KEY
     node_selector: str = ""
     workers: int = 16
-    resync_period_s: float = 600.0
+    resync_period_s: float = 300.0
 
     def __post_init__(self) -> None:
         check_label_key(self.label_key, "--label-key")

@@ -185,11 +185,11 @@ class Kube:
             if not token:
                 return
 
-    async def node_names(self, selector: str) -> list[str]:
-        """Names of the Nodes matching `selector`."""
+    async def node_metadata(self, selector: str) -> dict[str, Obj]:
+        """Name -> metadata of the Nodes matching `selector` (the rest is dropped per page)."""
         return await self.call(
             f"list nodes {selector}",
-            lambda: [n["metadata"]["name"] for n in self.iter_nodes(selector)],
+            lambda: {n["metadata"]["name"]: n["metadata"] for n in self.iter_nodes(selector)},
         )
 
     # Jobs and pods

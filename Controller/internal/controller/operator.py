@@ -32,11 +32,17 @@ import kopf
 
 from lj_runtimekit.controller.internal.controller import jobspec
 from lj_runtimekit.controller.internal.controller.config import ControllerSettings
-from lj_runtimekit.controller.internal.controller.job_controller import JobController
+from lj_runtimekit.controller.internal.controller.job_controller import JobController, JobView
 from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
 from lj_runtimekit.controller.internal.controller.leader import LeaderElector, LeaseSettings
 from lj_runtimekit.controller.internal.controller.node_controller import NodeController
-from lj_runtimekit.controller.internal.controller.state import STATE_LABEL
+from lj_runtimekit.controller.internal.controller.state import (
+    JOB_ANNOTATION,
+    STATE_ANNOTATION,
+    STATE_LABEL,
+    NodeState,
+    desired_action,
+)
 from lj_runtimekit.controller.internal.controller.workqueue import WorkQueue
 
 _log = logging.getLogger(__name__)
@@ -80,6 +86,60 @@ def kopf_settings(settings: ControllerSettings, watch: WatchSettings) -> kopf.Op
     return s
 
 
+class Triggers:
+    """Which watch events can change a node's outcome (everything else is skipped: KWOK or
+    kubelet status updates, the Controller's own Job status churn)."""
+
+    def __init__(self, label_key: str) -> None:
+        self.label_key = label_key
+        self._seen: dict[str, tuple[str | None, ...]] = {}
+
+    def _key(self, meta: Mapping[str, Any]) -> tuple[str | None, ...]:
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        return (
+            meta.get("uid"),
+            labels.get(self.label_key),
+            annotations.get(STATE_ANNOTATION),
+            annotations.get(JOB_ANNOTATION),
+        )
+
+    def node(self, kind: str | None, name: str, body: Mapping[str, Any]) -> bool:
+        """A Node event: DELETED (gone, or the label removed) or a change of the label or
+        the Controller's state."""
+        if kind == "DELETED":
+            self._seen.pop(name, None)
+            return True
+        key = self._key(body.get("metadata") or {})
+        if self._seen.get(name) == key:
+            return False
+        self._seen[name] = key
+        return True
+
+    @staticmethod
+    def job(kind: str | None, body: Mapping[str, Any]) -> str | None:
+        """The node whose reconcile a Job event calls for: listed at start-up, deleted,
+        being deleted, or finished."""
+        annotations = (body.get("metadata") or {}).get("annotations") or {}
+        node = annotations.get(jobspec.NODE_ANNOTATION)
+        if not node:
+            return None
+        if kind in (None, "DELETED"):
+            return str(node)
+        phase = JobView.of(dict(body)).phase
+        return str(node) if phase in ("succeeded", "failed", "deleting") else None
+
+    def unsettled(self, meta: Mapping[str, Any]) -> bool:
+        """Whether a listed node's label and state disagree (work left to do)."""
+        state = NodeState.from_annotations(dict(meta.get("annotations") or {}))
+        if state.state in ("enabling", "disabling"):
+            return True
+        wish = desired_action((meta.get("labels") or {}).get(self.label_key), state)
+        if wish is None or (state.state == "failed" and state.action == wish):
+            return False
+        return not state.settled_for(wish)
+
+
 class Controller:
     """The running Controller: leader election, watches, work queue, resync."""
 
@@ -101,6 +161,7 @@ class Controller:
         self.jobs = JobController(kube, NODE_EVENT_NAMESPACE)
         self.nodes = NodeController(kube, settings, self.jobs)
         self.queue = WorkQueue(self.nodes.reconcile, settings.workers)
+        self.triggers = Triggers(settings.label_key)
 
     def registry(self) -> kopf.OperatorRegistry:
         """kopf handlers: log in, enqueue node names from Node and Job events."""
@@ -112,33 +173,46 @@ class Controller:
         def credentials(**_: Any) -> kopf.ConnectionInfo:
             return login()  # re-read on every (re-)login: in-cluster tokens rotate
 
+        triggers = self.triggers
+
         @kopf.on.event("", "v1", "nodes", registry=registry)
-        async def node_event(name: str, **_: Any) -> None:
-            queue.add(name)
+        async def node_event(
+            type: str | None, name: str, body: Mapping[str, Any], **_: Any
+        ) -> None:
+            if triggers.node(type, name, body):
+                queue.add(name)
 
         @kopf.on.event("batch", "v1", "jobs", registry=registry)
-        async def job_event(annotations: Mapping[str, str], **_: Any) -> None:
-            node = annotations.get(jobspec.NODE_ANNOTATION)
+        async def job_event(type: str | None, body: Mapping[str, Any], **_: Any) -> None:
+            node = triggers.job(type, body)
             if node:
                 queue.add(node)
 
         return registry
 
-    async def resync_once(self) -> int:
-        """Enqueue every node with the label or the Controller's state label."""
+    async def resync_once(self, everything: bool) -> int:
+        """Enqueue the nodes with the label or the Controller's state label: all of them
+        (start-up) or those whose label and state disagree (periodic: catches a label removed
+        while a watch was down for longer than the API server's event history)."""
         extra = f",{self.settings.node_selector}" if self.settings.node_selector else ""
-        names: set[str] = set()
+        nodes: dict[str, Mapping[str, Any]] = {}
         for selector in (self.settings.node_watch_selector, STATE_LABEL + extra):
-            names.update(await self.kube.node_names(selector))
-        for name in names:
-            self.queue.add(name)
-        return len(names)
+            nodes.update(await self.kube.node_metadata(selector))
+        queued = 0
+        for name, meta in nodes.items():
+            if everything or self.triggers.unsettled(meta):
+                self.queue.add(name)
+                queued += 1
+        return queued
 
     async def _resync(self) -> None:
+        everything = True
         while True:
             try:
-                count = await self.resync_once()
-                _log.info("resync", extra={"nodes": count})
+                count = await self.resync_once(everything)
+                everything = False
+                if count:
+                    _log.info("resync", extra={"nodes_queued": count})
             except ApiError as exc:
                 _log.warning("resync failed", extra={"error": str(exc)})
             await asyncio.sleep(self.settings.resync_period_s)

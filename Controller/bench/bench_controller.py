@@ -1,0 +1,146 @@
+"""Controller benchmark: N KWOK nodes labelled at once -> seconds until every enable Job
+is done and cleaned up (all Nodes `enabled`, no Job and no pod left), duplicate Jobs
+(must be 0) and the Controller's peak RSS. Writes flat numeric JSON (bench/parts/).
+
+    uv run python Controller/bench/bench_controller.py --nodes 500 --out bench/parts/controller.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from kubernetes import client as k8s
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from controller_harness import (  # type: ignore[import-not-found]
+    JobWatch,
+    OperatorProcess,
+)
+
+from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig
+from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
+
+NAMESPACE = "lj-bench-controller"
+LABEL = "lj_runtimekit_enable"
+
+
+def count_state(core: k8s.CoreV1Api, group: str, state: str) -> int:
+    response = core.list_node(
+        label_selector=f"envtest.lj-runtimekit.io/group={group},lj-runtimekit.io/feature-state={state}",
+        _preload_content=False,
+    )
+    return len(json.loads(response.data)["items"])
+
+
+def leftovers(core: k8s.CoreV1Api, batch: k8s.BatchV1Api) -> int:
+    jobs = json.loads(batch.list_namespaced_job(NAMESPACE, _preload_content=False).data)
+    pods = json.loads(core.list_namespaced_pod(NAMESPACE, _preload_content=False).data)
+    return len(jobs["items"]) + len(pods["items"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--out", type=Path, default=Path("bench/parts/controller.json"))
+    args = parser.parse_args()
+    n = args.nodes
+    work = Path(tempfile.mkdtemp(prefix="lj-bench-controller-"))
+    with ControlPlane(ControlPlaneConfig()) as cp:
+        api = cp.api_client()
+        core, batch = k8s.CoreV1Api(api), k8s.BatchV1Api(api)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                core.read_namespaced_service_account("default", NAMESPACE)
+                break
+            except k8s.ApiException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        factory = NodeFactory(api, group=NAMESPACE)
+        names = factory.create_many(
+            GpuNodeSpec(name=f"bench-{i:04d}", enable=False) for i in range(n)
+        )
+        factory.wait_ready(names, timeout_s=300)
+        print(f"{n} KWOK nodes ready", flush=True)
+
+        op = OperatorProcess(
+            cp.kubeconfig_path,
+            NAMESPACE,
+            work / "controller.log",
+            "--leader-elect=false",
+            f"--workers={args.workers}",
+            node_selector=f"envtest.lj-runtimekit.io/group={NAMESPACE}",
+        ).start()
+        try:
+            deadline = time.monotonic() + 60
+            while "controller running" not in op.log():
+                if not op.alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"controller did not start:\n{op.log()[-4000:]}")
+                time.sleep(0.2)
+            time.sleep(2)  # initial listing done
+            with JobWatch(api, NAMESPACE) as watch:
+                began = time.monotonic()
+                with ThreadPoolExecutor(32) as pool:
+                    list(
+                        pool.map(
+                            lambda name: core.patch_node(
+                                name, {"metadata": {"labels": {LABEL: "true"}}}
+                            ),
+                            names,
+                        )
+                    )
+                labelled_s = time.monotonic() - began
+                print(f"labelled {n} nodes in {labelled_s:.1f}s", flush=True)
+                done_s = None
+                while time.monotonic() - began < args.timeout:
+                    enabled = count_state(core, NAMESPACE, "enabled")
+                    left = leftovers(core, batch)
+                    if enabled == n and left == 0:
+                        done_s = time.monotonic() - began
+                        break
+                    if not op.alive():
+                        raise RuntimeError(f"controller exited:\n{op.log()[-4000:]}")
+                    print(
+                        f"  t={time.monotonic() - began:5.1f}s enabled={enabled} jobs+pods={left}",
+                        flush=True,
+                    )
+                    time.sleep(2)
+                time.sleep(2)
+            if done_s is None:
+                raise RuntimeError(f"not done within {args.timeout}s; log in {op.log_path}")
+            duplicates = sum(max(0, len(uids) - 1) for uids in watch.created.values())
+            result = {
+                "label_500_nodes_done_s" if n == 500 else f"label_{n}_nodes_done_s": round(
+                    done_s, 2
+                ),
+                "duplicate_jobs": duplicates,
+                "rss_mb": round(op.peak_rss_mb(), 1),
+                "jobs_created": watch.total_created(),
+                "max_jobs_per_node_at_once": watch.max_concurrent,
+                "label_patch_s": round(labelled_s, 2),
+                "nodes": n,
+                "workers": args.workers,
+            }
+        finally:
+            op.stop()
+        factory.cleanup()
+        api.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

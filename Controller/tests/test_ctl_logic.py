@@ -1,0 +1,279 @@
+"""Pure logic of the Controller: Job manifest, state machine, Job interpretation, config
+validation, the keyed work queue, and the command line's handling of operator mistakes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from lj_runtimekit.controller.cmd.controller import main as controller_main
+from lj_runtimekit.controller.internal.controller import jobspec
+from lj_runtimekit.controller.internal.controller.config import (
+    ConfigError,
+    ControllerSettings,
+    JobSettings,
+)
+from lj_runtimekit.controller.internal.controller.job_controller import (
+    JobView,
+    termination_message,
+)
+from lj_runtimekit.controller.internal.controller.node_controller import parse_selector
+from lj_runtimekit.controller.internal.controller.state import (
+    NodeState,
+    desired_action,
+    label_value_is_invalid,
+    transition,
+)
+from lj_runtimekit.controller.internal.controller.workqueue import Requeue, WorkQueue
+
+LONG_NODE = "gpu-" + "x" * 240 + ".example"
+
+
+def test_job_names_are_deterministic_short_and_per_action() -> None:
+    assert jobspec.job_name("enable", "gpu-1") == jobspec.job_name("enable", "gpu-1")
+    assert jobspec.job_name("enable", "gpu-1") != jobspec.job_name("disable", "gpu-1")
+    assert jobspec.job_name("enable", "gpu-1") != jobspec.job_name("enable", "gpu-2")
+    name = jobspec.job_name("disable", LONG_NODE)
+    assert name.startswith("lj-runtimekit-disable-")
+    assert len(name) <= 63
+    labels = jobspec.labels("enable", LONG_NODE)
+    assert jobspec.NODE_LABEL not in labels  # a 253-character name does not fit a label
+    assert all(len(v) <= 63 for v in labels.values())
+
+
+def test_job_manifest_is_pinned_least_privilege_and_bounded() -> None:
+    settings = JobSettings(image="reg/agent:v1", namespace="kube-system", backoff_limit=3)
+    taints = [
+        {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"},
+    ]
+    job = jobspec.build(settings, "enable", "gpu-1", "uid-1", taints)
+    meta, spec = job["metadata"], job["spec"]
+    assert meta["name"] == jobspec.job_name("enable", "gpu-1")
+    assert meta["labels"][jobspec.ACTION_LABEL] == "enable"
+    assert meta["labels"][jobspec.NODE_LABEL] == "gpu-1"
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": "gpu-1",
+            "uid": "uid-1",
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+    ]
+    assert spec["backoffLimit"] == 3
+    assert spec["activeDeadlineSeconds"] == 300
+    assert "ttlSecondsAfterFinished" not in spec  # it would delete failed Jobs too
+    rule = spec["podFailurePolicy"]["rules"][0]
+    assert rule["action"] == "FailJob"
+    assert rule["onExitCodes"]["values"] == [1, 2, 4, 5]
+    pod = spec["template"]["spec"]
+    assert "nodeName" not in pod
+    term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"][0]["matchFields"][0]["values"] == ["gpu-1"]
+    assert pod["tolerations"] == [
+        {"key": "dedicated", "effect": "NoSchedule", "operator": "Equal", "value": "gpu"},
+        {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule", "operator": "Exists"},
+    ]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["restartPolicy"] == "Never"
+    assert pod["volumes"][0]["hostPath"] == {
+        "path": "/run/amp/eKitC/xdm/sockets/",
+        "type": "Directory",
+    }
+    container = pod["containers"][0]
+    security = container["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert container["args"][0] == "enable"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    non_root = jobspec.build(
+        JobSettings(image="i", run_as_user=65532, run_as_group=990), "disable", "n", "u", None
+    )
+    assert non_root["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonRoot"]
+
+
+@pytest.mark.parametrize(
+    ("value", "state", "wish"),
+    [
+        ("true", None, "enable"),
+        ("true", "disabled", "enable"),
+        ("true", "failed", "enable"),
+        (None, None, None),  # never touched: left alone
+        ("false", None, None),
+        ("yes", None, None),
+        (None, "enabled", "disable"),
+        ("false", "enabling", "disable"),
+        ("True", "enabled", "disable"),  # exactly "true" only
+        (None, "disabled", "disable"),
+    ],
+)
+def test_wish_from_label_and_state(value: str | None, state: str | None, wish: str | None) -> None:
+    node = NodeState.from_annotations({"lj-runtimekit.io/feature-state": state} if state else {})
+    assert desired_action(value, node) == wish
+
+
+def test_state_round_trip_and_settled() -> None:
+    patch = transition("enabling", "enable", "ns/job", "m" * 5000)
+    annotations = patch["metadata"]["annotations"]
+    assert patch["metadata"]["labels"] == {"lj-runtimekit.io/feature-state": "enabling"}
+    assert len(annotations["lj-runtimekit.io/feature-message"]) == 1024
+    state = NodeState.from_annotations(annotations)
+    assert (state.state, state.action, state.job) == ("enabling", "enable", "ns/job")
+    assert not state.settled_for("enable")
+    assert NodeState(state="enabled").settled_for("enable")
+    assert NodeState().settled_for("disable")
+    assert not NodeState(state="failed", action="disable").settled_for("disable")
+    assert NodeState.from_annotations({"lj-runtimekit.io/feature-state": "bogus"}).state is None
+    assert label_value_is_invalid("yes")
+    assert not label_value_is_invalid("false")
+    assert not label_value_is_invalid(None)
+
+
+def _job(conditions: list[dict[str, str]], **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": "ns",
+            "name": "lj-runtimekit-enable-x",
+            "uid": "u1",
+            "labels": {jobspec.ACTION_LABEL: "enable"},
+            "annotations": {jobspec.NODE_ANNOTATION: "gpu-1"},
+            **meta,
+        },
+        "status": {"conditions": conditions},
+    }
+
+
+def test_job_view_phases() -> None:
+    assert JobView.of(_job([])).phase == "active"
+    done = JobView.of(_job([{"type": "Complete", "status": "True"}]))
+    assert (done.phase, done.node, done.action, done.ref) == (
+        "succeeded",
+        "gpu-1",
+        "enable",
+        "ns/lj-runtimekit-enable-x",
+    )
+    failed = JobView.of(
+        _job([{"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "m"}])
+    )
+    assert (failed.phase, failed.reason, failed.message) == ("failed", "DeadlineExceeded", "m")
+    assert JobView.of(_job([], deletionTimestamp="2026-01-01T00:00:00Z")).phase == "deleting"
+
+
+def test_termination_message_of_newest_failed_pod() -> None:
+    def pod(created: str, message: str, code: int) -> dict[str, Any]:
+        return {
+            "metadata": {"creationTimestamp": created},
+            "status": {
+                "containerStatuses": [
+                    {
+                        "name": "agent",
+                        "state": {"terminated": {"exitCode": code, "message": message}},
+                    }
+                ]
+            },
+        }
+
+    pods = [pod("2026-01-01T00:00:01Z", "old", 3), pod("2026-01-01T00:00:09Z", "newest\n", 5)]
+    assert termination_message(pods) == "newest (exit code 5)"
+    assert termination_message([]) is None
+    evicted = {"metadata": {}, "status": {"message": "The node was low on resource: memory."}}
+    assert termination_message([evicted]) == "The node was low on resource: memory."
+
+
+def test_selector_parsing() -> None:
+    terms = parse_selector("a=b,!c,d,e!=f")
+    assert all(t.matches({"a": "b", "d": "", "e": "g"}) for t in terms)
+    assert not all(t.matches({"a": "b", "c": "1", "d": ""}) for t in terms)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "flag"),
+    [
+        ({"image": " "}, "--job-image"),
+        ({"image": "i", "namespace": "Kube_System"}, "--namespace"),
+        ({"image": "i", "socket_dir": "run/x"}, "--socket-dir"),
+        ({"image": "i", "backoff_limit": 50}, "--job-backoff-limit"),
+        ({"image": "i", "active_deadline_s": 5}, "--job-active-deadline"),
+        ({"image": "i", "agent_retry_timeout_s": 400}, "--agent-retry-timeout"),
+        ({"image": "i", "image_pull_policy": "Sometimes"}, "--job-image-pull-policy"),
+    ],
+)
+def test_job_settings_errors_name_the_flag(kwargs: dict[str, Any], flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        JobSettings(**kwargs)
+
+
+def test_controller_settings_errors_name_the_flag() -> None:
+    job = JobSettings(image="i")
+    with pytest.raises(ConfigError, match="--label-key"):
+        ControllerSettings(job=job, label_key="bad key!")
+    with pytest.raises(ConfigError, match="--node-selector"):
+        ControllerSettings(job=job, node_selector="a in (b)")
+    assert ControllerSettings(job=job, node_selector="pool=gpu").node_watch_selector == (
+        "lj_runtimekit_enable,pool=gpu"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--job-image is required"),
+        (["--job-image=i", "--label-key=a b"], "--label-key"),
+        (["--job-image=i", "--lease-renew-deadline=20"], "--lease-retry-period <"),
+        (["--job-image=i", "--job-pod-annotations=novalue"], "--job-pod-annotations"),
+        (["--job-image=i", "--kubeconfig=/nonexistent/kubeconfig"], "no Kubernetes credentials"),
+    ],
+)
+def test_operator_mistakes_exit_1_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert controller_main.main([*argv, "--log-format=text"]) == 1
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+async def test_workqueue_dedups_serializes_and_backs_off() -> None:
+    seen: list[str] = []
+    active: set[str] = set()
+    overlap = False
+    failures = {"b": 2}
+    gate = asyncio.Event()
+
+    async def reconcile(key: str) -> Requeue | None:
+        nonlocal overlap
+        overlap = overlap or key in active
+        active.add(key)
+        seen.append(key)
+        await gate.wait()
+        active.discard(key)
+        if failures.get(key):
+            failures[key] -= 1
+            raise RuntimeError("transient")
+        if key == "c" and seen.count("c") == 1:
+            return Requeue(0.05)
+        return None
+
+    queue = WorkQueue(reconcile, workers=4, base_backoff_s=0.01)
+    queue.start()
+    for key in ("a", "a", "b", "c", "a"):
+        queue.add(key)
+    await asyncio.sleep(0.05)
+    queue.add("a")  # while "a" runs: once more afterwards, never concurrently
+    gate.set()
+    for _ in range(200):
+        if len(queue) == 0 and seen.count("b") == 3 and seen.count("c") == 2:
+            break
+        await asyncio.sleep(0.01)
+    await queue.stop()
+    assert not overlap
+    assert seen.count("a") == 2
+    assert seen.count("b") == 3  # two failures retried with backoff
+    assert seen.count("c") == 2  # requeued once
+    assert queue.errors == 2
