@@ -29,6 +29,7 @@ from lj_runtimekit.deploy.components import (
     RUNTIME_CLASS,
     RUNTIME_SOCKET_DIR,
     Component,
+    DeployError,
     image_ref,
 )
 from lj_runtimekit.proto.pkg.protocol import Protocol
@@ -144,13 +145,31 @@ def scheduler_config() -> Obj:
 
 
 def jobset_required(config: Obj) -> bool:
-    """True when a profile of the scheduler configuration enables a gang plugin."""
-    for profile in config.get("profiles") or []:
-        plugins = (profile.get("plugins") or {}).get("multiPoint") or {}
-        for plugin in plugins.get("enabled") or []:
-            if plugin.get("name") in GANG_PLUGINS:
-                return True
-    return False
+    """True when a profile of the scheduler configuration enables a gang plugin.
+
+    With the Scheduler Framework installed beside this helper its own parser
+    decides (it knows the default plugin set); otherwise the explicitly enabled
+    plugins are read.
+    """
+    try:
+        from lj_runtimekit.schedulerframework.internal.config import (
+            config as scheduler,
+        )
+    except ImportError:
+        names = {
+            plugin.get("name")
+            for profile in config.get("profiles") or []
+            for plugin in (
+                ((profile.get("plugins") or {}).get("multiPoint") or {}).get("enabled") or []
+            )
+        }
+    else:
+        try:
+            parsed = scheduler.parse_config(config, "scheduler-config.yaml")
+        except scheduler.ConfigError as exc:
+            raise DeployError(f"the scheduler configuration is not valid: {exc}") from exc
+        names = {plugin.name for profile in parsed.profiles for plugin in profile.plugins}
+    return bool(names & set(GANG_PLUGINS))
 
 
 def _yaml(data: Obj) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -312,8 +313,18 @@ def test_container_command_line_parses_with_the_real_flags(
         assert settings is not None
 
 
-def test_jobset_is_required_only_when_a_gang_plugin_is_enabled() -> None:
+def test_jobset_is_required_only_when_a_gang_plugin_is_enabled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     config = manifests.scheduler_config()
     assert manifests.jobset_required(config) is False
     config["profiles"][0]["plugins"] = {"multiPoint": {"enabled": [{"name": "Coscheduling"}]}}
+    registry = importlib.import_module("lj_runtimekit.schedulerframework.internal.plugins.registry")
+    if "Coscheduling" in registry.REGISTRY:
+        assert manifests.jobset_required(config) is True
+    else:  # the scheduler's own parser decides, and knows no gang plugin yet
+        with pytest.raises(DeployError, match="unknown plugin 'Coscheduling'"):
+            manifests.jobset_required(config)
+    # Without the Scheduler Framework installed: the explicitly enabled plugins.
+    monkeypatch.setitem(sys.modules, "lj_runtimekit.schedulerframework.internal.config", None)
     assert manifests.jobset_required(config) is True
