@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -131,3 +133,24 @@ def test_operator_mistakes_exit_1_with_one_line(
     log = plugin.log()
     assert message in log
     assert "Traceback" not in log
+
+
+async def test_registration_retries_until_the_kubelet_answers(make_bed: BedFactory) -> None:
+    async with make_bed() as bed:
+        await bed.kubelet.stop()
+        # A kubelet.sock nobody answers on (a kubelet still starting): registration fails.
+        dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dead.bind(str(bed.kubelet.socket_path))
+        try:
+            deadline = time.monotonic() + 10
+            while "registration failed, retrying" not in bed.plugin.log():
+                assert time.monotonic() < deadline, bed.fail("no failed registration logged")
+                await asyncio.sleep(0.05)
+        finally:
+            dead.close()
+        start = time.monotonic()
+        await bed.kubelet.start()
+        await bed.kubelet.wait_registered((GPU, CORE, MEMORY), 5, since=start)
+        assert time.monotonic() - start <= 2.0
+        # Failures back off and are logged once, not every poll.
+        assert bed.plugin.log().count(f"registration failed, retrying resource={GPU} ") == 1

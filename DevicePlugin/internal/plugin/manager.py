@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 
 from lj_runtimekit.deviceplugin.internal.plugin.server import (
@@ -28,6 +29,8 @@ from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager
 log = logging.getLogger(__name__)
 
 _Identity = tuple[int, int, int]
+_RETRY_FIRST_S = 0.1
+_RETRY_MAX_S = 1.0
 
 
 def _identity(path: Path) -> _Identity | None:
@@ -60,6 +63,7 @@ class PluginManager:
         self._registered_with: _Identity | None = None
         self._pending: set[str] = set()
         self._warned_no_kubelet = False
+        self._failures: dict[str, tuple[int, float]] = {}
         self.registrations = 0
         """Successful Register calls so far (for tests and metrics)."""
 
@@ -116,12 +120,28 @@ class PluginManager:
         if restarted and self._registered_with is not None:
             log.info("kubelet restarted, registering again socket=%s", self.kubelet_socket)
         self._registered_with = kubelet
+        now = time.monotonic()
         for resource in sorted(self._pending):
+            failures, not_before = self._failures.get(resource, (0, 0.0))
+            if restarted:
+                failures, not_before = 0, 0.0
+            if now < not_before:
+                continue
             try:
                 await self.endpoints[resource].register(self.kubelet_socket)
             except EndpointError as exc:
-                log.warning("registration failed, retrying resource=%s reason=%r", resource, exc)
+                failures += 1
+                delay = min(_RETRY_MAX_S, _RETRY_FIRST_S * 2 ** (failures - 1))
+                self._failures[resource] = (failures, time.monotonic() + delay)
+                if failures == 1 or failures % 20 == 0:
+                    log.warning(
+                        "registration failed, retrying resource=%s failures=%d reason=%r",
+                        resource,
+                        failures,
+                        str(exc),
+                    )
                 continue
+            self._failures.pop(resource, None)
             self._pending.discard(resource)
             self.registrations += 1
 
