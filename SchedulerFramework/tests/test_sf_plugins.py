@@ -62,7 +62,8 @@ def test_slices_share_a_device_up_to_100_percent(cluster: FakeCluster) -> None:
     assert all((s.core_percent, s.memory_percent) == (40, 30) for s in shares)
     pending = next(u for u in uids if u not in placed)
     assert cluster.events(pending, "FailedScheduling") == [
-        f"0/1 nodes are available: 1 Insufficient {CORE}."
+        "0/1 nodes are available: 1 node(s) had no GPU with the asked core and memory "
+        "percentage free."
     ]
     assert cluster.scheduler.cache.violations() == []
 

@@ -61,6 +61,9 @@ class Cache:
         self.mig_nodes: dict[str, set[str]] = {}
         self._mig_of: dict[str, dict[str, int]] = {}
         self.slice_nodes: set[str] = set()
+        # most free core % on one sliceable GPU of the node -> node names
+        self.slice_room: dict[int, set[str]] = {}
+        self._slice_room_of: dict[str, int] = {}
         self.generation = 0
 
     # -- indexes --------------------------------------------------------------------------
@@ -91,6 +94,17 @@ class Cache:
             self.slice_nodes.add(name)
         else:
             self.slice_nodes.discard(name)
+        room = -1
+        if present:
+            for d in node.devices.devices:
+                if d.kind == "gpu" and d.sliceable and d.core_free > room:
+                    room = d.core_free
+        old_room = self._slice_room_of.get(name)
+        if old_room != room:
+            if old_room is not None:
+                self.slice_room.get(old_room, set()).discard(name)
+            self._slice_room_of[name] = room
+            self.slice_room.setdefault(room, set()).add(name)
         migs = node.devices.mig_capacity() if present else {}
         old_migs = self._mig_of.get(name, {})
         if migs != old_migs:
@@ -111,6 +125,9 @@ class Cache:
                 if not self._capacity_count[kind][old_cap]:
                     del self._capacity_count[kind][old_cap]
         self.slice_nodes.discard(name)
+        old_room = self._slice_room_of.pop(name, None)
+        if old_room is not None:
+            self.slice_room.get(old_room, set()).discard(name)
         for prof in self._mig_of.pop(name, {}):
             self.mig_nodes.get(prof, set()).discard(name)
 
@@ -126,6 +143,14 @@ class Cache:
         for free in sorted(index, reverse=not ascending):
             if free >= at_least:
                 out.extend(sorted(index[free]))
+        return out
+
+    def nodes_with_slice_room(self, core: int, ascending: bool) -> list[str]:
+        """Nodes with a sliceable GPU with `core` % free or more, tightest (roomiest) first."""
+        out: list[str] = []
+        for room in sorted(self.slice_room, reverse=not ascending):
+            if room >= max(core, 0) and room >= 0:
+                out.extend(sorted(self.slice_room[room]))
         return out
 
     def free_whole(self, kind: str, node: str) -> int:

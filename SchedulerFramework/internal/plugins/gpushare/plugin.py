@@ -143,9 +143,10 @@ class GpuShare:
                 nodes = sorted(set.intersection(*sets))
                 return PreFilterResult(nodes, "node(s) had no free MIG instance asked for"), SUCCESS
         if req.only_slices:
-            return PreFilterResult(
-                sorted(cache.slice_nodes), "node(s) had no GPU in TDM mode"
-            ), SUCCESS
+            smallest = min(a.core for a in req.asks)
+            names = cache.nodes_with_slice_room(smallest, ascending=policy == "binpack")
+            reason = "node(s) had no GPU with the asked core and memory percentage free"
+            return PreFilterResult(names, reason, self.args.ranked_nodes_to_score), SUCCESS
         return None, SUCCESS
 
     def _check_runtime_class(self, pod: PodInfo) -> None:
