@@ -23,6 +23,7 @@ def test_defaults_and_sample_agree() -> None:
     (profile,) = default.profiles
     assert profile.scheduler_name == "lj-scheduler"
     assert [p.name for p in profile.plugins] == [
+        "Coscheduling",
         "NodeUnschedulable",
         "NodeAffinity",
         "TaintToleration",

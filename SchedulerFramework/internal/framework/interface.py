@@ -7,7 +7,7 @@ profile is built. Upstream equivalents: k8s.io/kubernetes/pkg/scheduler/framewor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lj_runtimekit.schedulerframework.internal.framework.types import (
@@ -103,6 +103,13 @@ class PostBindPlugin(Plugin, Protocol):
     def post_bind(self, state: CycleState, pod: PodInfo, node_name: str) -> None: ...
 
 
+@runtime_checkable
+class PodEventPlugin(Plugin, Protocol):
+    def on_pod_event(self, etype: str, pod: PodInfo) -> None:
+        """Every pod of this scheduler seen by the watch (ADDED / MODIFIED / DELETED)."""
+        ...
+
+
 class WaitingPod(Protocol):
     """A pod parked at Permit; any plugin may allow or reject it (gang scheduling)."""
 
@@ -138,6 +145,24 @@ class Handle(Protocol):
 
     def bind_pod(self, pod: PodInfo, node_name: str, annotations: Mapping[str, str]) -> Status:
         """Writes the Binding (with annotations: one write per pod)."""
+        ...
+
+    def activate(self, uids: Iterable[str]) -> None:
+        """Moves these pending pods to the active queue now (upstream Handle.Activate)."""
+        ...
+
+    def after_cycle(self, fn: Callable[[], None]) -> None:
+        """Runs `fn` in the scheduling thread once the current cycle has released the cache
+        lock (e.g. allowing a gang's waiting pods, which submits their binds)."""
+        ...
+
+    def filter_nodes(self, pod: PodInfo, skip: str) -> list[NodeInfo]:
+        """Every node on which `pod` passes the profile's PreFilter and Filter plugins, except
+        the plugin named `skip` (a gang plugin planning a whole gang)."""
+        ...
+
+    def get_json(self, path: str) -> dict[str, Any] | None:
+        """GET an API path as JSON; None when it does not exist or there is no API client."""
         ...
 
 

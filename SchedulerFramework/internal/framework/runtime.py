@@ -99,10 +99,13 @@ class Framework:
     # -- scheduling cycle ---------------------------------------------------------------
 
     def run_pre_filter(
-        self, state: CycleState, pod: PodInfo
+        self, state: CycleState, pod: PodInfo, skip: str = ""
     ) -> tuple[PreFilterResult | None, Status]:
         result: PreFilterResult | None = None
         for p in self.pre_filter:
+            if skip and p.name == skip:
+                state.skip_filter.add(p.name)
+                continue
             r, status = p.pre_filter(state, pod)
             if status.code == Code.SKIP:
                 state.skip_filter.add(p.name)

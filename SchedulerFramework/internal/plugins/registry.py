@@ -18,6 +18,7 @@ from lj_runtimekit.schedulerframework.internal.plugins import (
     nodeunschedulable,
     tainttoleration,
 )
+from lj_runtimekit.schedulerframework.internal.plugins.coscheduling import plugin as coscheduling
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare import plugin as gpushare
 
 
@@ -37,9 +38,11 @@ REGISTRY: dict[str, Registration] = {
     gpushare.NAME: Registration(gpushare.Args.parse, gpushare.new),
     devicetopology.NAME: Registration(devicetopology.Args.parse, devicetopology.new),
     defaultbinder.NAME: Registration(defaultbinder.Args.parse, defaultbinder.new),
+    coscheduling.NAME: Registration(coscheduling.Args.parse, coscheduling.new),
 }
 
 DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
+    (coscheduling.NAME, 0),  # first: its PreFilter narrows gang members to their planned nodes
     (nodeunschedulable.NAME, 0),
     (nodeaffinity.NAME, 0),
     (tainttoleration.NAME, 0),

@@ -12,6 +12,7 @@ import heapq
 import itertools
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from lj_runtimekit.schedulerframework.internal.framework.types import PodInfo
@@ -187,6 +188,18 @@ class SchedulingQueue:
             self._unschedulable.clear()
             for qp in pods:
                 self._move(qp, now)
+
+    def activate(self, uids: Iterable[str]) -> None:
+        """Moves these pods from unschedulable or backoff to the active queue now."""
+        with self._cond:
+            for uid in uids:
+                qp = self._pods.get(uid)
+                where = self._where.get(uid)
+                if qp is None or where not in ("unschedulable", "backoff"):
+                    continue
+                self._unschedulable.pop(uid, None)
+                qp.backoff_until = 0.0
+                self._push_active(qp)
 
     def close(self) -> None:
         with self._cond:

@@ -133,6 +133,7 @@ class FakeCluster:
         scheduler_name: str = "lj-scheduler",
         runtime_class: str | None = "lj-runtime",
         init: list[Mapping[str, str]] | None = None,
+        labels: Mapping[str, str] | None = None,
         **spec: Any,
     ) -> str:
         uid = f"uid-{next(self._uid)}"
@@ -144,6 +145,7 @@ class FakeCluster:
                 "namespace": "default",
                 "uid": uid,
                 "annotations": dict(annotations or {}),
+                "labels": dict(labels or {}),
             },
             "spec": {
                 "schedulerName": scheduler_name,

@@ -12,14 +12,16 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.config.config import Config
-from lj_runtimekit.schedulerframework.internal.framework.interface import WaitingPod
+from lj_runtimekit.schedulerframework.internal.framework.interface import PodEventPlugin, WaitingPod
 from lj_runtimekit.schedulerframework.internal.framework.runtime import (
     Diagnosis,
     EnabledPlugin,
@@ -156,6 +158,10 @@ class Scheduler:
         self._waiting: dict[str, _WaitingPod] = {}
         self._waiting_lock = threading.Lock()
         self._node_signatures: dict[str, tuple[object, ...]] = {}
+        self._after_cycle: list[Callable[[], None]] = []
+        self._pod_listeners = [
+            p for f in self.frameworks.values() for p in f.plugins if isinstance(p, PodEventPlugin)
+        ]
         self.bound = 0
         self.bind_failures = 0
 
@@ -179,6 +185,46 @@ class Scheduler:
 
     def event(self, pod: PodInfo, kind: str, reason: str, message: str) -> None:
         self.recorder.event(pod, kind, reason, message)
+
+    def activate(self, uids: Iterable[str]) -> None:
+        self.queue.activate(uids)
+
+    def after_cycle(self, fn: Callable[[], None]) -> None:
+        self._after_cycle.append(fn)
+
+    def _run_after_cycle(self) -> None:
+        while self._after_cycle:
+            fn = self._after_cycle.pop(0)
+            try:
+                fn()
+            except Exception:
+                log.exception("after-cycle hook failed")
+
+    def filter_nodes(self, pod: PodInfo, skip: str) -> list[NodeInfo]:
+        fwk = self.frameworks.get(pod.scheduler_name)
+        if fwk is None or pod.parse_errors:
+            return []
+        state = CycleState()
+        with self._cache.lock:
+            pre, status = fwk.run_pre_filter(state, pod, skip)
+            if not status.ok:
+                return []
+            nodes = self._cache.nodes
+            if pre is not None:
+                candidates = [n for n in (nodes.get(x) for x in pre.node_names) if n is not None]
+            else:
+                candidates = list(nodes.values())
+            return [n for n in candidates if n.present and fwk.run_filters(state, pod, n).ok]
+
+    def get_json(self, path: str) -> dict[str, Any] | None:
+        if self.kube is None:
+            return None
+        try:
+            return self.kube.request("GET", path, timeout_s=10)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def bind_pod(self, pod: PodInfo, node_name: str, annotations: Mapping[str, str]) -> Status:
         if self.kube is None:
@@ -227,6 +273,9 @@ class Scheduler:
         if etype != "DELETED" and self._unchanged_bound_pod(obj):
             return  # e.g. a status update of a running pod: nothing to account
         pod = parse_pod(obj)
+        if self._pod_listeners and pod.scheduler_name in self.frameworks:
+            for listener in self._pod_listeners:
+                listener.on_pod_event(etype, pod)
         if etype == "DELETED":
             self.queue.delete(pod.uid)
             waiting = self.get_waiting_pod(pod.uid)
@@ -284,6 +333,12 @@ class Scheduler:
                 self.queue.requeue_backoff(qp)
 
     def schedule_one(self, qp: QueuedPod) -> None:
+        try:
+            self._schedule_one(qp)
+        finally:
+            self._run_after_cycle()
+
+    def _schedule_one(self, qp: QueuedPod) -> None:
         pod = qp.pod
         fwk = self.frameworks.get(pod.scheduler_name)
         if fwk is None or pod.deleting or pod.uid in self._cache.pods:
@@ -381,8 +436,9 @@ class Scheduler:
         self._cache.forget_pod(b.queued.pod.uid)
         if rejection.message() == "pod deleted":
             self.queue.done(b.queued.pod.uid)
-            return
-        self._fail(b.framework, b.queued, rejection, rejection.message())
+        else:
+            self._fail(b.framework, b.queued, rejection, rejection.message())
+        self.queue.move_all_to_active_or_backoff()  # what it held is free again
 
     def _forget(self, b: _Binding) -> None:
         b.framework.run_unreserve(b.state, b.queued.pod, b.node)

@@ -1,0 +1,1 @@
+"""Coscheduling: all-or-nothing gang scheduling of JobSets and pod groups."""

@@ -1,0 +1,658 @@
+"""Coscheduling: all-or-nothing placement of gangs, in the network domain that fits them.
+
+Cycle order (scheduler-plugins' Coscheduling, plus a gang-wide plan):
+
+- PreFilter: the pod's gang (gang.py; a bad definition is an unresolvable
+  reason). A gang backing off, or with fewer members created than its
+  minimum, waits. Otherwise the first member plans the *whole* remaining gang
+  against the capacity that is free now and not claimed by another gang
+  (networktopology/placement.py: the smallest domain that holds it). No plan,
+  no reservation: the member stays Pending with the reason. The plan claims
+  its nodes; each member is narrowed to its Job's planned nodes.
+- Filter: other pods keep off nodes claimed by a gang being placed.
+- Reserve: the member takes one planned slot (GpuShare reserves the devices).
+- Permit: WAIT until running + reserved members reach the minimum, then every
+  waiting member is allowed at once and all bind. The wait ends at the plan's
+  deadline (the gang timeout); the first member to time out releases every
+  reserved member of the gang (Unreserve) and the gang backs off.
+
+Deadlock rule (README "Gang scheduling"): a gang reserves nothing until the
+whole remaining gang fits in capacity that is free and unclaimed, and plans
+are made one at a time by the single scheduling thread in queue order
+(priority, then age), so two gangs never hold parts of the same capacity; what
+a gang claims or reserves is released at its timeout at the latest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Gauge
+
+from lj_runtimekit.proto.pkg.featuregate import FEATURE_MINIMUMS, Feature, evaluate
+from lj_runtimekit.proto.pkg.version import InvalidVersionError
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.framework.args import (
+    ArgsError,
+    boolean,
+    check_fields,
+)
+from lj_runtimekit.schedulerframework.internal.framework.interface import Handle
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    SUCCESS,
+    Code,
+    CycleState,
+    PodInfo,
+    PreFilterResult,
+    Status,
+    unresolvable,
+    unschedulable,
+)
+from lj_runtimekit.schedulerframework.internal.kube.client import KubeError
+from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import (
+    EXCLUSIVE_TOPOLOGY,
+    JOBSET_NAME,
+    GangError,
+    GangSpec,
+    gang_of,
+    jobset_size,
+)
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import device_request
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import RequestError
+from lj_runtimekit.schedulerframework.internal.plugins.networktopology.placement import (
+    Candidate,
+    PlacementError,
+    plan,
+)
+
+log = logging.getLogger(__name__)
+
+NAME = "Coscheduling"
+STATE_KEY = "Coscheduling/gang"
+JOBSET_API = "/apis/jobset.x-k8s.io/v1alpha2"
+JOBSET_CACHE_S = 30.0
+
+WAITING_GANGS = Gauge(
+    "lj_scheduler_waiting_gangs",
+    "Gangs with members reserved and waiting at Permit for the rest of the gang.",
+)
+WAITING_MEMBERS = Gauge(
+    "lj_scheduler_gang_waiting_members",
+    "Gang members reserved (devices held) and waiting at Permit.",
+)
+
+
+@dataclass(frozen=True)
+class Args:
+    default_timeout_seconds: float = 60.0
+    """How long reserved members wait for the rest (annotation gang_timeout_seconds overrides)."""
+    backoff_seconds: float = 10.0
+    """How long a gang that timed out waits before it is tried again."""
+    require_job_set: bool = False
+    """JobSet (>= v0.8.0) must be installed: deploy-all.sh precheck reads this; the scheduler
+    checks the CRD at start."""
+
+    @staticmethod
+    def parse(raw: Mapping[str, Any]) -> Args:
+        check_fields(NAME, raw, ("defaultTimeoutSeconds", "backoffSeconds", "requireJobSet"))
+        out = {}
+        for key, default in (("defaultTimeoutSeconds", 60.0), ("backoffSeconds", 10.0)):
+            value = raw.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ArgsError(
+                    f"pluginConfig {NAME}: args.{key} must be a number of seconds > 0, "
+                    f"got {value!r}"
+                )
+            out[key] = float(value)
+        return Args(
+            default_timeout_seconds=out["defaultTimeoutSeconds"],
+            backoff_seconds=out["backoffSeconds"],
+            require_job_set=boolean(NAME, raw, "requireJobSet", False),
+        )
+
+
+@dataclass
+class _Plan:
+    slots: dict[str, dict[str, int]]
+    deadline: float
+    how: str
+    gate_note: str = ""
+    used: dict[str, dict[str, int]] = field(default_factory=dict)
+    member_at: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def free_nodes(self, job: str) -> list[str]:
+        used = self.used.get(job, {})
+        return [n for n, c in self.slots.get(job, {}).items() if used.get(n, 0) < c]
+
+    def node_full(self, node: str) -> bool:
+        return all(
+            self.used.get(job, {}).get(node, 0) >= nodes.get(node, 0)
+            for job, nodes in self.slots.items()
+        )
+
+
+@dataclass
+class _Gang:
+    key: str
+    spec: GangSpec | None = None
+    members: dict[str, PodInfo] = field(default_factory=dict)
+    reserved: set[str] = field(default_factory=set)
+    waiting: set[str] = field(default_factory=set)
+    permitted: set[str] = field(default_factory=set)
+    plan: _Plan | None = None
+    backoff_until: float = 0.0
+    backoff_reason: str = ""
+    releasing: bool = False
+    max_size: int | None = None
+
+    def placed(self) -> int:
+        running = {u for u, p in self.members.items() if p.node_name}
+        return len(running | self.reserved)
+
+    def running_nodes(self) -> set[str]:
+        return {p.node_name for p in self.members.values() if p.node_name}
+
+    def pending(self) -> list[PodInfo]:
+        return [
+            p
+            for u, p in self.members.items()
+            if not p.node_name and u not in self.reserved and not p.deleting
+        ]
+
+
+def gang_key(pod: PodInfo, group_annotation: str) -> str | None:
+    """The gang a pod belongs to (cheap: no size lookups)."""
+    group = pod.annotations.get(group_annotation)
+    if group is not None and group.strip():
+        return f"{pod.namespace}/{group.strip()}"
+    jobset = pod.labels.get(JOBSET_NAME)
+    return f"{pod.namespace}/{jobset}" if jobset else None
+
+
+class Coscheduling:
+    name = NAME
+
+    def __init__(self, args: Args, handle: Handle) -> None:
+        self.args = args
+        self.handle = handle
+        self.protocol = handle.protocol
+        self._gangs: dict[str, _Gang] = {}
+        self._claims: dict[str, str] = {}
+        """node -> gang whose plan holds it"""
+        self._jobsets: dict[tuple[str, str], tuple[int | None, float]] = {}
+        self._gates: dict[str, str | None] = {}
+        self._lock = threading.RLock()
+
+    # -- gang bookkeeping -----------------------------------------------------------------
+
+    def _jobset_size(self, namespace: str, name: str) -> int | None:
+        now = time.monotonic()
+        cached = self._jobsets.get((namespace, name))
+        if cached is not None and now - cached[1] < JOBSET_CACHE_S:
+            return cached[0]
+        size: int | None = None
+        try:
+            obj = self.handle.get_json(f"{JOBSET_API}/namespaces/{namespace}/jobsets/{name}")
+        except KubeError as exc:
+            log.warning("cannot read JobSet %s/%s: %s", namespace, name, exc)
+            obj = None
+        if obj is not None:
+            size = jobset_size(obj)
+        self._jobsets[(namespace, name)] = (size, now)
+        return size
+
+    def spec_of(self, pod: PodInfo) -> GangSpec | None:
+        cached = pod.extra.get(NAME)
+        if isinstance(cached, GangError):
+            raise cached
+        if isinstance(cached, GangSpec) or NAME in pod.extra:
+            return cached if isinstance(cached, GangSpec) else None
+        try:
+            spec = gang_of(pod, self.protocol, self.args.default_timeout_seconds, self._jobset_size)
+        except GangError as exc:
+            pod.extra[NAME] = exc
+            raise
+        pod.extra[NAME] = spec
+        return spec
+
+    def on_pod_event(self, etype: str, pod: PodInfo) -> None:
+        key = gang_key(pod, self.protocol.annotations.gang_group)
+        if key is None:
+            return
+        with self._lock:
+            g = self._gangs.get(key)
+            if etype == "DELETED" or pod.terminal:
+                if g is None:
+                    return
+                g.members.pop(pod.uid, None)
+                if pod.uid not in g.waiting:
+                    g.reserved.discard(pod.uid)
+                g.permitted.discard(pod.uid)
+                if not g.members and not g.reserved:
+                    self._drop_plan(g)
+                    del self._gangs[key]
+                return
+            if g is None:
+                g = self._gangs[key] = _Gang(key)
+            new = pod.uid not in g.members
+            g.members[pod.uid] = pod
+            if pod.node_name:
+                g.reserved.discard(pod.uid)
+                g.waiting.discard(pod.uid)
+                g.permitted.discard(pod.uid)
+            elif new:  # a member arrived: the others may be waiting for it
+                others = [u for u, p in g.members.items() if not p.node_name and u != pod.uid]
+                if others:
+                    self.handle.activate(others)
+
+    def _gang(self, pod: PodInfo, spec: GangSpec) -> _Gang:
+        g = self._gangs.get(spec.key)
+        if g is None:
+            g = self._gangs[spec.key] = _Gang(spec.key)
+        g.spec = spec
+        if pod.uid not in g.members and not pod.node_name:
+            g.members[pod.uid] = pod
+        return g
+
+    def _drop_plan(self, g: _Gang) -> None:
+        if g.plan is None:
+            return
+        for nodes in g.plan.slots.values():
+            for n in nodes:
+                if self._claims.get(n) == g.key:
+                    del self._claims[n]
+        g.plan = None
+
+    def _gc(self, now: float) -> None:
+        for g in list(self._gangs.values()):
+            if g.plan is not None and g.plan.deadline < now and not g.waiting:
+                self._drop_plan(g)
+
+    def _update_gauges(self) -> None:
+        WAITING_GANGS.set(sum(1 for g in self._gangs.values() if g.waiting))
+        WAITING_MEMBERS.set(sum(len(g.waiting) for g in self._gangs.values()))
+
+    # -- topology and capacity ------------------------------------------------------------
+
+    def _gate(self, node: NodeInfo) -> str | None:
+        """None when the node's Runtime supports topology-aware gangs, else why not."""
+        key = self.protocol.labels.runtime_version
+        version = node.labels.get(key)
+        if version is None:
+            return f"node {node.name} has no label {key}"
+        if version not in self._gates:
+            try:
+                report = evaluate(version)
+            except InvalidVersionError as exc:
+                self._gates[version] = f"label {key}: {exc}"
+            else:
+                self._gates[version] = (
+                    None
+                    if report.is_enabled(Feature.TOPOLOGY_GANG)
+                    else f"runs Runtime {version}; feature {Feature.TOPOLOGY_GANG} needs "
+                    f"{FEATURE_MINIMUMS[Feature.TOPOLOGY_GANG]}"
+                )
+        reason = self._gates[version]
+        return None if reason is None else f"node {node.name} {reason}"
+
+    def _slots(self, pod: PodInfo, node: NodeInfo) -> int:
+        """How many copies of `pod` fit on the node now (it passed the filters: >= 1)."""
+        n = 1 << 20
+        for r, v in pod.requests.items():
+            if v > 0 and r in node.allocatable:
+                n = min(n, (node.allocatable[r] - node.requested.get(r, 0)) // v)
+        try:
+            req = device_request(pod, self.handle)
+        except RequestError:
+            req = None
+        if req is not None and req.only_whole:
+            kind = req.asks[0].kind
+            n = min(n, self.handle.cache.free_whole(kind, node.name) // req.whole_total()[kind])
+        return max(n, 1)
+
+    def _max_size(self, pod: PodInfo) -> int | None:
+        """Members like `pod` the whole cluster could hold when empty (None: not computed)."""
+        try:
+            req = device_request(pod, self.handle)
+        except RequestError:
+            return None
+        if req is None or not req.only_whole:
+            return None
+        kind = req.asks[0].kind
+        k = req.whole_total()[kind]
+        return sum(n.devices.whole_capacity(kind) // k for n in self.handle.cache.node_infos())
+
+    def _exclusive_domains(self, own: str) -> dict[tuple[str, str], str]:
+        """(label key, value) -> job, for domains other gangs' exclusive jobs hold."""
+        nodes = self.handle.cache.nodes
+        out: dict[tuple[str, str], str] = {}
+        for g in self._gangs.values():
+            spec = g.spec
+            if g.key == own or spec is None or spec.exclusive_key is None:
+                continue
+            key = spec.exclusive_key
+            where = set(g.running_nodes())
+            if g.plan is not None:
+                where |= {n for ns in g.plan.slots.values() for n in ns}
+            for u in g.reserved:
+                p = g.members.get(u)
+                st = self.handle.cache.pods.get(u)
+                if st is not None:
+                    where.add(st.node)
+                elif p is not None and p.node_name:
+                    where.add(p.node_name)
+            for n in where:
+                info = nodes.get(n)
+                if info is not None and key in info.labels:
+                    out[(key, info.labels[key])] = g.key
+        return out
+
+    def _make_plan(self, pod: PodInfo, g: _Gang, spec: GangSpec, now: float) -> Status:
+        need = spec.min_members - g.placed()
+        pending = g.pending()
+        by_job: Counter[str] = Counter()
+        reps: dict[str, PodInfo] = {}
+        for p in sorted(pending, key=lambda p: (p.uid != pod.uid, p.name)):
+            job = self._job(p)
+            reps.setdefault(job, p)
+        for p in sorted(pending, key=lambda p: (self._job(p), p.name)):
+            if sum(by_job.values()) >= need:
+                break
+            by_job[self._job(p)] += 1
+        if need <= 0:
+            return SUCCESS
+        held_exclusive = self._exclusive_domains(g.key)
+        cands: dict[str, dict[str, int]] = {}
+        infos: dict[str, NodeInfo] = {}
+        for job in by_job:
+            for node in self.handle.filter_nodes(reps[job], skip=NAME):
+                owner = self._claims.get(node.name)
+                if owner is not None and owner != g.key:
+                    continue
+                if any((k, node.labels.get(k)) in held_exclusive for k, _ in held_exclusive):
+                    continue
+                infos[node.name] = node
+                cands.setdefault(node.name, {})[job] = self._slots(reps[job], node)
+        a = self.protocol.labels
+        candidates = [
+            Candidate(
+                n,
+                slots,
+                infos[n].labels.get(a.topology_block),
+                infos[n].labels.get(a.topology_switch),
+                infos[n].labels,
+            )
+            for n, slots in sorted(cands.items())
+        ]
+        gated = {c.name: self._gate(infos[c.name]) for c in candidates}
+        off = [r for r in gated.values() if r is not None]
+        required = spec.topology == "required"
+        busy: set[str] = set()
+        if spec.exclusive_key:
+            busy = self._busy_exclusive(spec.exclusive_key, g.key, held_exclusive)
+        anchors = g.running_nodes()
+        note = ""
+        try:
+            if not off:
+                slots, how = plan(
+                    candidates, by_job, True, required, spec.exclusive_key, busy, anchors
+                )
+            else:
+                on = [c for c in candidates if gated[c.name] is None]
+                try:
+                    slots, how = plan(on, by_job, True, required, spec.exclusive_key, busy, anchors)
+                except PlacementError:
+                    note = (
+                        f"topology-aware gang placement is off ({off[0]}"
+                        f"{f' and {len(off) - 1} more node(s)' if len(off) > 1 else ''}); "
+                        "placing the gang all-or-nothing without topology"
+                    )
+                    slots, how = plan(candidates, by_job, False, False, None, (), anchors)
+        except PlacementError as exc:
+            return unschedulable(
+                f"gang {g.key}: {g.placed()}/{spec.min_members} members placed, no room for the "
+                f"{need} still to place: {exc}"
+            )
+        g.plan = _Plan(slots, now + spec.timeout_s, how, note)
+        for nodes in slots.values():
+            for n in nodes:
+                self._claims[n] = g.key
+        log.info(
+            "gang planned",
+            extra={"gang": g.key, "members": need, "nodes": len(cands), "placement": how},
+        )
+        return SUCCESS
+
+    def _busy_exclusive(self, key: str, own: str, held: Mapping[tuple[str, str], str]) -> set[str]:
+        """Values of label `key` that hold pods of other gangs, or are claimed by them."""
+        nodes = self.handle.cache.nodes
+        busy = {value for (k, value) in held if k == key}
+        for g in self._gangs.values():
+            if g.key == own:
+                continue
+            where = g.running_nodes() | {
+                st.node for u in g.reserved if (st := self.handle.cache.pods.get(u)) is not None
+            }
+            for n in where:
+                info = nodes.get(n)
+                if info is not None and key in info.labels:
+                    busy.add(info.labels[key])
+        for n, owner in self._claims.items():
+            info = nodes.get(n)
+            if owner != own and info is not None and key in info.labels:
+                busy.add(info.labels[key])
+        return busy
+
+    def _job(self, pod: PodInfo) -> str:
+        try:
+            spec = self.spec_of(pod)
+        except GangError:
+            return ""
+        return spec.job if spec is not None else ""
+
+    # -- PreFilter / Filter ---------------------------------------------------------------
+
+    def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
+        try:
+            spec = self.spec_of(pod)
+        except GangError as exc:
+            return None, unresolvable(str(exc))
+        if spec is None:
+            return None, SUCCESS
+        with self._lock:
+            now = time.monotonic()
+            self._gc(now)
+            state.write(STATE_KEY, spec.key)
+            g = self._gang(pod, spec)
+            placed = g.placed()
+            if placed >= spec.min_members:
+                return None, SUCCESS  # complete (or completing): extra or restarted member
+            if g.backoff_until > now:
+                return None, unschedulable(
+                    f"gang {g.key} is backing off for {g.backoff_until - now:.0f}s after "
+                    f"{g.backoff_reason}"
+                )
+            if g.max_size is None or spec.min_members > g.max_size:
+                g.max_size = self._max_size(pod) or 0
+            if g.max_size and spec.min_members > g.max_size:
+                return None, unresolvable(
+                    f"gang {g.key} needs {spec.min_members} members but the whole cluster could "
+                    f"hold at most {g.max_size} pods like {pod.key} even when empty"
+                )
+            created = sum(1 for p in g.members.values() if not p.deleting)
+            if created < spec.min_members:
+                return None, unschedulable(
+                    f"gang {g.key}: {created}/{spec.min_members} members created; waiting for "
+                    "the rest"
+                )
+            if g.plan is None:
+                status = self._make_plan(pod, g, spec, now)
+                if not status.ok:
+                    return None, status
+            if g.plan is None:
+                return None, SUCCESS
+            nodes = g.plan.free_nodes(spec.job)
+            if not nodes:
+                nodes = [n for job in g.plan.slots for n in g.plan.free_nodes(job)]
+            if not nodes:
+                return None, unschedulable(f"gang {g.key}: no planned slot left for {pod.key}")
+            return PreFilterResult(
+                list(dict.fromkeys(nodes)), f"node(s) outside gang {g.key}'s placement", 1
+            ), SUCCESS
+
+    def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
+        owner = self._claims.get(node.name)
+        if owner is None or owner == state.read(STATE_KEY):
+            return SUCCESS
+        return unschedulable("node(s) held for a gang being placed")
+
+    # -- Reserve / Permit -----------------------------------------------------------------
+
+    def reserve(self, state: CycleState, pod: PodInfo, node_name: str) -> Status:
+        key = state.read(STATE_KEY)
+        if not isinstance(key, str):
+            return SUCCESS
+        with self._lock:
+            g = self._gangs.get(key)
+            if g is None or g.spec is None:
+                return SUCCESS
+            g.reserved.add(pod.uid)
+            p = g.plan
+            if p is not None:
+                job = g.spec.job
+                if p.used.get(job, {}).get(node_name, 0) >= p.slots.get(job, {}).get(node_name, 0):
+                    job = next(
+                        (
+                            j
+                            for j, ns in p.slots.items()
+                            if p.used.get(j, {}).get(node_name, 0) < ns.get(node_name, 0)
+                        ),
+                        job,
+                    )
+                used = p.used.setdefault(job, {})
+                used[node_name] = used.get(node_name, 0) + 1
+                p.member_at[pod.uid] = (job, node_name)
+                if p.node_full(node_name) and self._claims.get(node_name) == key:
+                    del self._claims[node_name]
+        return SUCCESS
+
+    def unreserve(self, state: CycleState, pod: PodInfo, node_name: str) -> None:
+        key = state.read(STATE_KEY)
+        if not isinstance(key, str):
+            return
+        with self.handle.cache.lock, self._lock:
+            g = self._gangs.get(key)
+            if g is None:
+                return
+            was_waiting = pod.uid in g.waiting
+            g.reserved.discard(pod.uid)
+            g.waiting.discard(pod.uid)
+            if pod.uid in g.permitted:  # a failed bind after the gang was allowed
+                g.permitted.discard(pod.uid)
+                return
+            p = g.plan
+            if p is not None and pod.uid in p.member_at:
+                job, node = p.member_at.pop(pod.uid)
+                p.used[job][node] -= 1
+            if was_waiting and not g.releasing:
+                deleted = pod.uid not in g.members
+                self._release(g, "a member was deleted" if deleted else "its timeout", deleted)
+            self._update_gauges()
+
+    def _release(self, g: _Gang, reason: str, deleted: bool) -> None:
+        """Every waiting member of the gang gives its reservation back; the gang backs off."""
+        g.releasing = True
+        try:
+            self._drop_plan(g)
+            if not deleted:
+                g.backoff_until = time.monotonic() + self.args.backoff_seconds
+                g.backoff_reason = (
+                    f"{reason} with {g.placed()}/{g.spec.min_members if g.spec else '?'} "
+                    "members reserved"
+                )
+                timer = threading.Timer(self.args.backoff_seconds, self._retry, (g.key,))
+                timer.daemon = True
+                timer.start()
+            then = "retrying" if deleted else f"backing off {self.args.backoff_seconds:g}s"
+            message = f"gang {g.key} released every reserved member ({reason}); {then}"
+            for uid in list(g.waiting):
+                w = self.handle.get_waiting_pod(uid)
+                if w is not None:
+                    w.reject(NAME, message)
+            g.waiting.clear()
+        finally:
+            g.releasing = False
+        self._update_gauges()
+
+    def _retry(self, key: str) -> None:
+        with self._lock:
+            g = self._gangs.get(key)
+            uids = [p.uid for p in g.pending()] if g is not None else []
+        if uids:
+            self.handle.activate(uids)
+
+    def permit(self, state: CycleState, pod: PodInfo, node_name: str) -> tuple[Status, float]:
+        key = state.read(STATE_KEY)
+        if not isinstance(key, str):
+            return SUCCESS, 0.0
+        with self._lock:
+            g = self._gangs.get(key)
+            if g is None or g.spec is None:
+                return SUCCESS, 0.0
+            spec = g.spec
+            placed = g.placed()
+            if placed >= spec.min_members:
+                waiting = list(g.waiting)
+                g.permitted |= set(waiting) | {pod.uid}
+                g.waiting.clear()
+                self._drop_plan(g)
+                self._update_gauges()
+                if waiting:
+                    self.handle.after_cycle(lambda: self._allow(waiting))
+                return SUCCESS, 0.0
+            now = time.monotonic()
+            deadline = g.plan.deadline if g.plan is not None else now + spec.timeout_s
+            left = deadline - now
+            if left <= 0:
+                return unschedulable(f"gang {g.key} timed out before this member reserved"), 0.0
+            g.waiting.add(pod.uid)
+            self._update_gauges()
+            if g.plan is not None and g.plan.gate_note:
+                self.handle.event(pod, "Normal", "GangTopologyOff", g.plan.gate_note)
+            self.handle.event(
+                pod,
+                "Normal",
+                "GangWaiting",
+                f"{placed}/{spec.min_members} members reserved, waiting up to {left:.0f}s "
+                f"(gang {g.key}, placed {g.plan.how if g.plan else 'without a plan'})",
+            )
+            return Status(Code.WAIT), left
+
+    def _allow(self, uids: list[str]) -> None:
+        for uid in uids:
+            w = self.handle.get_waiting_pod(uid)
+            if w is not None:
+                w.allow(NAME)
+
+    # -- for tests and the bench ------------------------------------------------------------
+
+    def gang_keys(self) -> list[str]:
+        with self._lock:
+            return sorted(self._gangs)
+
+    def claims(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._claims)
+
+
+def new(args: Args, handle: Handle) -> Coscheduling:
+    return Coscheduling(args, handle)
+
+
+__all__ = ["EXCLUSIVE_TOPOLOGY", "NAME", "WAITING_GANGS", "Args", "Coscheduling", "new"]

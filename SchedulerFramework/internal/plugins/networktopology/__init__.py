@@ -1,0 +1,1 @@
+"""NetworkTopology: choosing the network domain a gang is placed in (pure logic)."""

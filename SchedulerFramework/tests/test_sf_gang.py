@@ -1,0 +1,303 @@
+"""Gang scheduling on the in-memory framework: all or nothing, topology, deadlock, bad groups."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from lj_runtimekit.schedulerframework.internal.plugins.coscheduling import plugin as cos
+from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import (
+    EXCLUSIVE_TOPOLOGY,
+    JOB_KEY,
+    JOBSET_NAME,
+)
+from lj_runtimekit.schedulerframework.internal.schedtesting.fake import GPU, PROTOCOL, FakeCluster
+
+A = PROTOCOL.annotations
+L = PROTOCOL.labels
+
+
+def topo_cluster(
+    blocks: int = 2, switches: int = 2, nodes: int = 4, runtime: str = "v1.15.0"
+) -> FakeCluster:
+    c = FakeCluster()
+    for b in range(blocks):
+        for s in range(switches):
+            for n in range(nodes):
+                c.add_node(
+                    f"b{b}s{s}n{n}",
+                    labels={
+                        L.topology_block: f"b{b}",
+                        L.topology_switch: f"s{s}",
+                        L.runtime_version: runtime,
+                    },
+                )
+    return c
+
+
+def gang(c: FakeCluster, name: str, size: int, **ann: str) -> list[str]:
+    annotations = {A.gang_group: name, A.gang_min_members: str(size), **ann}
+    return [c.add_pod(f"{name}-{i}", {GPU: "8"}, annotations=annotations) for i in range(size)]
+
+
+def jobset(
+    c: FakeCluster, name: str, jobs: int, per_job: int, extra: Mapping[str, str] | None = None
+) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for j in range(jobs):
+        key = f"{name}-job{j}"
+        out[key] = [
+            c.add_pod(
+                f"{key}-{i}",
+                {GPU: "8"},
+                annotations={A.gang_min_members: str(jobs * per_job), **(extra or {})},
+                labels={JOBSET_NAME: name, JOB_KEY: key},
+            )
+            for i in range(per_job)
+        ]
+    return out
+
+
+def nodes_of(c: FakeCluster, uids: list[str]) -> list[str]:
+    return [c.node_of(u) for u in uids]
+
+
+def flush(c: FakeCluster) -> None:
+    """Lets every backed-off or unschedulable pod try again now, and schedules."""
+    q = c.scheduler.queue
+    q.move_all_to_active_or_backoff()
+    with q._cond:
+        q._backoff[:] = [(0.0, s, u) for (_, s, u) in q._backoff]
+    c.schedule()
+
+
+def wait_until(cond: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_gang_placed_whole_in_the_smallest_domain() -> None:
+    c = topo_cluster()
+    small = gang(c, "small", 3)
+    c.schedule()
+    assert all(nodes_of(c, small))
+    assert len({n[:4] for n in nodes_of(c, small)}) == 1  # one switch
+    big = gang(c, "big", 6)
+    c.schedule()
+    placed = nodes_of(c, big)
+    assert all(placed)
+    assert len({n[:2] for n in placed}) == 1
+    events = c.events(big[0], "GangWaiting")
+    assert events[0].startswith("1/6 members reserved, waiting up to 60s")
+
+
+def test_jobset_jobs_each_on_one_switch() -> None:
+    c = topo_cluster()
+    js = jobset(c, "train", jobs=2, per_job=4)
+    c.schedule()
+    for uids in js.values():
+        assert len({n[:4] for n in nodes_of(c, uids)}) == 1, nodes_of(c, uids)
+    assert len({n[:2] for uids in js.values() for n in nodes_of(c, uids)}) == 1
+
+
+def test_too_big_for_a_block_preferred_spans_fewest_required_stays_pending() -> None:
+    c = topo_cluster(blocks=3)
+    req = gang(c, "req", 10, **{A.gang_topology: "required"})
+    c.schedule()
+    assert not any(nodes_of(c, req))
+    assert any(
+        "topology required: no single block holds the 10 member(s)" in e
+        for e in c.events(req[0], "FailedScheduling")
+    )
+    assert c.scheduler.cache.pods == {}  # nothing reserved either
+    for u in req:
+        c.delete_pod(u)
+    pref = gang(c, "pref", 10)
+    c.schedule()
+    assert all(nodes_of(c, pref))
+    assert len({n[:2] for n in nodes_of(c, pref)}) == 2  # the fewest blocks
+
+
+def test_timeout_releases_every_member_and_devices() -> None:
+    c = FakeCluster(
+        {"profiles": [{"pluginConfig": [{"name": "Coscheduling", "args": {"backoffSeconds": 30}}]}]}
+    )
+    for i in range(3):
+        c.add_node(f"n{i}")
+    ann = {A.gang_group: "t", A.gang_min_members: "3", A.gang_timeout_seconds: "0.5"}
+    uids = [c.add_pod(f"t{i}", {GPU: "8"}, annotations=ann) for i in range(2)]
+    # the third member can never pass Filter on the planned nodes
+    uids.append(c.add_pod("t2", {GPU: "8"}, annotations=ann, nodeSelector={"nowhere": "x"}))
+    c.schedule()
+    assert not any(nodes_of(c, uids))
+    assert len(c.scheduler.cache.pods) == 2  # two reserved with their devices, waiting
+    assert cos.WAITING_GANGS._value.get() == 1
+    wait_until(lambda: not c.scheduler.cache.pods)
+    c.scheduler.wait_binds()
+    assert not any(nodes_of(c, uids))
+    assert cos.WAITING_GANGS._value.get() == 0
+    assert all(c.scheduler.cache.nodes[f"n{i}"].devices.free_whole("gpu") for i in range(3))
+    flush(c)
+    msgs = " ".join(c.events(uids[0]) + c.events(uids[1]))
+    assert "released every reserved member" in msgs or "timeout" in msgs
+    assert any("backing off" in e for u in uids[:2] for e in c.events(u, "FailedScheduling"))
+
+
+def test_four_competing_gangs_three_fit_no_deadlock() -> None:
+    c = topo_cluster(blocks=1, switches=3, nodes=4)  # 12 nodes, room for three 4-pod gangs
+    gangs: dict[str, list[str]] = {f"g{k}": [] for k in range(4)}
+    ann = {k: {A.gang_group: k, A.gang_min_members: "4"} for k in gangs}
+    for i in range(4):  # members arrive interleaved
+        for k in gangs:
+            gangs[k].append(c.add_pod(f"{k}-{i}", {GPU: "8"}, annotations=ann[k]))
+    c.schedule()
+    flush(c)
+    whole = [k for k, uids in gangs.items() if all(nodes_of(c, uids))]
+    none = [k for k, uids in gangs.items() if not any(nodes_of(c, uids))]
+    placement = {k: nodes_of(c, u) for k, u in gangs.items()}
+    assert len(whole) == 3, placement
+    assert len(none) == 1, placement
+    for u in gangs[none[0]]:
+        assert any("no room for the 4 still to place" in e for e in c.events(u))
+    assert not [p for p in c.scheduler.cache.pods.values() if p.assumed]
+    # the placed gangs finish: the fourth goes whole
+    for u in gangs[whole[0]]:
+        c.delete_pod(u)
+    flush(c)
+    assert all(nodes_of(c, gangs[none[0]]))
+
+
+def test_exclusive_topology_gives_each_job_a_whole_block() -> None:
+    c = topo_cluster(blocks=3, switches=1, nodes=4)
+    js = jobset(c, "ex", jobs=2, per_job=2, extra={EXCLUSIVE_TOPOLOGY: L.topology_block})
+    c.schedule()
+    blocks = {k: {n[:2] for n in nodes_of(c, u)} for k, u in js.items()}
+    assert all(len(b) == 1 for b in blocks.values())
+    assert len(set[str]().union(*blocks.values())) == 2
+    other = jobset(c, "other", jobs=1, per_job=2)
+    c.schedule()
+    (uids,) = other.values()
+    assert {n[:2] for n in nodes_of(c, uids)}.isdisjoint(set[str]().union(*blocks.values()))
+
+
+def test_restarted_member_rejoins_its_running_gang() -> None:
+    c = topo_cluster()
+    uids = gang(c, "r", 4)
+    c.schedule()
+    before = nodes_of(c, uids)
+    for u in uids:  # running
+        c.pods[u]["status"]["phase"] = "Running"
+    c.delete_pod(uids[0])
+    gang(c, "other", 3)  # competition for the freed node
+    c.schedule()
+    new = c.add_pod("r-0b", {GPU: "8"}, annotations={A.gang_group: "r", A.gang_min_members: "4"})
+    flush(c)
+    assert c.node_of(new)[:4] == before[1][:4]  # back in the gang's switch
+    assert not c.events(new, "GangWaiting")  # completes the gang: no wait
+
+
+def test_restart_while_waiting_binds_nothing_partial() -> None:
+    c = topo_cluster()
+    uids = gang(c, "w", 4)
+    for _ in range(2):  # two members reserved and waiting at Permit
+        qp = c.scheduler.queue.pop(timeout_s=0)
+        assert qp is not None
+        c.scheduler.schedule_one(qp)
+    assert len(c.scheduler.cache.pods) == 2
+    c.restart()
+    assert not any(nodes_of(c, uids))
+    c.schedule()
+    assert all(nodes_of(c, uids))
+
+
+def test_feature_gate_off_schedules_without_topology_and_says_so() -> None:
+    c = topo_cluster(blocks=3, runtime="v1.14.0")
+    uids = gang(c, "old", 10, **{A.gang_topology: "required"})
+    c.schedule()
+    assert all(nodes_of(c, uids))
+    note = c.events(uids[0], "GangTopologyOff")
+    assert note
+    assert "runs Runtime v1.14.0; feature topology-gang needs" in note[0]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "labels", "text"),
+    [
+        ({A.gang_group: "x"}, {}, "has no minimum: set annotation"),
+        ({A.gang_group: "x", A.gang_min_members: "two"}, {}, "must be an integer >= 1"),
+        ({A.gang_group: "x", A.gang_min_members: "0"}, {}, "must be an integer >= 1"),
+        ({A.gang_min_members: "2"}, {}, "names no gang"),
+        (
+            {A.gang_group: "x", A.gang_min_members: "2", A.gang_timeout_seconds: "-1"},
+            {},
+            "must be a number of seconds > 0",
+        ),
+        (
+            {A.gang_group: "x", A.gang_min_members: "2", A.gang_topology: "rack"},
+            {},
+            "must be one of required, preferred",
+        ),
+        ({A.gang_group: "x", A.gang_min_members: "100000"}, {}, "the whole cluster could hold"),
+        ({}, {JOBSET_NAME: "js"}, "the size of JobSet default/js is unknown"),
+        (
+            {A.gang_group: "x", A.gang_min_members: "1", EXCLUSIVE_TOPOLOGY: "k"},
+            {},
+            "applies to JobSet pods only",
+        ),
+    ],
+)
+def test_bad_group_definitions_stay_pending_with_the_reason(
+    annotations: dict[str, str], labels: dict[str, str], text: str
+) -> None:
+    c = topo_cluster(blocks=1, switches=1, nodes=2)
+    uid = c.add_pod("bad", {GPU: "8"}, annotations=annotations, labels=labels)
+    c.schedule()
+    assert not c.node_of(uid)
+    assert any(text in e for e in c.events(uid, "FailedScheduling")), c.events(uid)
+
+
+def test_jobset_size_from_the_jobset_object() -> None:
+    c = topo_cluster(blocks=1, switches=1, nodes=4)
+    obj = {
+        "spec": {
+            "replicatedJobs": [
+                {"name": "w", "replicas": 2, "template": {"spec": {"parallelism": 2}}},
+            ]
+        }
+    }
+    c.scheduler.get_json = lambda path: obj if path.endswith("/jobsets/js") else None  # type: ignore[method-assign]
+    uids = [
+        c.add_pod(f"js-{i}", {GPU: "8"}, labels={JOBSET_NAME: "js", JOB_KEY: f"js-w-{i // 2}"})
+        for i in range(3)
+    ]
+    c.schedule()
+    assert not any(nodes_of(c, uids))
+    assert any("3/4 members created" in e for e in c.events(uids[0], "FailedScheduling"))
+    uids.append(c.add_pod("js-3", {GPU: "8"}, labels={JOBSET_NAME: "js", JOB_KEY: "js-w-1"}))
+    c.schedule()
+    assert all(nodes_of(c, uids))
+    bad = c.add_pod(
+        "js2", {GPU: "8"}, annotations={A.gang_min_members: "9"}, labels={JOBSET_NAME: "js"}
+    )
+    c.schedule()
+    assert any("larger than JobSet default/js can ever be (4 pods" in e for e in c.events(bad))
+
+
+def test_config_args_validated() -> None:
+    from lj_runtimekit.schedulerframework.internal.config.config import ConfigError, parse_config
+
+    cfg = {"profiles": [{"pluginConfig": [{"name": "Coscheduling", "args": {"requireJobSet": 1}}]}]}
+    with pytest.raises(ConfigError, match=r"args\.requireJobSet must be true or false"):
+        parse_config(cfg, "<t>")
+    cfg = {
+        "profiles": [
+            {"pluginConfig": [{"name": "Coscheduling", "args": {"defaultTimeoutSeconds": 0}}]}
+        ]
+    }
+    with pytest.raises(ConfigError, match="defaultTimeoutSeconds must be a number of seconds"):
+        parse_config(cfg, "<t>")
