@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -52,3 +53,27 @@ async def test_eight_identical_slice_pods(make_bed: BedFactory) -> None:
         used = bed.kubelet.in_use[CORE]
         assert len(used) == 400
         assert {u.rpartition("::")[0] for u in used} == {bed.gpu(i) for i in range(4)}
+
+
+async def test_identical_slice_pods_admitted_in_any_order(make_bed: BedFactory) -> None:
+    """With the kubelet's /pods a pod is listed from its admission on: identity is exact."""
+    async with make_bed() as bed:
+        pods = [
+            bed.pod(
+                {"main": {CORE: 40, MEMORY: 40}},
+                {"main": [DeviceShare(bed.gpu(i), 40, 40)]},
+                name=f"spread-{i}",
+                listed=False,
+            )
+            for i in range(8)
+        ]
+        random.Random(7).shuffle(pods)  # the kubelet's order is not the scheduler's
+        for pod in pods:
+            opts = (await bed.kubelet.admit(pod))["main"]
+            assigned = bed.gpu(int(pod["metadata"]["name"].split("-")[1]))
+            assert opts.envs["LJ_VISIBLE_DEVICES"] == assigned
+            assert opts.annotations["lingjun.com/pod-uid"] == pod["metadata"]["uid"]
+        for a in await bed.allocations():
+            pod = next(p for p in pods if p["metadata"]["uid"] == a.pod_uid)
+            (d,) = a.devices
+            assert d.device_id == bed.gpu(int(pod["metadata"]["name"].split("-")[1]))

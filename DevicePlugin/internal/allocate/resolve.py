@@ -2,15 +2,21 @@
 
 The kubelet's Allocate names device IDs, not a pod. The candidates for a
 call to resource R with n device IDs are the containers of the node's active
-pods that ask for exactly n of R and have not been allocated R yet. They are
-ordered by:
+pods that ask for exactly n of R and have not been allocated R yet.
+
+With the kubelet's own `/pods` there is normally exactly one: the kubelet
+adds a pod to its pod manager (which `/pods` serves) immediately before
+admitting it, one pod at a time, so pods bound later, or later in the same
+batch, are not listed yet. Several candidates appear with the API server
+fallback (every pod bound to the node) or after lost plugin state; they are
+ordered as the kubelet admits them:
 
 1. pods the plugin is in the middle of (some container or resource already
-   allocated): the kubelet admits one pod at a time, all its containers and
-   resources in a row;
-2. the scheduler's assume time (annotation `annotations.assume_time`): the
-   order the scheduler bound them, which is the order the kubelet sees them;
-3. creation time, then namespace/name, then container position.
+   allocated): the kubelet finishes a pod before the next;
+2. creation time (the kubelet sorts each batch of new pods by it), then the
+   scheduler's assume time (`annotations.assume_time`: the bind order, which
+   is the arrival order that breaks creation-time ties);
+3. namespace/name, then container position.
 
 Within that order, identity by devices wins: a candidate whose assignment is
 exactly the kubelet's device IDs (whole devices, MIG instances), or whose one
@@ -135,8 +141,8 @@ def candidates(
                     )
             order = (
                 0 if pod.uid in in_progress else 1,
-                _time_key(pod.annotations.get(assume_key)),
                 pod.creation,
+                _time_key(pod.annotations.get(assume_key)),
                 pod.namespace,
                 pod.name,
                 position,

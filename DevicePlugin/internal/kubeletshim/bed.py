@@ -53,8 +53,14 @@ class Bed:
         raw_assignment: str | None = None,
         assume: int | None = None,
         name: str | None = None,
+        listed: bool = True,
     ) -> dict[str, Any]:
-        """Add a pending pod to the kubelet's list (with the scheduler's assignment)."""
+        """A pending pod with the scheduler's assignment.
+
+        `listed` puts it in the kubelet's `/pods` at once (as the API server sees
+        every bound pod); otherwise it appears there when the shim admits it, as
+        with a real kubelet.
+        """
         self._n += 1
         annotations = {}
         if assignment is not None:
@@ -71,7 +77,8 @@ class Bed:
             node_name="node-1",
             annotations=annotations,
         )
-        self.pods.put(pod)
+        if listed:
+            self.pods.put(pod)
         return pod
 
     async def allocations(self) -> list[rpb.Allocation]:
@@ -107,7 +114,7 @@ async def node_bed(
         SimulatorProcess(root / "rt", EXAMPLE_NODES / f"{node}.yaml", version=version) as sim,
         PodListServer() as pods,
     ):
-        async with KubeletShim(plugin_dir) as kubelet:
+        async with KubeletShim(plugin_dir, pods) as kubelet:
             plugin = PluginProcess(
                 plugin_dir,
                 root / "rt",

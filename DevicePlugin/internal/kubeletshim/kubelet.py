@@ -6,7 +6,8 @@ It does what the kubelet does, on real unix sockets and real gRPC:
   plugin directory and recreates the socket, as the kubelet does at start;
 - for each registration, dials the plugin's endpoint and follows its
   `ListAndWatch` stream (a new registration of a resource replaces the old);
-- admits pods like the device manager: per container (init containers
+- admits pods like the device manager (adding the pod to the `/pods` list
+  first when it has one, as the kubelet's pod manager does): per container (init containers
   first), per extended resource served by a plugin, picks healthy free device
   IDs (asking `GetPreferredAllocation` when the plugin offers it), calls
   `Allocate`, keeps the IDs in use until the pod is freed, and merges the
@@ -26,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from lj_runtimekit.deviceplugin.internal.kubeletshim.pods import PodListServer
 from lj_runtimekit.deviceplugin.pkg.configpb import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -122,8 +124,11 @@ class _Registration(api_pb2_grpc.RegistrationServicer):
 class KubeletShim:
     """The device-manager half of a kubelet on `plugin_dir`."""
 
-    def __init__(self, plugin_dir: Path) -> None:
+    def __init__(self, plugin_dir: Path, pod_list: PodListServer | None = None) -> None:
         self.plugin_dir = plugin_dir
+        self.pod_list = pod_list
+        """When set, `admit` adds the pod to this `/pods` list first, as the kubelet adds a
+        pod to its pod manager (which `/pods` serves) right before admitting it."""
         self.socket_path = plugin_dir / KUBELET_SOCKET
         self.registrations: list[Registration] = []
         self.plugins: dict[str, PluginView] = {}
@@ -288,6 +293,8 @@ class KubeletShim:
         the plugin's message) when a call fails; devices taken so far stay in use
         until `free`, as in the kubelet.
         """
+        if self.pod_list is not None:
+            self.pod_list.put(pod)
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         uid = str(meta.get("uid", ""))
