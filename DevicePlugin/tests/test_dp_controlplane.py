@@ -87,6 +87,11 @@ async def test_labels_records_and_api_fallback(
             assert time.monotonic() < deadline, bed.fail("no allocation record on the pod")
             await asyncio.sleep(0.2)
             pod = _pod(core, namespace, "trainer")
+        deadline = time.monotonic() + 30
+        while pod["metadata"]["annotations"].get(ANN.bind_phase) != "allocated":
+            assert time.monotonic() < deadline, bed.fail("bind phase not set to allocated")
+            await asyncio.sleep(0.2)
+            pod = _pod(core, namespace, "trainer")
         record = decode_assignment(pod["metadata"]["annotations"][ANN.allocated_devices])
         assert record == assignment
         log = bed.plugin.log()

@@ -264,9 +264,7 @@ async def _run(cfg: Config) -> None:
 async def _serve(
     cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: ResourceManager, version: str
 ) -> None:
-    recorder = (
-        ApiPodRecorder(cfg.api, cfg.protocol.annotations.allocated_devices) if cfg.api else None
-    )
+    recorder = ApiPodRecorder(cfg.api) if cfg.api else None
     if recorder is None:
         log.warning("no API server access: allocation records are kept by the Runtime only")
     allocator = Allocator(

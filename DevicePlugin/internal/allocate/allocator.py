@@ -58,11 +58,18 @@ _PASSED_THROUGH = {
 }
 
 
-class PodRecorder(TypingProtocol):
-    """Writes `annotations.allocated_devices` on pods (Kubernetes API; absent without access)."""
+BIND_PHASE_ALLOCATED = "allocated"
+"""`annotations.bind_phase` once every device container of the pod is allocated."""
 
-    async def record(self, namespace: str, name: str, value: str) -> None:
-        """Merge the annotation value onto the pod."""
+
+class PodRecorder(TypingProtocol):
+    """Writes records on pods (Kubernetes API; absent without access)."""
+
+    def submit(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge these annotations onto the pod soon, newest record winning."""
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait for writes in flight."""
 
 
 @dataclass
@@ -566,11 +573,22 @@ class Allocator:
     def _record(self, pod: PodInfo) -> None:
         if self._recorder is None:
             return
-        record = {h.container: h.shares for h in self.ledger.values() if h.pod_uid == pod.uid}
-        value = encode_assignment(record)
-        if pod.annotations.get(self._protocol.annotations.allocated_devices) == value:
+        ann = self._protocol.annotations
+        held = {h.container: h for h in self.ledger.values() if h.pod_uid == pod.uid}
+        value = encode_assignment({c: h.shares for c, h in held.items()})
+        served = self._rm.resources()
+        complete = all(
+            resource in held[c.name].called if c.name in held else False
+            for c in pod.containers
+            for resource in c.limits
+            if resource in served
+        )
+        annotations = {ann.allocated_devices: value}
+        if complete:
+            annotations[ann.bind_phase] = BIND_PHASE_ALLOCATED
+        if all(pod.annotations.get(k) == v for k, v in annotations.items()):
             return
-        self._spawn(self._recorder.record(pod.namespace, pod.name, value))
+        self._recorder.submit(pod.namespace, pod.name, annotations)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -630,6 +648,8 @@ class Allocator:
         """Wait for pending records and releases."""
         if self._background:
             await asyncio.wait(set(self._background), timeout=5)
+        if self._recorder is not None:
+            await self._recorder.drain()
 
 
 def _describe(shares: Iterable[DeviceShare]) -> str:
