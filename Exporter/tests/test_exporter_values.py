@@ -323,8 +323,12 @@ class Prometheus:
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"prometheus exited:\n{self.log_path.read_text()}")
-            with urllib.request.urlopen(self.base + "/-/ready", timeout=2) as r:
-                return bool(r.status == 200)
+            try:
+                with urllib.request.urlopen(self.base + "/-/ready", timeout=2) as r:
+                    return bool(r.status == 200)
+            except urllib.error.HTTPError as exc:  # 503 while it starts
+                exc.close()
+                return False
 
         lj.wait_for("prometheus to be ready", ready, timeout=60)
 
