@@ -12,7 +12,6 @@ from prometheus_client import (
     Counter,
     Histogram,
     ProcessCollector,
-    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
@@ -126,8 +125,6 @@ class ExporterMetrics:
     """
 
     def __init__(self) -> None:
-        # `_created` series double the counter output and help no dashboard.
-        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
         """The Exporter's own instruments (the snapshot is served beside them)."""
         self._lock = threading.Lock()
