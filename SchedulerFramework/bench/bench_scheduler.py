@@ -191,6 +191,58 @@ def overcommit_violations(kube: Kube) -> int:
     return bad
 
 
+def process_cpu_s(pid: int) -> float:
+    """user + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_lj(
+    kube: Kube,
+    cp: ControlPlane,
+    work: Path,
+    config: Path,
+    ns: str,
+    n: int,
+    limits: dict[str, str],
+) -> tuple[float, str, float]:
+    """Creates `n` pods, starts lj-scheduler, waits for all binds.
+
+    Returns (pods/s, the scheduler's /metrics text, its CPU seconds).
+    """
+    make_namespace(kube, ns)
+    create_pods(kube, ns, "lj-bench", n, limits)
+    watch = BindWatch(kube, ns)
+    port = free_port()
+    with (work / f"lj-scheduler-{ns}.log").open("wb") as out:
+        lj = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lj_runtimekit.schedulerframework.cmd.scheduler.main",
+                f"--config={config}",
+                f"--kubeconfig={cp.kubeconfig_path}",
+                f"--metrics-port={port}",
+                "--log-format=text",
+                "--log-level=warning",
+            ],
+            stdout=out,
+            stderr=out,
+            env=dict(os.environ),
+        )
+    try:
+        log(f"lj-scheduler run ({ns}, {limits})")
+        rate = watch.wait(n, 600)
+        log(f"lj-scheduler: {rate:.1f} pods/s")
+        cpu_s = process_cpu_s(lj.pid)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
+            text = r.read().decode()
+    finally:
+        lj.terminate()
+        lj.wait(30)
+    return rate, text, cpu_s
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/parts/scheduler.json")
@@ -254,16 +306,16 @@ def main() -> int:
         ks.start()
         try:
             results["kube_scheduler_whole_gpu_pods_per_s"] = watch.wait(args.pods, 600)
+            assert ks.pid is not None
+            results["kube_scheduler_cpu_ms_per_whole_gpu_pod"] = (
+                process_cpu_s(ks.pid) * 1000 / args.pods
+            )
         finally:
             ks.stop()
         log(f"kube-scheduler: {results['kube_scheduler_whole_gpu_pods_per_s']:.1f} pods/s")
         delete_pods(kube, "bench-kube")
 
         # 2. lj-scheduler, whole GPUs
-        make_namespace(kube, "bench-lj")
-        create_pods(kube, "bench-lj", "lj-bench", args.pods, {P.resources.gpu: "1"})
-        watch = BindWatch(kube, "bench-lj")
-        metrics_port = free_port()
         lj_cfg = work / "lj-scheduler.yaml"
         lj_cfg.write_text(
             yaml.safe_dump(
@@ -276,56 +328,33 @@ def main() -> int:
                 }
             )
         )
-        lj_log = (work / "lj-scheduler.log").open("wb")
-        lj = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "lj_runtimekit.schedulerframework.cmd.scheduler.main",
-                f"--config={lj_cfg}",
-                f"--kubeconfig={cp.kubeconfig_path}",
-                f"--metrics-port={metrics_port}",
-                "--log-format=text",
-                "--log-level=warning",
-            ],
-            stdout=lj_log,
-            stderr=lj_log,
-            env=dict(os.environ),
+        rate, text, cpu_s = run_lj(
+            kube, cp, work, lj_cfg, "bench-lj", args.pods, {P.resources.gpu: "1"}
         )
-        try:
-            log("lj-scheduler run (whole GPUs)")
-            results["whole_gpu_pods_per_s"] = watch.wait(args.pods, 600)
-            log(f"lj-scheduler: {results['whole_gpu_pods_per_s']:.1f} pods/s")
-            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics") as r:
-                text = r.read().decode()
-            p50, p99 = histogram_quantiles(
-                text, "lj_scheduler_filter_score_duration_seconds", (0.5, 0.99)
-            )
-            results["filter_score_p50_ms"] = p50
-            results["filter_score_p99_ms"] = p99
+        results["whole_gpu_pods_per_s"] = rate
+        results["cpu_ms_per_whole_gpu_pod"] = cpu_s * 1000 / args.pods
+        p50, p99 = histogram_quantiles(
+            text, "lj_scheduler_filter_score_duration_seconds", (0.5, 0.99)
+        )
+        results["filter_score_p50_ms"] = p50
+        results["filter_score_p99_ms"] = p99
 
-            # 3. slices
-            make_namespace(kube, "bench-share")
-            watch = BindWatch(kube, "bench-share")
-            log("lj-scheduler run (slices)")
-            creator = threading.Thread(
-                target=create_pods,
-                args=(
-                    kube,
-                    "bench-share",
-                    "lj-bench",
-                    args.share_pods,
-                    {P.resources.core: "25", P.resources.memory: "25"},
-                ),
-            )
-            creator.start()
-            results["share_pods_per_s"] = watch.wait(args.share_pods, 600)
-            creator.join()
-            log(f"lj-scheduler slices: {results['share_pods_per_s']:.1f} pods/s")
-        finally:
-            lj.terminate()
-            lj.wait(30)
-            lj_log.close()
+        # 3. lj-scheduler, slices (a fresh process, pods created before it starts)
+        rate, text, cpu_s = run_lj(
+            kube,
+            cp,
+            work,
+            lj_cfg,
+            "bench-share",
+            args.share_pods,
+            {P.resources.core: "25", P.resources.memory: "25"},
+        )
+        results["share_pods_per_s"] = rate
+        p50, p99 = histogram_quantiles(
+            text, "lj_scheduler_filter_score_duration_seconds", (0.5, 0.99)
+        )
+        results["share_filter_score_p50_ms"] = p50
+        results["share_filter_score_p99_ms"] = p99
         results["overcommit_violations"] = overcommit_violations(kube)
         api.close()
     results["whole_gpu_ratio_vs_kube_scheduler"] = (
@@ -336,6 +365,8 @@ def main() -> int:
     out["whole_gpu_pods"] = args.pods
     out["share_pods"] = args.share_pods
     out["bench_duration_s"] = round(time.monotonic() - began, 1)
+    out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 1)
+    out["cpus"] = os.cpu_count() or 0
     out_doc = out
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out_doc, indent=2) + "\n")
