@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from lj_runtimekit.schedulerframework.internal.framework.types import KubeObject
@@ -89,4 +88,3 @@ class Informer:
                 log.warning("watch broke, retrying: %s", exc, extra={"informer": self.name})
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
-                time.sleep(0)
