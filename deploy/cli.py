@@ -117,9 +117,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         report.extend(verify.check_nodes(nodes, protocol))
     report.extend(verify.stale_report(nodes, protocol))
     with_protocol = [c for c in components if c.name != "controller"]
+    configmaps = _items(str(snap / "configmaps.json"))
+    report.extend(verify.check_rolled_config(components, workloads, configmaps))
     report.extend(
         verify.check_configmaps(
-            _items(str(snap / "configmaps.json")),
+            configmaps,
             protocol,
             args.protocol_name,
             with_protocol,

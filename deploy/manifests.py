@@ -123,8 +123,8 @@ SETTINGS: Mapping[str, tuple[Setting, ...]] = {
 
 SCHEDULER_CONFIG_KEY = "scheduler-config.yaml"
 SCHEDULER_NAME = "lj-scheduler"
-GANG_PLUGINS = ("Coscheduling", "Gang", "GangScheduling", "TopologyGang")
-"""Scheduler plugins that place JobSet gangs: enabling one makes precheck require JobSet."""
+GANG_PLUGIN = "Coscheduling"
+"""The scheduler's gang plugin; its `requireJobSet` arg makes precheck require JobSet."""
 
 
 def scheduler_config() -> Obj:
@@ -140,36 +140,53 @@ def scheduler_config() -> Obj:
             "renewDeadline": "10s",
             "retryPeriod": "2s",
         },
-        "profiles": [{"schedulerName": SCHEDULER_NAME}],
+        "profiles": [
+            {
+                "schedulerName": SCHEDULER_NAME,
+                "pluginConfig": [
+                    {
+                        "name": GANG_PLUGIN,
+                        "args": {
+                            "defaultTimeoutSeconds": 60,
+                            "backoffSeconds": 10,
+                            # true when gangs come from JobSets and the cluster has no gang
+                            # scheduler of its own: precheck then requires JobSet >= v0.8.0.
+                            "requireJobSet": False,
+                        },
+                    }
+                ],
+            }
+        ],
     }
 
 
 def jobset_required(config: Obj) -> bool:
-    """True when a profile of the scheduler configuration enables a gang plugin.
+    """True when the scheduler configuration's gang plugin (Coscheduling) is enabled with
+    `requireJobSet: true` (gangs from JobSets, no other gang scheduler in the cluster).
 
-    With the Scheduler Framework installed beside this helper its own parser
-    decides (it knows the default plugin set); otherwise the explicitly enabled
-    plugins are read.
+    With the Scheduler Framework installed beside this helper its own parser decides
+    (it knows the default plugins and the args' defaults); otherwise the explicit
+    pluginConfig is read.
     """
     try:
         from lj_runtimekit.schedulerframework.internal.config import (
             config as scheduler,
         )
     except ImportError:
-        names = {
-            plugin.get("name")
+        return any(
+            entry.get("name") == GANG_PLUGIN and (entry.get("args") or {}).get("requireJobSet")
             for profile in config.get("profiles") or []
-            for plugin in (
-                ((profile.get("plugins") or {}).get("multiPoint") or {}).get("enabled") or []
-            )
-        }
-    else:
-        try:
-            parsed = scheduler.parse_config(config, "scheduler-config.yaml")
-        except scheduler.ConfigError as exc:
-            raise DeployError(f"the scheduler configuration is not valid: {exc}") from exc
-        names = {plugin.name for profile in parsed.profiles for plugin in profile.plugins}
-    return bool(names & set(GANG_PLUGINS))
+            for entry in profile.get("pluginConfig") or []
+        )
+    try:
+        parsed = scheduler.parse_config(config, "scheduler-config.yaml")
+    except scheduler.ConfigError as exc:
+        raise DeployError(f"the scheduler configuration is not valid: {exc}") from exc
+    return any(
+        plugin.name == GANG_PLUGIN and bool(getattr(plugin.args, "require_job_set", False))
+        for profile in parsed.profiles
+        for plugin in profile.plugins
+    )
 
 
 def _yaml(data: Obj) -> str:

@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from lj_runtimekit.deploy.components import Component
+from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, Component
+from lj_runtimekit.deploy.manifests import config_checksum
 from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError
 from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
 
@@ -339,6 +340,30 @@ def check_configmaps(
         )
     elif flats:
         report.ok.append(f"protocol ConfigMaps agree with {source_name}: {', '.join(flats)}")
+    return report
+
+
+def check_rolled_config(
+    components: Iterable[Component], workloads: Iterable[Obj], configmaps: Iterable[Obj]
+) -> Report:
+    """Each workload's pod template checksum matches its live ConfigMap: an edit made
+    around deploy-all.sh (kubectl edit) has not reached the pods."""
+    report = Report()
+    by_cm = {_name(cm): cm for cm in configmaps}
+    by_key = {(w.get("kind"), _name(w)): w for w in workloads}
+    for component in components:
+        workload = by_key.get((component.kind, component.workload))
+        cm = by_cm.get(component.configmap)
+        if workload is None or cm is None:
+            continue  # reported by the other checks
+        template = workload.get("spec", {}).get("template", {}).get("metadata", {})
+        running = (template.get("annotations") or {}).get(CHECKSUM_ANNOTATION)
+        if running != config_checksum(cm.get("data") or {}):
+            report.problems.append(
+                f"{component.name}: ConfigMap {component.configmap} changed after its pods"
+                f" started ({CHECKSUM_ANNOTATION} differs); fix: deploy-all.sh deploy"
+                f" --components={component.name} (renders it from the source and rolls the pods)"
+            )
     return report
 
 

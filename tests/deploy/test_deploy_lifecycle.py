@@ -322,6 +322,9 @@ def test_verify_reports_configmap_drift_key_by_key_and_deploy_heals_it(
     assert "protocol drift: resources.gpu:" in result.stdout
     assert "exporter=example.com/gpu" in result.stdout
     assert "device-plugin=alibabacloud.com/gpu" in result.stdout
+    assert (
+        "exporter: ConfigMap lj-runtimekit-exporter-config changed after its pods" in result.stdout
+    )
     env.ok("deploy", "--components=exporter")
     healed = env.get("configmap", "lj-runtimekit-exporter-config")
     assert healed is not None

@@ -313,18 +313,21 @@ def test_container_command_line_parses_with_the_real_flags(
         assert settings is not None
 
 
-def test_jobset_is_required_only_when_a_gang_plugin_is_enabled(
+def test_jobset_is_required_only_when_the_gang_plugin_asks_for_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = manifests.scheduler_config()
     assert manifests.jobset_required(config) is False
-    config["profiles"][0]["plugins"] = {"multiPoint": {"enabled": [{"name": "Coscheduling"}]}}
-    registry = importlib.import_module("lj_runtimekit.schedulerframework.internal.plugins.registry")
-    if "Coscheduling" in registry.REGISTRY:
-        assert manifests.jobset_required(config) is True
-    else:  # the scheduler's own parser decides, and knows no gang plugin yet
-        with pytest.raises(DeployError, match="unknown plugin 'Coscheduling'"):
-            manifests.jobset_required(config)
-    # Without the Scheduler Framework installed: the explicitly enabled plugins.
+    args = config["profiles"][0]["pluginConfig"][0]["args"]
+    args["requireJobSet"] = True
+    assert manifests.jobset_required(config) is True
+    config["profiles"][0]["plugins"] = {"multiPoint": {"disabled": [{"name": "Coscheduling"}]}}
+    assert manifests.jobset_required(config) is False
+    del config["profiles"][0]["plugins"]
+    args["requireJobSet"] = "yes"
+    with pytest.raises(DeployError, match="the scheduler configuration is not valid"):
+        manifests.jobset_required(config)
+    # Without the Scheduler Framework installed: the explicit pluginConfig.
     monkeypatch.setitem(sys.modules, "lj_runtimekit.schedulerframework.internal.config", None)
+    args["requireJobSet"] = True
     assert manifests.jobset_required(config) is True

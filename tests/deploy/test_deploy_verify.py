@@ -6,6 +6,7 @@ from typing import Any
 
 from lj_runtimekit.deploy import verify
 from lj_runtimekit.deploy.components import BY_NAME, COMPONENTS
+from lj_runtimekit.deploy.manifests import config_checksum
 from lj_runtimekit.proto.pkg.protocol import DEFAULTS, load_protocol
 
 PROTOCOL = load_protocol()
@@ -189,3 +190,28 @@ def test_metrics_answer_needs_help_and_type_lines() -> None:
     good = "# HELP a x\n# TYPE a gauge\na 1\n"
     assert verify.check_metrics(good, "pod").problems == []
     assert verify.check_metrics("a 1\n", "pod").problems
+
+
+def test_configmap_edited_around_deploy_is_reported_until_rolled() -> None:
+    exp = BY_NAME["exporter"]
+    data = {"protocol.yaml": "", "log-level": "INFO"}
+    workload = {
+        "kind": "DaemonSet",
+        "metadata": {"name": exp.workload},
+        "spec": {
+            "template": {
+                "metadata": {
+                    "annotations": {"lj-runtimekit.io/config-checksum": config_checksum(data)}
+                }
+            }
+        },
+    }
+    cm = {"metadata": {"name": exp.configmap}, "data": data}
+    assert verify.check_rolled_config([exp], [workload], [cm]).problems == []
+    edited = {"metadata": {"name": exp.configmap}, "data": {**data, "log-level": "DEBUG"}}
+    problems = verify.check_rolled_config([exp], [workload], [edited]).problems
+    assert problems == [
+        "exporter: ConfigMap lj-runtimekit-exporter-config changed after its pods started"
+        " (lj-runtimekit.io/config-checksum differs); fix: deploy-all.sh deploy"
+        " --components=exporter (renders it from the source and rolls the pods)"
+    ]
