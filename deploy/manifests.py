@@ -220,17 +220,20 @@ _LEASES = _rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"]
 def _rules(component: Component) -> list[Obj]:
     """Cluster-wide rules: only what the component's code calls."""
     if component.name == "device-plugin":
-        # Node labels (device kind/model/count/mode, Runtime version); the node's pods
-        # (Allocate finds its pod by identity) and the allocation record annotation.
+        # Node labels and inventory annotation; the node's pods by spec.nodeName (the
+        # kubelet /pods fallback: Allocate finds its pod by identity), the allocation
+        # record annotation on that pod.
         return [
             _rule([""], ["nodes"], ["get", "patch"]),
-            _rule([""], ["pods"], ["get", "list", "watch", "patch"]),
+            _rule([""], ["pods"], ["list", "patch"]),
         ]
     if component.name == "scheduler-framework":
         return [
             _rule([""], ["nodes"], _READ),
-            _rule([""], ["pods"], [*_READ, "delete"]),
+            _rule([""], ["pods"], _READ),
             _rule([""], ["pods/binding"], ["create"]),
+            # Coscheduling reads a JobSet's size for its gang.
+            _rule(["jobset.x-k8s.io"], ["jobsets"], ["get"]),
             _EVENTS,
         ]
     if component.name == "exporter":

@@ -240,15 +240,18 @@ ACCESS = [
     ("device-plugin", "list", "pods", "", None, True),
     ("device-plugin", "patch", "pods", "", "default", True),
     ("device-plugin", "delete", "pods", "", "default", False),
+    ("device-plugin", "watch", "pods", "", None, False),
     ("device-plugin", "create", "jobs", "", "@", False),
     ("exporter", "list", "pods", "", None, True),
     ("exporter", "patch", "nodes", "", None, False),
     ("exporter", "get", "secrets", "", "@", False),
     ("scheduler-framework", "create", "pods", "binding", "default", True),
     ("scheduler-framework", "watch", "nodes", "", None, True),
+    ("scheduler-framework", "get", "jobsets", "", "default", True),
     ("scheduler-framework", "update", "leases", "", "@", True),
     ("scheduler-framework", "update", "leases", "", "default", False),
     ("scheduler-framework", "patch", "nodes", "", None, False),
+    ("scheduler-framework", "delete", "pods", "", "default", False),
     ("controller", "create", "jobs", "", "@", True),
     ("controller", "create", "jobs", "", "default", False),
     ("controller", "create", "events", "", "default", True),
@@ -265,7 +268,11 @@ def test_rbac_grants_what_each_component_calls_and_nothing_more(env: Env) -> Non
         wrong = []
         for account, verb, resource, sub, ns, allowed in ACCESS:
             namespace = env.namespace if ns == "@" else ns
-            group = {"jobs": "batch", "leases": "coordination.k8s.io"}.get(resource, "")
+            group = {
+                "jobs": "batch",
+                "leases": "coordination.k8s.io",
+                "jobsets": "jobset.x-k8s.io",
+            }.get(resource, "")
             review = authz.create_subject_access_review(
                 {
                     "spec": {
