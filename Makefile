@@ -53,7 +53,7 @@ SANDBOX_NODES ?= 4
 .PHONY: sandbox
 sandbox: ## The local sandbox: control plane + SANDBOX_NODES KWOK Lingjun nodes with every component, demo, stays up until Ctrl-C
 	@t0=$$(date +%s.%N); $(MAKE) --no-print-directory deps sync && \
-		$(UV) run lj-sandbox up --nodes $(SANDBOX_NODES) --t0 $$t0
+		$(UV) run lj-sandbox up --nodes $(SANDBOX_NODES) --t0 $$t0 $(SANDBOX_ARGS)
 
 .PHONY: sandbox-down
 sandbox-down: ## Stop the sandbox (also a leftover one) and remove its state directory

@@ -450,7 +450,7 @@ class Sandbox:
                     f"--node-name={node.name}",
                     f"--kubeconfig={kubeconfig}",
                     "--label-node=true",
-                    "--release-grace=5",
+                    "--release-grace=1",
                     "--collect-interval=2",
                     "--log-format=text",
                 ],

@@ -85,7 +85,7 @@ def run_demo(bed: Sandbox) -> str:
         placed = sum(1 for r in gang if r.phase == "Running")
         _say(
             f"gang 'train': {placed}/{len(gang)} members Running"
-            + ("" if placed in (0, len(gang)) else " (PARTIAL: no gang plugin in the scheduler)")
+            + (" (all or nothing)" if placed in (0, len(gang)) else " (PARTIAL gang)")
         )
         with bed.step("scrape each node's exporter for the pods' metrics"):
             _print_metrics(bed, rows)

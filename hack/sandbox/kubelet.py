@@ -129,11 +129,19 @@ class NodeKubelet:
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._admissions: asyncio.Queue[str] = asyncio.Queue()
         self._stop_watch = threading.Event()
+        self._synced = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set."""
+        loop = asyncio.get_running_loop()
+        watcher = threading.Thread(target=self._watch, args=(loop,), name="pod-watch", daemon=True)
+        watcher.start()
+        consumer = asyncio.create_task(self._consume(), name="pod-events")
+        # Serve /pods and the device manager only once the node's pods are known: an empty
+        # list after a restart would tell the Device Plugin every pod had gone.
+        await self._synced.wait()
         await self.shim.start()
         self.pods.start()
         log.info(
@@ -142,11 +150,8 @@ class NodeKubelet:
             self.cfg.plugin_dir,
             self.pods.url,
         )
-        loop = asyncio.get_running_loop()
-        watcher = threading.Thread(target=self._watch, args=(loop,), name="pod-watch", daemon=True)
-        watcher.start()
         tasks = [
-            asyncio.create_task(self._consume(), name="pod-events"),
+            consumer,
             asyncio.create_task(self._admit_loop(), name="admission"),
             asyncio.create_task(self._capacity_loop(), name="node-status"),
         ]
@@ -210,6 +215,7 @@ class NodeKubelet:
                         self._forget(uid)
                 for pod in items:
                     self._observe(pod)
+                self._synced.set()
             elif kind == "DELETED":
                 self._forget(_uid(payload))
             else:
@@ -287,12 +293,14 @@ class NodeKubelet:
                 log.exception("admission crashed pod=%s", _ref(pod))
 
     async def _admit(self, pod: PodObject) -> None:
-        uid, ref = _uid(pod), _ref(pod)
+        uid = _uid(pod)
         needed = self._device_resources(pod)
 
         def registered() -> bool:
             return all(
-                r in self.shim.plugins and self.shim.plugins[r].first_update is not None
+                r in self.shim.plugins
+                and self.shim.plugins[r].first_update is not None
+                and self.shim.plugins[r].stream_error is None
                 for r in needed
             )
 
@@ -300,16 +308,22 @@ class NodeKubelet:
             await self.shim.wait_for(registered, self.cfg.register_wait_s)
         except TimeoutError:
             missing = sorted(r for r in needed if r not in self.shim.plugins)
+            down = sorted(
+                r for r in needed if r in self.shim.plugins and self.shim.plugins[r].stream_error
+            )
             await self._reject(
                 pod,
-                f"no device plugin registered for {', '.join(missing)} on node"
-                f" {self.cfg.node_name} within {self.cfg.register_wait_s:.0f}s",
+                f"no device plugin serving {', '.join(missing + down)} on node"
+                f" {self.cfg.node_name} within {self.cfg.register_wait_s:.0f}s"
+                f" (not registered: {missing or 'none'}; stream down: {down or 'none'})",
             )
             return
         pod = self.known.get(uid, pod)
         try:
             options = await self.shim.admit(pod)
         except AdmissionError as exc:
+            # As the kubelet: a failed Allocate fails the pod (it is never retried; the
+            # plugin may have allocated part of it, which it releases once the pod failed).
             self.shim.free(uid)
             await self._reject(pod, f"Allocate failed: {exc}")
             return
@@ -335,7 +349,7 @@ class NodeKubelet:
             raise
         self.admitted.add(uid)
         devices = sum(len(ids) for c in checkpoint.values() for ids in c.values())
-        log.info("pod admitted pod=%s device_ids=%d", ref, devices)
+        log.info("pod admitted pod=%s device_ids=%d", _ref(pod), devices)
 
     async def _reject(self, pod: PodObject, message: str) -> None:
         """Fail the pod as the kubelet does on an admission error, with a Warning event."""

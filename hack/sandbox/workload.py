@@ -265,6 +265,7 @@ class Placement:
     """Kubelet shim: device IDs given per container and resource."""
     runtime: dict[str, tuple[DeviceShare, ...]] = field(default_factory=dict)
     """Runtime simulator: ListAllocations of the node, per container."""
+    uid: str = ""
 
 
 def _decode(text: str | None) -> dict[str, tuple[DeviceShare, ...]] | None:
@@ -311,6 +312,7 @@ def placements(
                 allocated=_decode(annotations.get(ann.allocated_devices)),
                 kubelet_ids=json.loads(checkpoint) if checkpoint else None,
                 runtime=dict((runtime or {}).get(meta.get("uid", ""), {})),
+                uid=str(meta.get("uid", "")),
             )
         )
     return out
@@ -428,3 +430,109 @@ def sandbox_nodes_by_name(bed: Sandbox) -> dict[str, NodeHandle]:
 
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# -- the sharing invariant (DESIGN section 4) -------------------------------------------------
+
+
+def _holdings_violations(source: str, holders: Iterable[tuple[str, str, DeviceShare]]) -> list[str]:
+    """Per device: core and memory slices sum to <= 100; a whole device has one holder and
+    no slice. `holders` yields (node, owner, share)."""
+    whole: dict[tuple[str, str], list[str]] = {}
+    core: dict[tuple[str, str], int] = {}
+    memory: dict[tuple[str, str], int] = {}
+    sliced: dict[tuple[str, str], list[str]] = {}
+    for node, owner, share in holders:
+        key = (node, share.device_id)
+        if share.whole or (share.core_percent >= 100 and share.memory_percent >= 100):
+            whole.setdefault(key, []).append(owner)
+        else:
+            core[key] = core.get(key, 0) + share.core_percent
+            memory[key] = memory.get(key, 0) + share.memory_percent
+            sliced.setdefault(key, []).append(owner)
+    out = []
+    for key, owners in whole.items():
+        if len(owners) > 1:
+            out.append(f"{source}: device {key[1]} on {key[0]} given whole to {owners}")
+        if key in sliced:
+            out.append(
+                f"{source}: device {key[1]} on {key[0]} given whole to {owners} and sliced"
+                f" for {sliced[key]}"
+            )
+    for key, total in core.items():
+        if total > 100 or memory[key] > 100:
+            out.append(
+                f"{source}: device {key[1]} on {key[0]} has {total}% core, {memory[key]}%"
+                f" memory in slices ({sliced[key]})"
+            )
+    return out
+
+
+def invariant_violations(
+    rows: Sequence[Placement],
+    runtime: Mapping[str, Mapping[str, Mapping[str, tuple[DeviceShare, ...]]]],
+) -> list[str]:
+    """DESIGN section 4 over the scheduler's annotations, the Device Plugin's records and
+    the Runtime's allocations (node -> pod uid -> container -> shares), plus agreement of
+    the three for every admitted (Running) pod. Empty when everything holds."""
+    active = [r for r in rows if r.phase not in ("Succeeded", "Failed")]
+    out = _holdings_violations(
+        "scheduler",
+        (
+            (r.node, f"{r.name}/{c}", s)
+            for r in active
+            if r.node
+            for c, shares in (r.assigned or {}).items()
+            for s in shares
+        ),
+    )
+    out += _holdings_violations(
+        "device plugin",
+        (
+            (r.node, f"{r.name}/{c}", s)
+            for r in active
+            for c, shares in (r.allocated or {}).items()
+            for s in shares
+        ),
+    )
+    out += _holdings_violations(
+        "runtime",
+        (
+            (node, f"{uid}/{c}", s)
+            for node, pods in runtime.items()
+            for uid, containers in pods.items()
+            for c, shares in containers.items()
+            for s in shares
+        ),
+    )
+    for r in active:
+        if r.phase != "Running" or r.assigned is None:
+            continue
+        for container, shares in r.assigned.items():
+            allocated = (r.allocated or {}).get(container, ())
+            held = r.runtime.get(container, ())
+            if not _norm(shares) == _norm(allocated) == _norm(held):
+                out.append(
+                    f"{r.namespace}/{r.name} container {container}: scheduler {_norm(shares)},"
+                    f" device plugin {_norm(allocated)}, Runtime {_norm(held)}"
+                )
+    return out
+
+
+def observe(
+    bed: Sandbox, api: k8s_client.ApiClient, namespaces: Sequence[str]
+) -> tuple[list[Placement], dict[str, dict[str, dict[str, tuple[DeviceShare, ...]]]]]:
+    """Placements of the namespaces' pods with the Runtime's view, and that view."""
+    runtime = runtime_allocations(bed.nodes)
+    merged = {uid: c for per_node in runtime.values() for uid, c in per_node.items()}
+    pods = [p for ns in namespaces for p in list_pods(api, ns)]
+    return placements(pods, bed.protocol, merged), runtime
+
+
+def runtime_namespaces(nodes: Sequence[NodeHandle]) -> set[str]:
+    """Namespaces of the pods that hold Runtime allocations on any node."""
+
+    async def gather() -> list[list[Any]]:
+        return list(await asyncio.gather(*(_allocations(n) for n in nodes)))
+
+    return {a.pod_namespace for allocations in asyncio.run(gather()) for a in allocations}
