@@ -301,3 +301,22 @@ def test_config_args_validated() -> None:
     }
     with pytest.raises(ConfigError, match="defaultTimeoutSeconds must be a number of seconds"):
         parse_config(cfg, "<t>")
+
+
+def test_queue_activate_moves_unschedulable_and_in_flight_pods() -> None:
+    from lj_runtimekit.schedulerframework.internal.queue.queue import SchedulingQueue
+
+    c = FakeCluster()
+    q = SchedulingQueue(initial_backoff_s=30, max_backoff_s=30)
+    a = c.add_pod("a", {GPU: "1"})
+    b = c.add_pod("b", {GPU: "1"})
+    pods = {u: c.scheduler.queue._pods[u].pod for u in (a, b)}
+    for pod in pods.values():
+        q.add(pod)
+    qa, qb = q.pop(timeout_s=0), q.pop(timeout_s=0)
+    assert qa is not None
+    assert qb is not None
+    q.add_unschedulable(qa)
+    q.activate([a, b])  # a: unschedulable -> active; b: in flight -> active when handed back
+    q.add_unschedulable(qb)
+    assert q.counts()["active"] == 2

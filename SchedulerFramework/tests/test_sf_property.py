@@ -88,8 +88,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if GANG in pod.annotations:
                     self.cluster.fail_binds = held
 
-        self.cluster._bind = bind_failing_non_gang  # type: ignore[method-assign]
-        self.cluster.scheduler.bind_pod = bind_failing_non_gang  # type: ignore[method-assign]
+        self.cluster._bind = bind_failing_non_gang  # type: ignore[method-assign,assignment]
+        self.cluster.scheduler.bind_pod = bind_failing_non_gang  # type: ignore[method-assign,assignment]
 
     @rule(k=st.integers(1, 3))
     def create_whole(self, k: int) -> None:

@@ -49,6 +49,7 @@ class SchedulingQueue:
         """every pod the queue knows (active, backoff, unschedulable or in flight)"""
         self._where: dict[str, str] = {}
         self._in_flight: set[str] = set()
+        self._activate_in_flight: set[str] = set()
         self.scheduling_cycle = 0
         self._move_request_cycle = -1
         self._closed = False
@@ -114,6 +115,7 @@ class SchedulingQueue:
             self._pods.pop(uid, None)
             self._unschedulable.pop(uid, None)
             self._where.pop(uid, None)
+            self._activate_in_flight.discard(uid)
 
     def pop(self, timeout_s: float | None = None) -> QueuedPod | None:
         """The next pod to schedule (None on timeout or close)."""
@@ -149,6 +151,7 @@ class SchedulingQueue:
         """The pod's scheduling attempt finished (bound, or handed back)."""
         with self._cond:
             self._in_flight.discard(uid)
+            self._activate_in_flight.discard(uid)
             if self._where.get(uid) == "in_flight":
                 self._where.pop(uid, None)
                 self._pods.pop(uid, None)
@@ -162,7 +165,11 @@ class SchedulingQueue:
                 return  # deleted meanwhile
             now = time.monotonic()
             qp.backoff_until = now + (self._backoff_duration(qp.attempts) if backoff else 0.0)
-            if self._move_request_cycle >= qp.cycle:
+            if uid in self._activate_in_flight:
+                self._activate_in_flight.discard(uid)
+                qp.backoff_until = 0.0
+                self._push_active(qp)
+            elif self._move_request_cycle >= qp.cycle:
                 self._push_backoff(qp)  # something changed while it was being scheduled
             else:
                 qp.unschedulable_since = now
@@ -195,6 +202,8 @@ class SchedulingQueue:
             for uid in uids:
                 qp = self._pods.get(uid)
                 where = self._where.get(uid)
+                if qp is not None and where == "in_flight":
+                    self._activate_in_flight.add(uid)  # handed back: straight to active
                 if qp is None or where not in ("unschedulable", "backoff"):
                     continue
                 self._unschedulable.pop(uid, None)

@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Gauge
 
@@ -70,6 +70,9 @@ from lj_runtimekit.schedulerframework.internal.plugins.networktopology.placement
     PlacementError,
     plan,
 )
+
+if TYPE_CHECKING:
+    from lj_runtimekit.schedulerframework.internal.config.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -246,10 +249,10 @@ class Coscheduling:
                 g.reserved.discard(pod.uid)
                 g.waiting.discard(pod.uid)
                 g.permitted.discard(pod.uid)
-            elif new:  # a member arrived: the others may be waiting for it
+            elif new and g.spec is not None and len(g.members) >= g.spec.min_members:
+                # the member the others were waiting for: try them all now
                 others = [u for u, p in g.members.items() if not p.node_name and u != pod.uid]
-                if others:
-                    self.handle.activate(others)
+                self.handle.activate(others)
 
     def _gang(self, pod: PodInfo, spec: GangSpec) -> _Gang:
         g = self._gangs.get(spec.key)
@@ -655,4 +658,22 @@ def new(args: Args, handle: Handle) -> Coscheduling:
     return Coscheduling(args, handle)
 
 
-__all__ = ["EXCLUSIVE_TOPOLOGY", "NAME", "WAITING_GANGS", "Args", "Coscheduling", "new"]
+def require_job_set(config: Config) -> bool:
+    """Whether a profile enables Coscheduling with `requireJobSet: true` (deploy precheck)."""
+    return any(
+        s.name == NAME and isinstance(s.args, Args) and s.args.require_job_set
+        for p in config.profiles
+        for s in p.plugins
+    )
+
+
+__all__ = [
+    "EXCLUSIVE_TOPOLOGY",
+    "JOBSET_API",
+    "NAME",
+    "WAITING_GANGS",
+    "Args",
+    "Coscheduling",
+    "new",
+    "require_job_set",
+]
