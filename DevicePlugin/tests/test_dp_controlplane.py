@@ -53,6 +53,8 @@ async def test_labels_records_and_api_fallback(
                 break
             await asyncio.sleep(0.2)
         assert {k: got.get(k) for k in want} == want
+        inventory = core.read_node(node).metadata.annotations[ANN.node_devices]
+        assert all(d.id in inventory for d in bed.devices)
 
         assignment = {"main": (DeviceShare(bed.gpu(4)),)}
         manifest = {

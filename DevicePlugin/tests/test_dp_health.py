@@ -71,3 +71,24 @@ async def test_runtime_socket_restart_marks_unhealthy_then_recovers(
         opts = (await bed.kubelet.admit(pod))["main"]
         assert opts.envs["LJ_VISIBLE_DEVICES"] == bed.gpu(4)
         assert "runtime lost, devices unhealthy" in bed.plugin.log()
+
+
+async def test_runtime_upgrade_and_downgrade_reevaluate_the_gates(make_bed: BedFactory) -> None:
+    mig = RES.mig("1g.10gb")
+    async with make_bed("mig-8gpu", version="v1.13.0") as bed:
+        assert mig not in bed.kubelet.plugins
+        bed.sim.set_version("v1.14.0")
+        bed.sim.restart_socket(down_ms=300)
+        # The MIG gate opens: its resources get endpoints and register, nothing restarts.
+        await bed.kubelet.wait_registered((mig,), 10)
+        assert len(bed.kubelet.devices(mig)) == 7
+        assert "runtime version changed from=v1.13.0 to=v1.14.0" in bed.plugin.log()
+        bed.sim.set_version("v1.12.0")
+        bed.sim.restart_socket(down_ms=300)
+        await bed.kubelet.wait_for(
+            lambda: bed.plugin.log().count("runtime version changed") == 2, 10
+        )
+        await bed.kubelet.wait_for(
+            lambda: {d.health for d in bed.kubelet.devices(GPU).values()} == {"Unhealthy"}, 10
+        )
+        assert "needs Runtime v1.13.0 or newer" in bed.plugin.log()

@@ -44,7 +44,8 @@ async def test_tdm_node_registers_every_resource(make_bed: BedFactory) -> None:
 
 
 async def test_mig_node_offers_profiles_and_nothing_else_on_mig_gpus(make_bed: BedFactory) -> None:
-    async with make_bed("mig-8gpu", wait_for=(GPU, CORE, MEMORY, MIG_1G, MIG_3G, MIG_4G)) as bed:
+    every = (GPU, CORE, MEMORY, RES.ppu, RES.amd, MIG_1G, MIG_3G, MIG_4G)
+    async with make_bed("mig-8gpu", wait_for=every) as bed:
         assert counts(bed.kubelet) == {
             GPU: 6,
             CORE: 600,

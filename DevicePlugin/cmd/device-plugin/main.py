@@ -254,16 +254,17 @@ async def _run(cfg: Config) -> None:
         )
         for message in gates.messages:
             log.warning("feature gate message=%r", message)
-        rm = ResourceManager(runtime, cfg.protocol, gates, devices)
-        await _serve(cfg, runtime, pods, rm, info.version)
+        own = component_version(DIST)
+        rm = ResourceManager(
+            runtime, cfg.protocol, gates, devices, gates_for=lambda v: evaluate(v, own)
+        )
+        await _serve(cfg, runtime, pods, rm)
     finally:
         pods.close()
         await runtime.close()
 
 
-async def _serve(
-    cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: ResourceManager, version: str
-) -> None:
+async def _serve(cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: ResourceManager) -> None:
     recorder = ApiPodRecorder(cfg.api) if cfg.api else None
     if recorder is None:
         log.warning("no API server access: allocation records are kept by the Runtime only")
@@ -307,7 +308,7 @@ async def _serve(
             snap = rm.snapshot
             while True:
                 await labeller.apply(
-                    node_labels(snap.devices, version, cfg.protocol),
+                    node_labels(snap.devices, snap.runtime_version, cfg.protocol),
                     {inventory_key: node_inventory(snap.devices, snap.runtime_up)},
                 )
                 snap = await pending.get()

@@ -23,7 +23,7 @@ from lj_runtimekit.deviceplugin.internal.rm.resources import (
     build_inventory,
 )
 from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
-from lj_runtimekit.proto.pkg.featuregate import GateReport
+from lj_runtimekit.proto.pkg.featuregate import GateReport, RuntimeTooOldError
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.proto.pkg.runtimeclient import (
     RetryPolicy,
@@ -31,6 +31,7 @@ from lj_runtimekit.proto.pkg.runtimeclient import (
     RuntimeClient,
     RuntimeUnavailableError,
 )
+from lj_runtimekit.proto.pkg.version import InvalidVersionError
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class Snapshot:
     runtime_up: bool
     devices: tuple[rpb.Device, ...]
     inventory: Inventory
+    runtime_version: str
     _index: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     def ids(self, resource: str) -> frozenset[str]:
@@ -130,12 +132,15 @@ class ResourceManager:
         gates: GateReport,
         devices: tuple[rpb.Device, ...],
         *,
+        gates_for: Callable[[str], GateReport] | None = None,
         initial_backoff_s: float = 0.05,
         max_backoff_s: float = 2.0,
     ) -> None:
         self._runtime = runtime
         self._protocol = protocol
         self._gates = gates
+        self._gates_for = gates_for
+        self._too_old = False
         self._initial_backoff_s = initial_backoff_s
         self._max_backoff_s = max_backoff_s
         self._changed = asyncio.Condition()
@@ -145,8 +150,37 @@ class ResourceManager:
         self._log_skips(self._snapshot.inventory)
 
     def _make(self, generation: int, up: bool, devices: tuple[rpb.Device, ...]) -> Snapshot:
-        inventory = build_inventory(devices, self._protocol, self._gates, runtime_up=up)
-        return Snapshot(generation, up, devices, inventory)
+        usable = up and not self._too_old
+        inventory = build_inventory(devices, self._protocol, self._gates, runtime_up=usable)
+        return Snapshot(generation, up, devices, inventory, str(self._gates.runtime_version))
+
+    async def _check_version(self, client: RuntimeClient) -> None:
+        """After an outage: re-evaluate the feature gates when the Runtime's version changed."""
+        if self._gates_for is None:
+            return
+        try:
+            info = await client.runtime_info()
+            gates = self._gates_for(info.version)
+        except InvalidVersionError as exc:
+            log.error("runtime reports a bad version, keeping the gates reason=%r", str(exc))
+            return
+        if gates.runtime_version == self._gates.runtime_version:
+            return
+        log.warning(
+            "runtime version changed from=%s to=%s",
+            self._gates.runtime_version,
+            gates.runtime_version,
+        )
+        self._gates = gates
+        try:
+            gates.require_base()
+        except RuntimeTooOldError as exc:
+            self._too_old = True
+            log.error("devices unhealthy until the Runtime is upgraded reason=%r", str(exc))
+            return
+        self._too_old = False
+        for message in gates.messages:
+            log.warning("feature gate message=%r", message)
 
     def _log_skips(self, inventory: Inventory) -> None:
         for line in inventory.skipped:
@@ -220,6 +254,7 @@ class ResourceManager:
                     if not self._snapshot.runtime_up:
                         log.info("runtime back socket=%s", client.socket_path)
                         self._runtime.renew()
+                        await self._check_version(client)
                 await self._apply(event)
         except (RuntimeUnavailableError, RuntimeCallError) as exc:
             if not got_event:
