@@ -3,9 +3,10 @@
 Runs the Runtime simulator (node-8gpu-16mig.yaml), allocates 256 containers
 through the RuntimeClient (240 TDM slices on GPUs 0-4, the 16 MIG instances
 whole), serves their 128 pods on a loopback kubelet `/pods`, starts
-`lj-exporter` collecting every second (so scrapes overlap collections), then
-scrapes /metrics sequentially as Prometheus does (OpenMetrics, gzip) and also
-as plain text without compression.
+`lj-exporter` and scrapes /metrics as Prometheus does (OpenMetrics, gzip):
+first with the default 15 s collection interval and the scrapes spread over a
+minute (the shipped configuration: `scrape_*`), then collecting every second
+with the scrapes back to back, so many land on a collection (`stress_scrape_*`).
 Writes a flat JSON object (DESIGN section 8) and prints a short table.
 """
 
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gzip
 import json
+import os
 import re
 import socket
 import statistics
@@ -24,6 +27,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -177,91 +181,122 @@ def _wait_ready(url: str, containers: int, proc: subprocess.Popen[bytes], log: P
     )
 
 
-def _scrape_ms(url: str, count: int, gzip_ok: bool) -> list[float]:
+def _scrape_ms(url: str, count: int, pace_s: float = 0.0) -> list[float]:
+    """Scrape `count` times as Prometheus does, `pace_s` apart (0: back to back)."""
     times = []
+    next_at = time.perf_counter()
     for i in range(count + WARMUP):
+        if pace_s:
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+            next_at += pace_s
         started = time.perf_counter()
-        _get(url, gzip_ok)
+        _get(url, gzip_ok=True)
         if i >= WARMUP:
             times.append((time.perf_counter() - started) * 1000)
     return times
+
+
+@contextlib.contextmanager
+def _exporter(
+    socket_dir: Path, pods_url: str, interval_s: float, log: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = _free_port()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lj_runtimekit.exporter.cmd.exporter.main",
+                "--listen-address",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--node-name",
+                "bench-node",
+                "--runtime-socket-dir",
+                str(socket_dir),
+                "--kubelet-pods-url",
+                pods_url,
+                "--collection-interval",
+                str(interval_s),
+                "--apiserver-fallback",
+                "off",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield proc, f"http://127.0.0.1:{port}/metrics"
+        finally:
+            proc.terminate()
+            proc.wait(20)
+
+
+def _stats(prefix: str, times: list[float]) -> dict[str, float]:
+    return {
+        f"{prefix}p50_ms": round(statistics.median(times), 3),
+        f"{prefix}p99_ms": round(_percentile(times, 0.99), 3),
+        f"{prefix}max_ms": round(max(times), 3),
+    }
+
+
+def _metric(text: str, name: str) -> float:
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else float("nan")
 
 
 def main() -> int:
     """Run the benchmark and write the JSON part."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
-    parser.add_argument("--scrapes", type=int, default=500, help="scrapes measured per mode")
+    parser.add_argument("--scrapes", type=int, default=500, help="scrapes measured per run")
+    parser.add_argument(
+        "--duration", type=float, default=60.0, help="seconds the paced run spreads its scrapes"
+    )
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="ljb", dir="/tmp"))
     with SimulatorProcess(work / "s", NODE) as sim:
         plan = asyncio.run(_allocate(sim.socket_dir))
         kubelet = _serve_pods(_pod_list(plan))
-        port = _free_port()
-        log = work / "exporter.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "lj_runtimekit.exporter.cmd.exporter.main",
-                    "--listen-address",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--node-name",
-                    "bench-node",
-                    "--runtime-socket-dir",
-                    str(sim.socket_dir),
-                    "--kubelet-pods-url",
-                    f"http://127.0.0.1:{kubelet.server_port}/pods",
-                    "--collection-interval",
-                    "1",
-                    "--apiserver-fallback",
-                    "off",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-            url = f"http://127.0.0.1:{port}/metrics"
-            try:
-                text = _wait_ready(url, len(plan), proc, log)
-                gz = _scrape_ms(url, args.scrapes, gzip_ok=True)
-                plain = _scrape_ms(url, args.scrapes, gzip_ok=False)
+        pods_url = f"http://127.0.0.1:{kubelet.server_port}/pods"
+        try:
+            # 1. The shipped configuration: collections every 15 s, scrapes spread over a minute.
+            with _exporter(sim.socket_dir, pods_url, 15, work / "default.log") as (proc, url):
+                text = _wait_ready(url, len(plan), proc, work / "default.log")
+                paced = _scrape_ms(url, args.scrapes, pace_s=args.duration / args.scrapes)
                 rss, peak = _rss_mb(proc.pid)
+            # 2. Stress: a collection every second, scrapes back to back (many land on one).
+            with _exporter(sim.socket_dir, pods_url, 1, work / "stress.log") as (proc, url):
+                _wait_ready(url, len(plan), proc, work / "stress.log")
+                stress = _scrape_ms(url, args.scrapes)
+                stress_rss, _ = _rss_mb(proc.pid)
                 final = _get(url, gzip_ok=False).decode()
-            finally:
-                proc.terminate()
-                proc.wait(20)
-                kubelet.shutdown()
-                kubelet.server_close()
+        finally:
+            kubelet.shutdown()
+            kubelet.server_close()
 
-    def metric(name: str) -> float:
-        match = re.search(rf"^{name} (\S+)$", final, re.MULTILINE)
-        return float(match.group(1)) if match else float("nan")
-
-    collections = metric("lj_runtimekit_exporter_collection_duration_seconds_count")
-    collection_sum = metric("lj_runtimekit_exporter_collection_duration_seconds_sum")
-    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    collections = _metric(final, "lj_runtimekit_exporter_collection_duration_seconds_count")
+    collection_sum = _metric(final, "lj_runtimekit_exporter_collection_duration_seconds_sum")
     result = {
-        "scrape_p50_ms": round(statistics.median(gz), 3),
-        "scrape_p99_ms": round(_percentile(gz, 0.99), 3),
-        "scrape_max_ms": round(max(gz), 3),
-        "scrape_plain_p50_ms": round(statistics.median(plain), 3),
-        "scrape_plain_p99_ms": round(_percentile(plain, 0.99), 3),
+        **_stats("scrape_", paced),
+        **_stats("stress_scrape_", stress),
         "rss_mb": round(rss, 1),
         "rss_peak_mb": round(peak, 1),
+        "stress_rss_mb": round(stress_rss, 1),
         "collection_mean_ms": round(collection_sum / collections * 1000, 3),
-        "series": samples,
+        "series": sum(1 for line in text.splitlines() if line and not line.startswith("#")),
         "metrics_bytes": len(text.encode()),
         "containers": len(plan),
         "scrapes": args.scrapes,
+        "host_load_1m": round(max(load_before, os.getloadavg()[0]), 2),
+        "host_cpus": os.cpu_count() or 0,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     for key, value in result.items():
-        print(f"exporter.{key:22} {value}")
+        print(f"exporter.{key:24} {value}")
     return 0
 
 

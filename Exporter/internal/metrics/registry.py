@@ -38,6 +38,12 @@ class Snapshot:
     families: tuple[Metric, ...] = field(default=())
     rendered: dict[str, bytes] = field(default_factory=dict)
     """Content type -> the families rendered in that format."""
+    parts: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    """Content type -> family name -> that family rendered (reused while it is unchanged)."""
+
+    def by_name(self) -> dict[str, Metric]:
+        """The families by name."""
+        return {family.name: family for family in self.families}
 
 
 def status_families(
@@ -156,12 +162,20 @@ class ExporterMetrics:
         self._encoders[plain] = generate_latest
 
     def publish(self, families: Iterable[Metric]) -> None:
-        """Replace the served snapshot, rendered in every format asked for so far."""
+        """Replace the served snapshot, rendered in every format asked for so far.
+
+        A family equal to the previous snapshot's (inventory, allocation, error
+        counters between changes) reuses its rendered text.
+        """
         snapshot = Snapshot(tuple(families))
+        previous = self._snapshot
+        unchanged = previous.by_name()
         with self._lock:
             encoders = dict(self._encoders)
         for content_type, encoder in encoders.items():
-            snapshot.rendered[content_type] = _render(encoder, content_type, snapshot.families)
+            snapshot.rendered[content_type] = _render_snapshot(
+                encoder, content_type, snapshot, previous.parts.get(content_type, {}), unchanged
+            )
         self._snapshot = snapshot
 
     def render(self, accept: str) -> tuple[bytes, str]:
@@ -173,7 +187,7 @@ class ExporterMetrics:
             with self._lock:
                 if len(self._encoders) < _MAX_FORMATS:
                     self._encoders.setdefault(content_type, encoder)
-                body = _render(encoder, content_type, snapshot.families)
+                body = _render_snapshot(encoder, content_type, snapshot, {}, {})
                 snapshot.rendered[content_type] = body
         return body + encoder(self.registry), content_type
 
@@ -186,8 +200,25 @@ _MAX_FORMATS = 4
 _EOF = b"# EOF\n"
 
 
-def _render(encoder: Encoder, content_type: str, families: tuple[Metric, ...]) -> bytes:
-    body = encoder(_Families(families))
+def _render_snapshot(
+    encoder: Encoder,
+    content_type: str,
+    snapshot: Snapshot,
+    old_parts: dict[str, bytes],
+    old_families: dict[str, Metric],
+) -> bytes:
+    parts: dict[str, bytes] = {}
+    for family in snapshot.families:
+        body = old_parts.get(family.name)
+        if body is None or old_families.get(family.name) != family:
+            body = _render(encoder, content_type, family)
+        parts[family.name] = body
+    snapshot.parts[content_type] = parts
+    return b"".join(parts.values())
+
+
+def _render(encoder: Encoder, content_type: str, family: Metric) -> bytes:
+    body = encoder(_Families((family,)))
     # OpenMetrics ends with one `# EOF`: the Exporter's own part, rendered last, carries it.
     if content_type.startswith("application/openmetrics-text") and body.endswith(_EOF):
         body = body[: -len(_EOF)]
