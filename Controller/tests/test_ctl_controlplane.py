@@ -5,16 +5,20 @@ ResourceQuota of zero pods holds a Job "mid-way" (created, no pod) until the tes
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from controller_harness import (  # type: ignore[import-not-found]
     GROUP_LABEL,
     JOB_ANNOTATION,
     MESSAGE,
     Cluster,
     JobWatch,
+    OperatorProcess,
     StartOperator,
     TcpProxy,
     kubeconfig_via,
@@ -355,3 +359,61 @@ def test_group_label_scopes_the_controller(
     start_operator("--leader-elect=false")
     wait_state(cluster, inside, "enabled")
     assert cluster.state(outside) is None
+
+
+def test_least_privilege_rbac_is_enough(
+    control_plane: ControlPlane,
+    node_factory: NodeFactory,
+    api_client: k8s.ApiClient,
+    namespace: str,
+    tmp_path: Any,
+) -> None:
+    """config/rbac applied for real; the Controller runs with its ServiceAccount's token
+    (leader election on, Jobs in kube-system with the agent's ServiceAccount)."""
+    rbac = Path(__file__).resolve().parents[1] / "config" / "rbac"
+    applied = subprocess.run(
+        control_plane.kubectl_argv("apply", "-k", str(rbac)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert applied.returncode == 0, applied.stderr
+    core = k8s.CoreV1Api(api_client)
+    token = core.create_namespaced_service_account_token(
+        "lj-runtimekit-controller", "kube-system", {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    doc = yaml.safe_load(control_plane.kubeconfig_path.read_text())
+    doc["users"] = [{"name": "controller", "user": {"token": token}}]
+    doc["contexts"][0]["context"]["user"] = "controller"
+    kubeconfig = tmp_path / "controller-sa"
+    kubeconfig.write_text(yaml.safe_dump(doc))
+    system = Cluster(api_client, "kube-system")
+    node = node_factory.create(f"{namespace}-rbac", enable=False)
+    op = OperatorProcess(
+        kubeconfig,
+        "kube-system",
+        tmp_path / "controller-rbac.log",
+        "--leader-elect=true",
+        "--lease-name=lj-runtimekit-controller",
+        node_selector=f"{GROUP_LABEL}={namespace}",
+    )
+    op.argv.remove("--job-service-account=default")
+    op.start()
+    try:
+        system.label(node, LABEL, "true")
+        wait_state(system, node, "enabled", 2 * T)
+        assert "FeaturesEnabled" in system.reasons(node)
+        system.label(node, LABEL, None)
+        wait_state(system, node, "disabled", 2 * T)
+        assert "Forbidden" not in op.log()
+        assert "forbidden" not in op.log()
+    except BaseException:
+        print(op.log()[-10000:])
+        raise
+    finally:
+        op.stop()
+        for job in node_jobs(system, node):
+            system.batch.delete_namespaced_job(
+                job.metadata.name, "kube-system", propagation_policy="Background"
+            )

@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--lease-duration", 15.0, "Lease duration seconds", type=float)
     add("--lease-renew-deadline", 10.0, "seconds the leader may fail to renew", type=float)
     add("--lease-retry-period", 2.0, "seconds between Lease attempts", type=float)
-    add("--workers", 16, "concurrent node reconciles", type=int)
+    add("--workers", 32, "concurrent node reconciles", type=int)
     add(
         "--resync-period",
         300.0,

@@ -100,7 +100,7 @@ class ControllerSettings:
     job: JobSettings
     label_key: str = DEFAULT_LABEL_KEY
     node_selector: str = ""
-    workers: int = 16
+    workers: int = 32
     resync_period_s: float = 300.0
 
     def __post_init__(self) -> None:

@@ -131,7 +131,7 @@ class JobController:
         if state.state != done or state.job != job.ref:
             message = f"{job.action} Job {job.ref} succeeded"
             await self.kube.patch_node(name, transition(done, job.action, job.ref, message), None)
-            await self.kube.node_event(
+            self.kube.node_event(
                 self.event_namespace,
                 node,
                 "Normal",
@@ -158,9 +158,7 @@ class JobController:
                 name, transition("failed", job.action, job.ref, message), None
             )
         if not job.recorded:
-            await self.kube.node_event(
-                self.event_namespace, node, "Warning", "FeatureJobFailed", message
-            )
+            self.kube.node_event(self.event_namespace, node, "Warning", "FeatureJobFailed", message)
             await self.kube.annotate_job(
                 job.namespace, job.name, {jobspec.RECORDED_ANNOTATION: "failed"}
             )

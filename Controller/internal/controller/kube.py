@@ -97,6 +97,7 @@ class Kube:
         self.retry_attempts = retry_attempts
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
         self.instance = socket.gethostname()
+        self._events: set[asyncio.Task[None]] = set()
 
     def close(self) -> None:
         """Stop the thread pool and close the connection pool."""
@@ -284,10 +285,21 @@ class Kube:
 
     # Events
 
-    async def node_event(
+    def node_event(self, namespace: str, node: Obj, kind: str, reason: str, message: str) -> None:
+        """Post a core/v1 Event about the Node (in `namespace`) in the background, off the
+        reconcile's critical path; failures are only logged."""
+        task = asyncio.create_task(self._post_event(namespace, node, kind, reason, message))
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
+
+    async def drain_events(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) for events still being posted."""
+        if self._events:
+            await asyncio.wait(list(self._events), timeout=timeout_s)
+
+    async def _post_event(
         self, namespace: str, node: Obj, kind: str, reason: str, message: str
     ) -> None:
-        """Post a core/v1 Event about the Node (in `namespace`); failures are only logged."""
         meta = node["metadata"]
         stamp = now_rfc3339()
         body = {

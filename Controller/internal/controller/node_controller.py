@@ -158,7 +158,7 @@ class NodeController:
                 "job superseded by a newer wish",
                 extra={"node": name, "job": job.ref, "wish": target or "none"},
             )
-            await self.kube.node_event(
+            self.kube.node_event(
                 self.jobs.event_namespace,
                 node,
                 "Normal",
@@ -194,7 +194,7 @@ class NodeController:
         self.created += 1
         await self.kube.patch_node(name, transition(IN_PROGRESS[target], target, job_ref), None)
         _log.info("job created", extra={"node": name, "job": job_ref, "action": target})
-        await self.kube.node_event(
+        self.kube.node_event(
             self.jobs.event_namespace,
             node,
             "Normal",
@@ -221,6 +221,6 @@ class NodeController:
             "invalid label value",
             extra={"node": name, "label": self.settings.label_key, "value": value},
         )
-        await self.kube.node_event(
+        self.kube.node_event(
             self.jobs.event_namespace, node, "Warning", "InvalidLabelValue", message
         )

@@ -37,8 +37,6 @@ from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
 from lj_runtimekit.controller.internal.controller.leader import LeaderElector, LeaseSettings
 from lj_runtimekit.controller.internal.controller.node_controller import NodeController
 from lj_runtimekit.controller.internal.controller.state import (
-    JOB_ANNOTATION,
-    STATE_ANNOTATION,
     STATE_LABEL,
     NodeState,
     desired_action,
@@ -87,47 +85,47 @@ def kopf_settings(settings: ControllerSettings, watch: WatchSettings) -> kopf.Op
 
 
 class Triggers:
-    """Which watch events can change a node's outcome (everything else is skipped: KWOK or
-    kubelet status updates, the Controller's own Job status churn)."""
+    """Which watch events can change a node's outcome. Skipped: Node status updates (KWOK
+    or the kubelet), the Node patches the reconciler makes itself (it already knows what
+    comes next), and Job status churn until the Job finishes or goes."""
 
     def __init__(self, label_key: str) -> None:
         self.label_key = label_key
-        self._seen: dict[str, tuple[str | None, ...]] = {}
-
-    def _key(self, meta: Mapping[str, Any]) -> tuple[str | None, ...]:
-        labels = meta.get("labels") or {}
-        annotations = meta.get("annotations") or {}
-        return (
-            meta.get("uid"),
-            labels.get(self.label_key),
-            annotations.get(STATE_ANNOTATION),
-            annotations.get(JOB_ANNOTATION),
-        )
+        self._nodes: dict[str, tuple[str | None, str | None]] = {}
+        self._jobs: dict[str, str] = {}
 
     def node(self, kind: str | None, name: str, body: Mapping[str, Any]) -> bool:
-        """A Node event: DELETED (gone, or the label removed) or a change of the label or
-        the Controller's state."""
+        """DELETED (gone, or the label removed: the watch is label-selected), first sight,
+        or a new label value."""
         if kind == "DELETED":
-            self._seen.pop(name, None)
+            self._nodes.pop(name, None)
             return True
-        key = self._key(body.get("metadata") or {})
-        if self._seen.get(name) == key:
+        meta = body.get("metadata") or {}
+        key = (meta.get("uid"), (meta.get("labels") or {}).get(self.label_key))
+        if self._nodes.get(name) == key:
             return False
-        self._seen[name] = key
+        self._nodes[name] = key
         return True
 
-    @staticmethod
-    def job(kind: str | None, body: Mapping[str, Any]) -> str | None:
-        """The node whose reconcile a Job event calls for: listed at start-up, deleted,
-        being deleted, or finished."""
-        annotations = (body.get("metadata") or {}).get("annotations") or {}
-        node = annotations.get(jobspec.NODE_ANNOTATION)
+    def job(self, kind: str | None, body: Mapping[str, Any]) -> str | None:
+        """The node to reconcile for a Job event: listed at start-up, deleted, or newly
+        finished / being deleted."""
+        meta = body.get("metadata") or {}
+        node = (meta.get("annotations") or {}).get(jobspec.NODE_ANNOTATION)
         if not node:
             return None
-        if kind in (None, "DELETED"):
+        uid = str(meta.get("uid", ""))
+        if kind == "DELETED":
+            self._jobs.pop(uid, None)
             return str(node)
         phase = JobView.of(dict(body)).phase
-        return str(node) if phase in ("succeeded", "failed", "deleting") else None
+        seen = self._jobs.get(uid)
+        self._jobs[uid] = phase
+        if kind is None:
+            return str(node)
+        if phase in ("succeeded", "failed", "deleting") and phase != seen:
+            return str(node)
+        return None
 
     def unsettled(self, meta: Mapping[str, Any]) -> bool:
         """Whether a listed node's label and state disagree (work left to do)."""
@@ -271,6 +269,7 @@ class Controller:
                 with contextlib.suppress(BaseException):
                     await task
             await self.queue.stop()
+            await self.kube.drain_events()
             if elector is not None and not elector.lost.is_set():
                 await elector.release()
         _log.info("controller stopped", extra={"exit_code": code})
