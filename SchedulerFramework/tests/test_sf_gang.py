@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -20,10 +20,21 @@ A = PROTOCOL.annotations
 L = PROTOCOL.labels
 
 
+MADE: list[FakeCluster] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_clusters() -> Iterator[None]:
+    yield
+    while MADE:
+        MADE.pop().scheduler.stop()  # waiting pods and their timers go with it
+
+
 def topo_cluster(
     blocks: int = 2, switches: int = 2, nodes: int = 4, runtime: str = "v1.15.0"
 ) -> FakeCluster:
     c = FakeCluster()
+    MADE.append(c)
     for b in range(blocks):
         for s in range(switches):
             for n in range(nodes):
@@ -127,6 +138,7 @@ def test_timeout_releases_every_member_and_devices() -> None:
     c = FakeCluster(
         {"profiles": [{"pluginConfig": [{"name": "Coscheduling", "args": {"backoffSeconds": 30}}]}]}
     )
+    MADE.append(c)
     for i in range(3):
         c.add_node(f"n{i}")
     ann = {A.gang_group: "t", A.gang_min_members: "3", A.gang_timeout_seconds: "0.5"}
@@ -307,6 +319,7 @@ def test_queue_activate_moves_unschedulable_and_in_flight_pods() -> None:
     from lj_runtimekit.schedulerframework.internal.queue.queue import SchedulingQueue
 
     c = FakeCluster()
+    MADE.append(c)
     q = SchedulingQueue(initial_backoff_s=30, max_backoff_s=30)
     a = c.add_pod("a", {GPU: "1"})
     b = c.add_pod("b", {GPU: "1"})
