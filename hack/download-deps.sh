@@ -45,8 +45,16 @@ if ! out=$(cd "${TMPDIR:-/tmp}" && GOFLAGS=-mod=mod GOTOOLCHAIN=local go list -m
 fi
 
 # 2-4 with a rollback.
-mapfile -t pyprojects < <(grep -l -E '^[[:space:]]*"kubernetes[<>=~!, 0-9.]*"' \
-  hack/envtest/pyproject.toml ./*/pyproject.toml 2>/dev/null | sort -u)
+# Every workspace member (root pyproject.toml) whose pyproject pins the client.
+mapfile -t members < <(python3 -c 'import tomllib
+with open("pyproject.toml", "rb") as f:
+    print("\n".join(tomllib.load(f)["tool"]["uv"]["workspace"]["members"]))')
+pyprojects=()
+for m in "${members[@]}"; do
+  if grep -q -E '^[[:space:]]*"kubernetes[<>=~!, 0-9.]*"' "$m/pyproject.toml" 2>/dev/null; then
+    pyprojects+=("$m/pyproject.toml")
+  fi
+done
 [[ ${#pyprojects[@]} -gt 0 ]] || die "no pyproject.toml depends on the kubernetes client"
 files=("${pyprojects[@]}" hack/versions.env uv.lock)
 backup=$(mktemp -d)

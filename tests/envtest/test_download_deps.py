@@ -56,6 +56,9 @@ def test_switch_to_another_version_pins_client_and_refreshes_lock(repo_copy: Pat
     assert f"K8S_VERSION={OTHER_VERSION}\n" in versions
     pyproject = (repo_copy / "hack" / "envtest" / "pyproject.toml").read_text()
     assert '"kubernetes>=33,<34"' in pyproject
+    # No member keeps the old pin.
+    for member in repo_copy.glob("**/pyproject.toml"):
+        assert '"kubernetes>=34,<35"' not in member.read_text(), member
     lock = (repo_copy / "uv.lock").read_text()
     match = re.search(r'name = "kubernetes"\nversion = "([^"]+)"', lock)
     assert match is not None
