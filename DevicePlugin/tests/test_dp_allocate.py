@@ -135,7 +135,12 @@ async def test_plugin_restart_never_hands_out_an_assignment_twice(make_bed: BedF
         assert response.container_responses[0].envs["LJ_VISIBLE_DEVICES"] == bed.gpu(2)
         keys = sorted(a.container_key for a in await bed.allocations())
         assert keys == sorted(f"{p['metadata']['uid']}/main" for p in (first, second))
+        # A kubelet that lost its checkpoint asks again for a running container's devices:
+        # the same answer, nothing new handed out.
+        again = await bed.kubelet.allocate(GPU, [[bed.gpu(1)]])
+        assert again.container_responses[0].envs["LJ_VISIBLE_DEVICES"] == bed.gpu(1)
+        assert len(await bed.allocations()) == 2
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await bed.kubelet.allocate(GPU, [[bed.gpu(1)]])
+            await bed.kubelet.allocate(GPU, [[bed.gpu(6)]])
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "no pending pod" in (err.value.details() or "")

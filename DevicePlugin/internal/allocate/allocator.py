@@ -398,6 +398,9 @@ class Allocator:
         )
         cand, by_devices = choose(ordered, lambda c: same_devices(c, info, ids))
         if cand is None:
+            repeated = await self._repeated(info, ids, pods)
+            if repeated is not None:
+                return repeated
             raise AllocationError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"no pending pod on node {self._node} asks for {len(ids)} of {info.name} without"
@@ -448,6 +451,43 @@ class Allocator:
             "devices" if by_devices else "order",
         )
         self._record(cand.pod)
+        return container_response(response.spec)
+
+    async def _repeated(
+        self, info: ResourceInfo, ids: Sequence[str], pods: Sequence[PodInfo]
+    ) -> api_pb2.ContainerAllocateResponse | None:
+        """A kubelet that lost its checkpoint asks again for a running container's devices.
+
+        When exactly one allocated container of an active pod holds exactly these
+        devices (or the slice on the device of these units), answer its spec again
+        (the Runtime's Allocate is idempotent per container key) instead of failing
+        a running pod. Nothing new is handed out.
+        """
+        sliced = info.kind in (ResourceKind.CORE, ResourceKind.MEMORY)
+        parents = {slice_unit_device(u) for u in ids} if sliced else set()
+        active = {p.uid: p for p in pods if p.active}
+        matches = []
+        for held in self.ledger.values():
+            if info.name not in held.called or held.pod_uid not in active:
+                continue
+            mine = {s.device_id for s in held.shares if s.whole != sliced}
+            if (parents if sliced else set(ids)) == mine:
+                matches.append(held)
+        if len(matches) != 1:
+            return None
+        held = matches[0]
+        pod = active[held.pod_uid]
+        container = next((c for c in pod.containers if c.name == held.container), None)
+        if container is None or container.limits.get(info.name) != len(ids):
+            return None
+        cand = Candidate(pod, container, held.shares, None, ())
+        log.warning(
+            "repeated Allocate answered again pod=%s container=%s resource=%s",
+            pod.ref,
+            held.container,
+            info.name,
+        )
+        response = await self._runtime_allocate(cand, held.shares)
         return container_response(response.spec)
 
     def _check_assignment(
