@@ -337,6 +337,9 @@ cmd_deploy() {
     log "dry run: the API server accepted every object; nothing changed"
     return
   fi
+  if [[ $gang == required ]] && ! "${kc[@]}" get crd jobsets.jobset.x-k8s.io -o name >/dev/null 2>&1; then
+    log "warning: the scheduler's Coscheduling plugin requires JobSet >= $min_jobset but the CRD jobsets.jobset.x-k8s.io is missing: gangs from JobSets will not schedule; see $0 precheck"
+  fi
   local labelled
   labelled=$("${kc[@]}" get nodes -l "$enable_label=true" -o name 2>/dev/null | wc -l)
   if [[ $labelled -eq 0 ]]; then

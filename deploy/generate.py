@@ -57,7 +57,7 @@ def kustomizations(deploy_dir: Path, opts: Options) -> dict[Path, str]:
         doc: Obj = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
-            "namespace": opts.namespace,
+            # No `namespace:` here: the Controller's node-events Role lives in `default`.
             "resources": list(component_files(component, opts)),
             "images": [
                 {"name": f"{opts.registry}/{image.repository}", "newTag": opts.version}

@@ -122,6 +122,9 @@ SETTINGS: Mapping[str, tuple[Setting, ...]] = {
 }
 
 SCHEDULER_CONFIG_KEY = "scheduler-config.yaml"
+SCHEDULER_LEASE = "lj-runtimekit-scheduler-framework"
+CONTROLLER_LEASE = "lj-runtimekit-controller"
+"""The Controller's --lease-name default."""
 SCHEDULER_NAME = "lj-scheduler"
 GANG_PLUGIN = "Coscheduling"
 """The scheduler's gang plugin; its `requireJobSet` arg makes precheck require JobSet."""
@@ -135,7 +138,7 @@ def scheduler_config() -> Obj:
         "clientConnection": {"qps": 50, "burst": 100},
         "leaderElection": {
             "leaderElect": True,
-            "resourceName": "lj-runtimekit-scheduler-framework",
+            "resourceName": SCHEDULER_LEASE,
             "leaseDuration": "15s",
             "renewDeadline": "10s",
             "retryPeriod": "2s",
@@ -214,7 +217,16 @@ def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> Obj:
 
 _READ = ["get", "list", "watch"]
 _EVENTS = _rule(["", "events.k8s.io"], ["events"], ["create", "patch", "update"])
-_LEASES = _rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])
+NODE_EVENTS_NAMESPACE = "default"
+"""Events about Nodes (cluster-scoped) live in `default`, as the kubelet's."""
+
+
+def _leases(name: str) -> list[Obj]:
+    """Leader election: create the Lease once, then get/update only that one."""
+    return [
+        _rule(["coordination.k8s.io"], ["leases"], ["create"]),
+        {**_rule(["coordination.k8s.io"], ["leases"], ["get", "update"]), "resourceNames": [name]},
+    ]
 
 
 def _rules(component: Component) -> list[Obj]:
@@ -239,19 +251,21 @@ def _rules(component: Component) -> list[Obj]:
     if component.name == "exporter":
         # The API server fallback of the kubelet /pods list (by spec.nodeName).
         return [_rule([""], ["pods"], ["list"])]
-    # Nodes (watch the enable label, record state); Events about Nodes go to `default`.
-    return [_rule([""], ["nodes"], [*_READ, "patch"]), _EVENTS]
+    # Nodes: watch the enable label, record the Controller's state on the Node.
+    return [_rule([""], ["nodes"], [*_READ, "patch"])]
 
 
 def _namespaced_rules(component: Component) -> list[Obj]:
     """Rules in the component's own namespace (leader election; the Controller's Jobs)."""
     if component.name == "scheduler-framework":
-        return [_LEASES]
+        return _leases(SCHEDULER_LEASE)
     if component.name == "controller":
+        # As Controller/config/rbac/role.yaml: the enable/disable Jobs, a failed Job's
+        # pods (the agent's termination message), leader election.
         return [
             _rule(["batch"], ["jobs"], [*_READ, "create", "patch", "delete"]),
             _rule([""], ["pods"], ["list"]),
-            _LEASES,
+            *_leases(CONTROLLER_LEASE),
         ]
     return []
 
@@ -293,6 +307,27 @@ def rbac(component: Component, opts: Options) -> list[Obj]:
                 "automountServiceAccountToken": False,
             }
         )
+    if component.name == "controller":
+        events = f"{name}-node-events"
+        objs += [
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "Role",
+                "metadata": _meta(events, component, NODE_EVENTS_NAMESPACE),
+                "rules": [_rule([""], ["events"], ["create"])],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": _meta(events, component, NODE_EVENTS_NAMESPACE),
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": events,
+                },
+                "subjects": [subject],
+            },
+        ]
     namespaced = _namespaced_rules(component)
     if namespaced:
         objs += [

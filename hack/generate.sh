@@ -80,6 +80,8 @@ for component in "${!uses[@]}"; do
       >"$want/pkg/configpb/__init__.py"
   fi
   if [ "$mode" = "--check" ]; then
+    # git keeps no empty directory: a component using no proto has no api/proto.
+    [ -d "$component/api/proto" ] || mkdir -p "$component/api/proto"
     if ! diff -r --no-dereference "$want/api/proto" "$component/api/proto" >/dev/null 2>&1 ||
        ! cmp -s "$want/pkg/configpb/__init__.py" "$component/pkg/configpb/__init__.py"; then
       echo "stale generated files: $component/api/proto or pkg/configpb (run: make generate)" >&2

@@ -54,6 +54,7 @@ class Env:
         self.cp = cp
         self.namespace = namespace
         self.kubectl = str(find_tools(("kubectl",))["kubectl"])
+        self.deleted = False
         self.env = dict(
             os.environ,
             KUBECTL=self.kubectl,
@@ -95,7 +96,11 @@ class Env:
         namespaced = "serviceaccounts,configmaps,daemonsets,deployments,roles,rolebindings"
         cluster = "clusterroles,clusterrolebindings,priorityclasses,runtimeclasses"
         items = []
-        for kinds, ns in ((namespaced, [f"--namespace={self.namespace}"]), (cluster, [])):
+        for kinds, ns in (
+            (namespaced, [f"--namespace={self.namespace}"]),
+            ("roles,rolebindings", ["--namespace=default"]),  # the Controller's node events
+            (cluster, []),
+        ):
             out = self.k("get", kinds, "-l", selector, "-o", "json", *ns).stdout
             items += json.loads(out)["items"]
         return {
@@ -125,7 +130,8 @@ def env(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -
     nodes.create(f"{namespace}-cpu", gpus=0, enable=False)
     env = Env(control_plane, namespace, tmp_path_factory.mktemp("deploy"))
     yield env
-    env.run("delete")
+    if not env.deleted:
+        env.run("delete")
     nodes.cleanup()
     core.delete_namespace(namespace, propagation_policy="Background")
     api.close()
@@ -248,13 +254,15 @@ ACCESS = [
     ("scheduler-framework", "create", "pods", "binding", "default", True),
     ("scheduler-framework", "watch", "nodes", "", None, True),
     ("scheduler-framework", "get", "jobsets", "", "default", True),
-    ("scheduler-framework", "update", "leases", "", "@", True),
+    ("scheduler-framework", "create", "leases", "", "@", True),
     ("scheduler-framework", "update", "leases", "", "default", False),
     ("scheduler-framework", "patch", "nodes", "", None, False),
     ("scheduler-framework", "delete", "pods", "", "default", False),
     ("controller", "create", "jobs", "", "@", True),
     ("controller", "create", "jobs", "", "default", False),
     ("controller", "create", "events", "", "default", True),
+    ("controller", "create", "events", "", "@", False),
+    ("controller", "update", "leases", "", "@", True),
     ("controller", "patch", "nodes", "", None, True),
     ("controller", "create", "pods", "binding", "default", False),
     ("job-agent", "get", "nodes", "", None, False),
@@ -268,6 +276,9 @@ def test_rbac_grants_what_each_component_calls_and_nothing_more(env: Env) -> Non
         wrong = []
         for account, verb, resource, sub, ns, allowed in ACCESS:
             namespace = env.namespace if ns == "@" else ns
+            lease = {"scheduler-framework": "lj-runtimekit-scheduler-framework"}.get(
+                account, "lj-runtimekit-controller"
+            )
             group = {
                 "jobs": "batch",
                 "leases": "coordination.k8s.io",
@@ -283,6 +294,7 @@ def test_rbac_grants_what_each_component_calls_and_nothing_more(env: Env) -> Non
                             "resource": resource,
                             "subresource": sub,
                             "namespace": namespace or "",
+                            "name": lease if resource == "leases" and verb == "update" else "",
                         },
                     }
                 }
@@ -379,6 +391,7 @@ def test_upgrade_sets_the_images_and_rollback_restores_them(env: Env) -> None:
 
 def test_delete_removes_everything_it_created(env: Env) -> None:
     env.ok("delete")
+    env.deleted = True
     for kind, name in WORKLOADS.values():
         assert env.get(kind, name) is None
     for component in WORKLOADS:
@@ -386,6 +399,9 @@ def test_delete_removes_everything_it_created(env: Env) -> None:
         assert env.get("serviceaccount", f"lj-runtimekit-{component}") is None
     for kind, name in CLUSTER_OBJECTS:
         assert env.get(kind, name, namespaced=False) is None, f"{kind}/{name} left behind"
+    for kind in ("role", "rolebinding"):
+        name = "lj-runtimekit-controller-node-events"
+        assert env.k("get", kind, name, "-n", "default", check=False).returncode != 0
 
     def no_pods() -> bool:
         out = env.k("get", "pods", f"--namespace={env.namespace}", "-o", "name").stdout

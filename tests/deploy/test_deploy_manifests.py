@@ -79,7 +79,9 @@ def test_names_labels_and_namespace(component: Any) -> None:
         if doc["kind"] != "PriorityClass":
             assert labels["app"] == f"lj-runtimekit-{component.name}"
         assert labels["app.kubernetes.io/part-of"] == "lj-runtimekit"
-        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding", "PriorityClass"):
+        if doc["metadata"]["name"] == "lj-runtimekit-controller-node-events":
+            assert doc["metadata"]["namespace"] == "default"  # events about Nodes live there
+        elif doc["kind"] not in ("ClusterRole", "ClusterRoleBinding", "PriorityClass"):
             assert doc["metadata"]["namespace"] == "kube-system"
     workload = workload_of(component.directory)
     assert workload["spec"]["template"]["metadata"]["labels"]["app"] == component.app
