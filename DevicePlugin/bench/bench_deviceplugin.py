@@ -4,6 +4,9 @@ Runs the real plugin process against the Runtime simulator (tdm-8gpu: 8 GPUs)
 and the kubelet shim on the v1beta1 protocol, with 100 pending slice pods in
 the kubelet's `/pods` list. Allocate is timed at the kubelet side, so every
 call includes the plugin's pod lookup over HTTP and the Runtime's Allocate.
+`plugin_cpu_ms_per_call` is the plugin's CPU time per call (GetPreferredAllocation
+and Allocate alike), which machine load does not inflate; `load_avg_1m` says how
+busy the machine was.
 
     uv run python DevicePlugin/bench/bench_deviceplugin.py --out bench/parts/deviceplugin.json
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -36,6 +40,12 @@ from lj_runtimekit.proto.pkg.protocol import DeviceShare
 
 PODS = 100
 SLICE = 7  # 100 pods x 7 % over 8 GPUs: at most 13 pods (91 %) per GPU
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -127,7 +137,9 @@ async def run() -> dict[str, float]:
     try:
         async with node_bed(root, "tdm-8gpu", plugin_args=["--log-level=WARNING"]) as bed:
             await bed.kubelet.wait_for(lambda: len(bed.kubelet.devices(MEMORY)) == 800, 30)
+            cpu0 = cpu_seconds(bed.plugin.pid)
             allocate, preferred = await allocate_latencies(bed)
+            cpu_per_call = (cpu_seconds(bed.plugin.pid) - cpu0) * 1000 / (2 * len(allocate))
             law = await list_and_watch_first(bed)
             health = await health_to_kubelet(bed)
             rereg = await reregister(bed)
@@ -141,6 +153,9 @@ async def run() -> dict[str, float]:
         "preferred_allocation_p50_ms": round(statistics.median(preferred), 3),
         "preferred_allocation_p99_ms": round(pct(preferred, 0.99), 3),
         "pods_on_node": PODS,
+        "plugin_cpu_ms_per_call": round(cpu_per_call, 3),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "cpu_count": os.cpu_count() or 0,
         "list_and_watch_first_ms": round(statistics.median(law), 3),
         "list_and_watch_first_max_ms": round(max(law), 3),
         "health_to_kubelet_ms": round(statistics.median(health), 3),

@@ -58,6 +58,13 @@ class PluginProcess:
         return self
 
     @property
+    def pid(self) -> int:
+        """Process id of the plugin."""
+        if self._proc is None:
+            raise RuntimeError("plugin not started")
+        return self._proc.pid
+
+    @property
     def running(self) -> bool:
         """True while the process runs."""
         return self._proc is not None and self._proc.poll() is None
