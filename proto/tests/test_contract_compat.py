@@ -86,9 +86,7 @@ def test_additions_are_allowed(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_incompatible_changes_are_caught(
-    tmp_path: Path, old: str, new: str, expected: str
-) -> None:
+def test_incompatible_changes_are_caught(tmp_path: Path, old: str, new: str, expected: str) -> None:
     problems = compat.compare(released(), variant(tmp_path, old, new))
     assert any(p.startswith(expected) for p in problems), problems
 
