@@ -508,7 +508,7 @@ def _container(component: Component, opts: Options) -> Obj:
             f"--label-key={opts.protocol.labels.enable}",
             f"--socket-dir={RUNTIME_SOCKET_DIR}",
             f"--job-service-account={JOB_AGENT_SERVICE_ACCOUNT}",
-            f"--liveness-endpoint=http://0.0.0.0:{CONTROLLER_HEALTH_PORT}/healthz",
+            f"--health-port={CONTROLLER_HEALTH_PORT}",
             "--log-format=json",
         ]
         resources = _resources("100m", "128Mi", "1", "512Mi")
@@ -561,6 +561,23 @@ def _volumes(component: Component) -> list[Obj]:
     return volumes
 
 
+def _spread(component: Component) -> Obj:
+    """Prefer the replicas on different nodes."""
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"app": component.app}},
+                    },
+                }
+            ]
+        }
+    }
+
+
 def workload(component: Component, opts: Options) -> Obj:
     """The DaemonSet or Deployment, its pod template carrying the config checksum."""
     protocol = opts.protocol
@@ -582,6 +599,7 @@ def workload(component: Component, opts: Options) -> Obj:
         pod_spec["tolerations"] = _tolerations(protocol)
     else:
         pod_spec["priorityClassName"] = "system-cluster-critical"
+        pod_spec["tolerations"] = [{"key": "CriticalAddonsOnly", "operator": "Exists"}]
     template = {
         "metadata": {
             "labels": labels(component),
@@ -593,6 +611,17 @@ def workload(component: Component, opts: Options) -> Obj:
     if component.kind == "DaemonSet":
         spec["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
         spec["revisionHistoryLimit"] = 10
+    elif component.name == "controller":
+        # One leader through the Lease, a standby that takes over within --lease-duration;
+        # both answer /healthz (liveness and readiness: a standby is a healthy replica,
+        # leadership is in the Lease), so rollouts complete.
+        spec["replicas"] = 2
+        spec["revisionHistoryLimit"] = 10
+        spec["strategy"] = {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0},
+        }
+        pod_spec["affinity"] = _spread(component)
     else:
         spec["replicas"] = 1
         spec["revisionHistoryLimit"] = 10
