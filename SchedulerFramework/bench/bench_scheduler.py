@@ -7,7 +7,10 @@ cluster and with pods created before the scheduler starts:
 1. the stock kube-scheduler (pinned version) with a profile `bench-kube`,
    client QPS/burst 5000/10000, places N whole-GPU pods;
 2. lj-scheduler, same client QPS/burst, places N whole-GPU pods;
-3. lj-scheduler places N slice pods (core 25 % / memory 25 %).
+3. lj-scheduler places N slice pods (core 25 % / memory 25 %);
+4. gangs (bench_gang.py): a 256-pod gang on topology-labelled nodes
+   (gang_256_place_s) and four competing gangs of which three fit
+   (partial_gangs, gang_competing_whole).
 
 Throughput is (N-1) / (last bind - first bind), from a watch. The
 filter+score latencies come from lj-scheduler's histogram
@@ -39,6 +42,9 @@ from lj_runtimekit.envtest.process import Process
 from lj_runtimekit.envtest.versions import find_tools
 from lj_runtimekit.proto.pkg.protocol import decode_assignment, load_protocol
 from lj_runtimekit.schedulerframework.internal.kube.client import Kube
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_gang import run_gang_bench  # type: ignore[import-not-found]  # a script beside this one
 
 P = load_protocol()
 QPS, BURST = 5000, 10000
@@ -355,6 +361,12 @@ def main() -> int:
         )
         results["share_filter_score_p50_ms"] = p50
         results["share_filter_score_p99_ms"] = p99
+        # 4. gangs: a 256-pod gang, and four competing gangs (bench_gang.py)
+        results.update(
+            run_gang_bench(
+                kube, cp, work, lj_cfg, [s.name for s in specs], make_namespace, BindWatch, log
+            )
+        )
         results["overcommit_violations"] = overcommit_violations(kube)
         api.close()
     results["whole_gpu_ratio_vs_kube_scheduler"] = (

@@ -8,6 +8,7 @@ ThreadPoolExecutor; see the README.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -71,6 +72,48 @@ class _Binding:
     node: str
 
 
+class _Timers:
+    """One thread running callbacks at deadlines (Permit timeouts): a gang of hundreds of
+    waiting pods costs a heap entry each, not a thread each."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._cancelled: set[int] = set()
+        self._seq = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, delay_s: float, fn: Callable[[], None]) -> int:
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(self._heap, (time.monotonic() + delay_s, self._seq, fn))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="permit-timers", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return self._seq
+
+    def cancel(self, token: int) -> None:
+        with self._cond:
+            self._cancelled.add(token)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][1] in self._cancelled:
+                        self._cancelled.discard(heapq.heappop(self._heap)[1])
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        _, _, fn = heapq.heappop(self._heap)
+                        break
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            try:
+                fn()
+            except Exception:
+                log.exception("permit timer callback failed")
+
+
 class _WaitingPod:
     """A reserved pod held at Permit until every waiting plugin allows it."""
 
@@ -82,9 +125,8 @@ class _WaitingPod:
         self._pending = set(plugins)
         self._lock = threading.Lock()
         self._done = False
-        timeout = min(plugins.values()) if plugins else 0.0
-        self._timer = threading.Timer(timeout, self._timeout)
-        self._timer.daemon = True
+        self._timeout_s = min(plugins.values()) if plugins else 0.0
+        self._timer = 0
 
     @property
     def pod(self) -> PodInfo:
@@ -99,7 +141,7 @@ class _WaitingPod:
             return sorted(self._pending)
 
     def start(self) -> None:
-        self._timer.start()
+        self._timer = self._scheduler._timers.add(self._timeout_s, self._timeout)
 
     def allow(self, plugin: str) -> None:
         with self._lock:
@@ -109,7 +151,7 @@ class _WaitingPod:
             if self._pending:
                 return
             self._done = True
-        self._timer.cancel()
+        self._scheduler._timers.cancel(self._timer)
         self._scheduler._waiting_done(self, None)
 
     def reject(self, plugin: str, message: str) -> None:
@@ -117,7 +159,7 @@ class _WaitingPod:
             if self._done:
                 return
             self._done = True
-        self._timer.cancel()
+        self._scheduler._timers.cancel(self._timer)
         self._scheduler._waiting_done(self, Status(Code.UNSCHEDULABLE, (message,), plugin))
 
     def _timeout(self) -> None:
@@ -156,6 +198,7 @@ class Scheduler:
         self._binds_in_flight = 0
         self._idle = threading.Condition()
         self._waiting: dict[str, _WaitingPod] = {}
+        self._timers = _Timers()
         self._waiting_lock = threading.Lock()
         self._node_signatures: dict[str, tuple[object, ...]] = {}
         self._after_cycle: list[Callable[[], None]] = []

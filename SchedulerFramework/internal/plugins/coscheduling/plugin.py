@@ -153,6 +153,8 @@ class _Gang:
     backoff_reason: str = ""
     releasing: bool = False
     max_size: int | None = None
+    failed: tuple[object, Status] | None = None
+    """(cluster state, status) of the last failed plan"""
 
     def placed(self) -> int:
         running = {u for u, p in self.members.items() if p.node_name}
@@ -495,9 +497,16 @@ class Coscheduling:
                     "the rest"
                 )
             if g.plan is None:
+                # the same cluster state gives the same answer: the gang's other members
+                # do not plan again until something changed
+                seen = (self.handle.cache.generation, tuple(sorted(self._claims.items())))
+                if g.failed is not None and g.failed[0] == seen:
+                    return None, g.failed[1]
                 status = self._make_plan(pod, g, spec, now)
                 if not status.ok:
+                    g.failed = (seen, status)
                     return None, status
+                g.failed = None
             if g.plan is None:
                 return None, SUCCESS
             nodes = g.plan.free_nodes(spec.job)
