@@ -49,7 +49,10 @@ class ControlPlaneConfig:
 
     `state_dir` None means a fresh temporary directory. `max_requests_inflight`
     is raised from the API server default (400/200) so that benchmarks and
-    KWOK at scale are not throttled by the API server.
+    KWOK at scale are not throttled by the API server. `die_with_parent`
+    (Linux): every component gets SIGKILL when the thread that started it
+    exits, so a killed test run leaves nothing behind; start the control
+    plane from a long-lived thread (the main thread) or turn it off.
     """
 
     controller_manager: bool = True
@@ -62,6 +65,7 @@ class ControlPlaneConfig:
     start_timeout_s: float = 90.0
     extra_apiserver_args: list[str] = field(default_factory=list)
     verbosity: int = 1
+    die_with_parent: bool = True
     kwok_stages: str | None = None
     """KWOK Stage documents to use instead of kwok-stages.yaml (the sandbox gates pods on
     its kubelet shim's admission)."""
@@ -336,7 +340,7 @@ class ControlPlane:
             self._wait_http(kwok_proc, f"http://127.0.0.1:{kwok_port}/healthz", deadline)
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
-        proc = Process(name, argv, self.log_dir / f"{name}.log")
+        proc = Process(name, argv, self.log_dir / f"{name}.log", self.config.die_with_parent)
         proc.start()
         self.processes.append(proc)
         return proc

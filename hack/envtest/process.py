@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the parent dies (Linux prctl), so that a
+    test runner killed without teardown (timeout, SIGKILL) leaves no control plane behind.
+    """
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class ProcessExitedError(RuntimeError):
@@ -27,10 +40,15 @@ def log_tail(path: Path, lines: int = 30) -> str:
 class Process:
     """One component, started in its own session so that its whole group can be killed."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
+    def __init__(
+        self, name: str, argv: Sequence[str], log_path: Path, die_with_parent: bool = True
+    ) -> None:
+        """`die_with_parent` (Linux): the process gets SIGKILL when the thread that started
+        it exits, so start it from a thread that lives as long as the process should."""
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
+        self.die_with_parent = die_with_parent and sys.platform == "linux"
         self._popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -42,12 +60,15 @@ class Process:
         with self.log_path.open("ab") as log:
             log.write(f"# {' '.join(self.argv)}\n".encode())
             log.flush()
+            preexec: Callable[[], None] | None = _die_with_parent if self.die_with_parent else None
+            # preexec_fn only calls prctl (async-signal-safe enough between fork and exec).
             self._popen = subprocess.Popen(
                 self.argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=preexec,
             )
 
     def running(self) -> bool:

@@ -1,15 +1,18 @@
-"""The harness itself: port clashes, failed starts keep logs, teardown kills groups."""
+"""The harness itself: port clashes, failed starts keep logs, teardown kills groups,
+nothing outlives a killed test runner."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig, ControlPlaneError
+from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig, ControlPlaneError, wait_for
 from lj_runtimekit.envtest import controlplane as controlplane_mod
 
 pytestmark = pytest.mark.controlplane
@@ -79,3 +82,35 @@ def test_stop_kills_every_process_group_and_removes_temporary_state(
         with pytest.raises(ProcessLookupError):
             os.killpg(pid, 0)
     assert not state.exists()
+
+
+CHILD = """
+import time
+from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig
+config = ControlPlaneConfig(controller_manager=False, scheduler=False, kwok=False)
+cp = ControlPlane(config).start()
+print(" ".join(str(p.pid) for p in cp.processes), flush=True)
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux only")
+def test_components_die_with_a_killed_runner(k8s_tools: dict[str, Path]) -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True
+    ) as runner:
+        try:
+            assert runner.stdout is not None
+            pids = [int(p) for p in runner.stdout.readline().split()]
+            assert len(pids) == 2
+        finally:
+            runner.kill()  # no teardown runs
+    wait_for(lambda: not any(_alive(p) for p in pids), 15, "components of a killed runner to die")
