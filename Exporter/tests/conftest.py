@@ -49,7 +49,7 @@ def free_port() -> int:
 
 
 def wait_for(
-    what: str, probe: Callable[[], _T | None], timeout: float = 20.0, interval: float = 0.05
+    what: str, probe: Callable[[], _T | None], timeout: float = 30.0, interval: float = 0.05
 ) -> _T:
     """Poll `probe` until it returns something truthy; fail naming `what` on timeout."""
     deadline = time.monotonic() + timeout
@@ -229,7 +229,7 @@ class ExporterProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        wait_for("the exporter to serve /healthz", self._serving)
+        wait_for("the exporter to serve /healthz", self._serving, timeout=60)
 
     def _serving(self) -> bool:
         if self.proc.poll() is not None:
@@ -264,7 +264,7 @@ class ExporterProcess:
         return Scrape(body.decode())
 
     def wait_scrape(
-        self, what: str, accept: Callable[[Scrape], bool], timeout: float = 20.0
+        self, what: str, accept: Callable[[Scrape], bool], timeout: float = 30.0
     ) -> Scrape:
         """Scrape until `accept` holds."""
 

@@ -361,7 +361,7 @@ def prometheus(bed: Bed, lj: Any) -> Iterator[Prometheus]:
     server.stop()
 
 
-def _vector(prom: Prometheus, expr: str, lj: Any, timeout: float = 40.0) -> list[Any]:
+def _vector(prom: Prometheus, expr: str, lj: Any, timeout: float = 60.0) -> list[Any]:
     def probe() -> list[Any] | None:
         answer = prom.query(expr)
         assert answer["status"] == "success", f"{expr}: {answer}"
