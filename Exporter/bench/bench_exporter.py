@@ -240,6 +240,31 @@ def _stats(prefix: str, times: list[float]) -> dict[str, float]:
     }
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _buckets(text: str) -> dict[float, float]:
+    """The exporter's own scrape-duration histogram: upper bound (s) -> cumulative count."""
+    out = {}
+    pattern = r'^lj_runtimekit_exporter_scrape_duration_seconds_bucket\{le="([^"]+)"\} (\S+)$'
+    for le, count in re.findall(pattern, text, re.MULTILINE):
+        out[float(le)] = float(count)
+    return out
+
+
+def _server_p99_ms(before: str, after: str) -> float:
+    """Upper bound of the bucket holding the 99th percentile of the scrapes in between."""
+    b, a = _buckets(before), _buckets(after)
+    total = a[float("inf")] - b.get(float("inf"), 0.0)
+    for le in sorted(a):
+        if a[le] - b.get(le, 0.0) >= 0.99 * total:
+            return le * 1000
+    return float("inf")
+
+
 def _metric(text: str, name: str) -> float:
     match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else float("nan")
@@ -265,7 +290,10 @@ def main() -> int:
             # 1. The shipped configuration: collections every 15 s, scrapes spread over a minute.
             with _exporter(sim.socket_dir, pods_url, 15, work / "default.log") as (proc, url):
                 text = _wait_ready(url, len(plan), proc, work / "default.log")
+                before, cpu_before = _get(url, gzip_ok=False).decode(), _cpu_s(proc.pid)
                 paced = _scrape_ms(url, args.scrapes, pace_s=args.duration / args.scrapes)
+                cpu = _cpu_s(proc.pid) - cpu_before
+                after = _get(url, gzip_ok=False).decode()
                 rss, peak = _rss_mb(proc.pid)
             # 2. Stress: a collection every second, scrapes back to back (many land on one).
             with _exporter(sim.socket_dir, pods_url, 1, work / "stress.log") as (proc, url):
@@ -282,6 +310,21 @@ def main() -> int:
     result = {
         **_stats("scrape_", paced),
         **_stats("stress_scrape_", stress),
+        # Less sensitive to a busy machine than the client's clock: the exporter's own view.
+        "scrape_server_p99_bucket_ms": _server_p99_ms(before, after),
+        "scrape_server_mean_ms": round(
+            (
+                _metric(after, "lj_runtimekit_exporter_scrape_duration_seconds_sum")
+                - _metric(before, "lj_runtimekit_exporter_scrape_duration_seconds_sum")
+            )
+            / (
+                _metric(after, "lj_runtimekit_exporter_scrape_duration_seconds_count")
+                - _metric(before, "lj_runtimekit_exporter_scrape_duration_seconds_count")
+            )
+            * 1000,
+            3,
+        ),
+        "scrape_cpu_ms": round(cpu / (args.scrapes + WARMUP) * 1000, 3),
         "rss_mb": round(rss, 1),
         "rss_peak_mb": round(peak, 1),
         "stress_rss_mb": round(stress_rss, 1),
