@@ -24,7 +24,19 @@ from lj_runtimekit.proto.internal.simulator.process import SimulatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "deploy-all.sh"
-SCRIPTS = [SCRIPT, ROOT / "deploy/docker/build.sh", ROOT / "hack/node-precheck.sh"]
+
+
+def _scripts() -> list[Path]:
+    """Every shell script of the repository (tracked ones, and this issue's)."""
+    mine = {SCRIPT, ROOT / "deploy/docker/build.sh", ROOT / "hack/node-precheck.sh"}
+    listed = subprocess.run(
+        ["git", "ls-files", "*.sh"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    tracked = {ROOT / line for line in listed.stdout.split()} if listed.returncode == 0 else set()
+    return sorted(mine | {p for p in tracked if p.exists()})
+
+
+SCRIPTS = _scripts()
 DOCKER_DIR = ROOT / "deploy" / "docker"
 
 
