@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -311,3 +313,25 @@ def test_feature_gate_off_and_bad_group_definitions(
             describe=lambda name=name: str(events(core, ns, name)),  # type: ignore[misc]
         )
     assert not set(bad) & set(bound(core, ns))
+
+
+def test_require_jobset_without_the_jobset_api_exits_with_one_line(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(
+        json.dumps(
+            {
+                "apiVersion": "scheduler.lingjun.com/v1",
+                "kind": "LjSchedulerConfiguration",
+                "profiles": [
+                    {"pluginConfig": [{"name": "Coscheduling", "args": {"requireJobSet": True}}]}
+                ],
+            }
+        )
+    )
+    s = SchedulerProcess(control_plane.kubeconfig_path, "lj-jobset", f"--config={cfg}").start()
+    assert s.proc is not None
+    assert s.proc.wait(60) == 1
+    assert "args.requireJobSet is true but the JobSet API" in s.text()
+    assert "Traceback" not in s.text()
