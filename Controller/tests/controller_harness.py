@@ -62,7 +62,7 @@ class OperatorProcess:
             f"--job-image={TEST_IMAGE}",
             "--job-service-account=default",
             f"--node-selector={node_selector if node_selector is not None else ''}",
-            "--liveness-endpoint=",
+            "--health-port=0",
             "--log-format=text",
             "--log-level=INFO",
             "--lease-duration=6",

@@ -15,6 +15,7 @@ from lj_runtimekit.controller.internal.controller.config import (
     ControllerSettings,
     JobSettings,
 )
+from lj_runtimekit.controller.internal.controller.health import HealthServer
 from lj_runtimekit.controller.internal.controller.job_controller import (
     JobView,
     termination_message,
@@ -277,3 +278,26 @@ async def test_workqueue_dedups_serializes_and_backs_off() -> None:
     assert seen.count("b") == 3  # two failures retried with backoff
     assert seen.count("c") == 2  # requeued once
     assert queue.errors == 2
+
+
+async def test_health_endpoints() -> None:
+    server = HealthServer("127.0.0.1", 0)
+    await server.start()
+
+    async def get(path: str) -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        await writer.drain()
+        status = (await reader.readline()).decode().strip()
+        writer.close()
+        await writer.wait_closed()
+        return status
+
+    try:
+        assert await get("/healthz") == "HTTP/1.1 200 OK"
+        assert await get("/readyz") == "HTTP/1.1 503 Service Unavailable"
+        server.ready = True
+        assert await get("/readyz") == "HTTP/1.1 200 OK"
+        assert await get("/metrics") == "HTTP/1.1 404 Not Found"
+    finally:
+        await server.stop()

@@ -30,6 +30,7 @@ from lj_runtimekit.controller.internal.controller.config import (
     ControllerSettings,
     JobSettings,
 )
+from lj_runtimekit.controller.internal.controller.health import HealthServer
 from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
 from lj_runtimekit.controller.internal.controller.leader import LeaseSettings
 from lj_runtimekit.controller.internal.controller.operator import Controller, WatchSettings
@@ -110,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
     )
     add("--api-timeout", 30.0, "seconds one API request may take", type=float)
-    add("--liveness-endpoint", "http://0.0.0.0:8080/healthz", "kopf liveness URL ('' = off)")
+    add("--health-port", 8080, "port of /healthz and /readyz (0 = off)", type=int)
     add("--kubeconfig", os.environ.get("KUBECONFIG", ""), "kubeconfig file ('' = in-cluster)")
     add("--log-level", "INFO", "DEBUG, INFO, WARNING or ERROR", type=str.upper)
     add("--log-format", "auto", "json, text or auto (text on a TTY)")
@@ -141,6 +142,8 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         raise ConfigError(
             "--lease-retry-period < --lease-renew-deadline < --lease-duration must hold"
         )
+    if not 0 <= args.health_port <= 65535:
+        raise ConfigError(f"--health-port: {args.health_port} is not a port (0 = off)")
     if args.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"--log-level: {args.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
     if args.log_format not in ("json", "text", "auto"):
@@ -252,7 +255,7 @@ async def _run(args: argparse.Namespace, settings: ControllerSettings) -> int:
                 inactivity_timeout_s=args.watch_inactivity_timeout,
             ),
             lease,
-            args.liveness_endpoint or None,
+            HealthServer("0.0.0.0", args.health_port) if args.health_port else None,
         )
         return await controller.run(stop)
     finally:

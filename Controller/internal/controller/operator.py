@@ -1,22 +1,23 @@
 """Wiring: kopf watches Nodes and Jobs, a keyed work queue reconciles per node.
 
-kopf provides what it is good at: list+watch with server-side label
-selectors, reconnection after a dropped stream, the inactivity timeout that
-catches a silently dead stream, per-object event batching, the liveness
-endpoint. Its handlers here are `on.event` handlers that only enqueue the node's
-name: the outcome for a node depends on two kinds (the Node's label and the
-node's Jobs), so reconciliation is level-triggered and keyed by node (see
-node_controller). This also keeps kopf from storing anything on Nodes: no
-progress or diff-base annotations and no finalizers (there is no delete
-handler; a Node deletion is never blocked).
+kopf provides what it is good at: list+watch with server-side label selectors,
+reconnection after a dropped stream, the inactivity timeout that catches a
+silently dead stream, per-object event batching. Its handlers here are
+`on.event` handlers that only enqueue the node's name: the outcome for a node
+depends on two kinds (the Node's label and the node's Jobs), so reconciliation
+is level-triggered and keyed by node (see node_controller). This also keeps
+kopf from storing anything on Nodes: no progress or diff-base annotations and
+no finalizers (there is no delete handler; a Node deletion is never blocked).
+Health endpoints are our own (health.py): they answer while a standby replica
+waits for the Lease, before kopf runs.
 
 Watches: Nodes with the enable label (plus --node-selector) cluster-wide, and
 Jobs labelled managed-by=lj-runtimekit-controller in the Jobs' namespace.
 A label removal makes the API server send DELETED for that Node on the
 selector-filtered watch; the reconciler re-reads the Node, so that is handled
 like any change. Nodes whose label went away while the Controller was down
-still carry the Controller's state label and are found by the periodic resync
-(which also runs at start-up).
+still carry the Controller's state label and are found by the resync (all of
+them at start-up, then periodically those whose label and state disagree).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import kopf
 
 from lj_runtimekit.controller.internal.controller import jobspec
 from lj_runtimekit.controller.internal.controller.config import ControllerSettings
+from lj_runtimekit.controller.internal.controller.health import HealthServer
 from lj_runtimekit.controller.internal.controller.job_controller import JobController, JobView
 from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
 from lj_runtimekit.controller.internal.controller.leader import LeaderElector, LeaseSettings
@@ -148,14 +150,14 @@ class Controller:
         login: Callable[[], kopf.ConnectionInfo],
         watch: WatchSettings | None = None,
         lease: LeaseSettings | None = None,
-        liveness_endpoint: str | None = None,
+        health: HealthServer | None = None,
     ) -> None:
         self.settings = settings
         self.kube = kube
         self.login = login
         self.watch = watch or WatchSettings()
         self.lease = lease
-        self.liveness_endpoint = liveness_endpoint
+        self.health = health
         self.jobs = JobController(kube, NODE_EVENT_NAMESPACE)
         self.nodes = NodeController(kube, settings, self.jobs)
         self.queue = WorkQueue(self.nodes.reconcile, settings.workers)
@@ -217,6 +219,15 @@ class Controller:
 
     async def run(self, stop: asyncio.Event) -> int:
         """Run until `stop` is set, kopf stops (signal) or leadership is lost (exit code 1)."""
+        if self.health is not None:
+            await self.health.start()
+        try:
+            return await self._run(stop)
+        finally:
+            if self.health is not None:
+                await self.health.stop()
+
+    async def _run(self, stop: asyncio.Event) -> int:
         elector = LeaderElector(self.kube, self.lease) if self.lease else None
         if elector is not None and not await elector.acquire(stop):
             return 0
@@ -235,7 +246,6 @@ class Controller:
                 clusterwide=False,
                 namespaces=[self.settings.job.namespace],
                 stop_flag=kopf_stop,
-                liveness_endpoint=self.liveness_endpoint,
             ),
             name="kopf",
         )
@@ -252,6 +262,8 @@ class Controller:
             },
         )
         code = 0
+        if self.health is not None:
+            self.health.ready = True
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             if elector is not None and elector.lost.is_set():
