@@ -260,7 +260,7 @@ async def _run(cfg: Config) -> None:
         )
         await _serve(cfg, runtime, pods, rm)
     finally:
-        pods.close()
+        await pods.aclose()
         await runtime.close()
 
 

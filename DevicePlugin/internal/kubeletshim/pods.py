@@ -17,6 +17,10 @@ PodObject = dict[str, Any]
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # Like the kubelet's Go server: no Nagle, and the answer leaves in one write
+    # (headers and body in separate segments wait on the peer's delayed ACK).
+    disable_nagle_algorithm = True
+    wbufsize = 1 << 22
 
     def do_GET(self) -> None:
         if self.path.split("?", 1)[0] != "/pods":

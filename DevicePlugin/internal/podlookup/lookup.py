@@ -10,6 +10,7 @@ port answers again).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import logging
@@ -198,6 +199,91 @@ class _KubeletHttp:
                 self._conn = None
 
 
+class _AsyncKubeletHttp:
+    """A keep-alive HTTP/1.1 GET of the kubelet's `/pods` on the event loop (plain http).
+
+    No thread hand-off per call: Allocate latency matters, and the read-only
+    port speaks plain HTTP. Handles Content-Length and chunked bodies.
+    """
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme != "http" or not parsed.hostname:
+            raise ValueError(f"kubelet pods URL {url!r} is not an http URL")
+        self.url = url
+        self._host = parsed.hostname
+        self._port = parsed.port or 80
+        path = parsed.path or "/pods"
+        self._request = (
+            f"GET {path}{'?' + parsed.query if parsed.query else ''} HTTP/1.1\r\n"
+            f"Host: {parsed.netloc}\r\nAccept: application/json\r\n\r\n"
+        ).encode()
+        self._timeout_s = timeout_s
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> bytes:
+        async with self._lock:
+            for attempt in (1, 2):
+                try:
+                    return await asyncio.wait_for(self._get_once(), self._timeout_s)
+                except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError):
+                    self._drop()
+                    if attempt == 2:
+                        raise
+        raise AssertionError("unreachable")
+
+    async def _get_once(self) -> bytes:
+        if self._streams is None:
+            self._streams = await asyncio.open_connection(self._host, self._port)
+        reader, writer = self._streams
+        writer.write(self._request)
+        await writer.drain()
+        status_line = await reader.readuntil(b"\r\n")
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+            raise ValueError(f"not an HTTP answer: {status_line[:40]!r}")
+        status = int(parts[1])
+        headers: dict[str, str] = {}
+        while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            chunks = []
+            while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)) > 0:
+                chunks.append(await reader.readexactly(size))
+                await reader.readexactly(2)
+            while await reader.readuntil(b"\r\n") != b"\r\n":
+                pass
+            body = b"".join(chunks)
+        elif "content-length" in headers:
+            body = await reader.readexactly(int(headers["content-length"]))
+        else:
+            body = await reader.read()
+            self._drop()
+        if headers.get("connection", "").lower() == "close":
+            self._drop()
+        if status != 200:
+            raise PodLookupError(f"kubelet {self.url} answered HTTP {status}")
+        return body
+
+    def _drop(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
+
+    def close(self) -> None:
+        self._drop()
+
+    async def aclose(self) -> None:
+        if self._streams is not None:
+            writer = self._streams[1]
+            self._streams = None
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
 @dataclass
 class _Source:
     on_kubelet: bool = True
@@ -217,7 +303,11 @@ class NodePods:
         timeout_s: float = 2.0,
         kubelet_retry_s: float = 30.0,
     ) -> None:
-        self._kubelet = _KubeletHttp(kubelet_url, timeout_s)
+        self._kubelet: _KubeletHttp | _AsyncKubeletHttp
+        if kubelet_url.startswith("http://"):
+            self._kubelet = _AsyncKubeletHttp(kubelet_url, timeout_s)
+        else:
+            self._kubelet = _KubeletHttp(kubelet_url, timeout_s)
         self.node_name = node_name
         self._api = api
         self._kubelet_retry_s = kubelet_retry_s
@@ -235,8 +325,19 @@ class NodePods:
         now = time.monotonic()
         if src.on_kubelet or now >= src.retry_kubelet_at:
             try:
-                body = await asyncio.to_thread(self._kubelet.get)
-            except (OSError, http.client.HTTPException, PodLookupError) as exc:
+                kubelet = self._kubelet
+                if isinstance(kubelet, _AsyncKubeletHttp):
+                    body = await kubelet.get()
+                else:
+                    body = await asyncio.to_thread(kubelet.get)
+            except (
+                OSError,
+                http.client.HTTPException,
+                PodLookupError,
+                ValueError,
+                TimeoutError,
+                asyncio.IncompleteReadError,
+            ) as exc:
                 kubelet_error: str = str(exc) or type(exc).__name__
                 src.retry_kubelet_at = now + self._kubelet_retry_s
                 if src.on_kubelet:
@@ -283,5 +384,12 @@ class NodePods:
             log.warning(message, *args)
 
     def close(self) -> None:
-        """Close the kubelet connection."""
+        """Close the kubelet connection (the socket closes on the loop's next turn)."""
         self._kubelet.close()
+
+    async def aclose(self) -> None:
+        """Close the kubelet connection and wait until it is closed."""
+        if isinstance(self._kubelet, _AsyncKubeletHttp):
+            await self._kubelet.aclose()
+        else:
+            self._kubelet.close()
