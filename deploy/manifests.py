@@ -115,7 +115,7 @@ SETTINGS: Mapping[str, tuple[Setting, ...]] = {
     ),
     "controller": (
         Setting("log-level", "LJ_CONTROLLER_LOG_LEVEL", "INFO"),
-        Setting("workers", "LJ_CONTROLLER_WORKERS", "16"),
+        Setting("workers", "LJ_CONTROLLER_WORKERS", "32"),
         Setting("job-backoff-limit", "LJ_CONTROLLER_JOB_BACKOFF_LIMIT", "2"),
         Setting("job-active-deadline-seconds", "LJ_CONTROLLER_JOB_ACTIVE_DEADLINE", "300"),
     ),

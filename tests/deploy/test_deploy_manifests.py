@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import re
 import sys
 from collections.abc import Iterator
@@ -278,6 +279,17 @@ def test_container_command_line_parses_with_the_real_flags(
         module = importlib.import_module(MAINS[script])
     except ImportError as exc:  # the component is not in this tree yet
         pytest.skip(f"{script} is not installed: {exc}")
+    # Every setting's variable is one the component reads: by its full name, or by the
+    # prefix its flags are mirrored with (LJ_SCHEDULER_<NAME>, LJ_CONTROLLER_<FLAG>).
+    source = inspect.getsource(module)
+    for setting in manifests.SETTINGS[component.name]:
+        name = setting.env
+        if name.startswith(("LJ_SCHEDULER_", "LJ_CONTROLLER_")):
+            stem = name.split("_", 2)[2]
+            flag = "--" + stem.lower().replace("_", "-")
+            assert f'"{stem}"' in source or f'"{flag}"' in source, f"{script} reads no {name}"
+        else:
+            assert f'"{name}"' in source, f"{script} reads no {name}"
     env = _environment(container, cm)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
