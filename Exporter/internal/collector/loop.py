@@ -57,6 +57,7 @@ class CollectionLoop:
         self._runtime_up: bool | None = None
         self._kubelet_up: bool | None = None
         self._gate_messages: tuple[str, ...] = ()
+        self._container_error: str | None = None
         self._logged_problems: set[str] = set()
         self.started_at = time.monotonic()
         self.last_completed: float | None = None
@@ -130,6 +131,15 @@ class CollectionLoop:
             self._runtime_state(False, str(exc))
             return None
         self._runtime_state(True, f"version={view.version} devices={len(view.devices)}")
+        if view.container_error is not None:
+            self._metrics.error("runtime")
+        if view.container_error != self._container_error:
+            self._container_error = view.container_error
+            if view.container_error is not None:
+                log.warning(
+                    "per-container metrics unreadable, container usage series absent reason=%s",
+                    view.container_error,
+                )
         if view.gates.messages != self._gate_messages:
             self._gate_messages = view.gates.messages
             for message in view.gates.messages:

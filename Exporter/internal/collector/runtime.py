@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from lj_runtimekit.exporter.pkg.configpb import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.featuregate import Feature, GateReport, evaluate
-from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
+from lj_runtimekit.proto.pkg.runtimeclient import RuntimeCallError, RuntimeClient
 
 _GATED_KINDS = frozenset({pb.DEVICE_KIND_PPU, pb.DEVICE_KIND_AMD})
 
@@ -22,7 +22,9 @@ class RuntimeView:
     devices: tuple[pb.Device, ...]
     device_metrics: Mapping[str, pb.DeviceMetrics]
     container_metrics: tuple[pb.ContainerMetrics, ...] | None
-    """None when the per-container metrics feature is off for this Runtime."""
+    """None when the per-container metrics feature is off or their call failed."""
+    container_error: str | None = None
+    """Why GetContainerMetrics failed while the rest answered (device series stay)."""
 
 
 async def read_runtime(client: RuntimeClient) -> RuntimeView:
@@ -42,12 +44,17 @@ async def read_runtime(client: RuntimeClient) -> RuntimeView:
             del device.mig_instances[:]
     samples = await client.device_metrics()
     containers: tuple[pb.ContainerMetrics, ...] | None = None
+    container_error: str | None = None
     if gates.is_enabled(Feature.CONTAINER_METRICS):
-        containers = tuple((await client.container_metrics()).containers)
+        try:
+            containers = tuple((await client.container_metrics()).containers)
+        except RuntimeCallError as exc:
+            container_error = str(exc)
     return RuntimeView(
         version=str(gates.runtime_version),
         gates=gates,
         devices=tuple(sorted(devices, key=lambda d: d.index)),
         device_metrics=MappingProxyType({m.device_id: m for m in samples.devices}),
         container_metrics=containers,
+        container_error=container_error,
     )
