@@ -148,7 +148,8 @@ class JobController:
         if job.recorded and state.state == "failed" and state.job == job.ref:
             return
         name = node["metadata"]["name"]
-        pods = await self.kube.list_pods(job.namespace, f"batch.kubernetes.io/job-name={job.name}")
+        # `job-name` is set by every Kubernetes >= 1.18 (`batch.kubernetes.io/...` from 1.27).
+        pods = await self.kube.list_pods(job.namespace, f"job-name={job.name}")
         agent = termination_message([p for p in pods if _owned_by(p, job.uid)])
         why = job.reason or "Failed"
         detail = agent or job.message or "no termination message (see the Job's pods)"
