@@ -49,6 +49,14 @@ def leftovers(core: k8s.CoreV1Api, batch: k8s.BatchV1Api) -> int:
     return total
 
 
+def pct(values: list[float], q: int) -> float:
+    """The q-th percentile (nearest rank), 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, max(0, -(-q * len(ordered) // 100) - 1))], 2)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=500)
@@ -99,15 +107,14 @@ def main() -> int:
             with JobWatch(api, NAMESPACE) as watch:
                 load_start = os.getloadavg()[0]
                 began = time.monotonic()
+                labelled_at: dict[str, float] = {}
+
+                def label(name: str) -> None:
+                    core.patch_node(name, {"metadata": {"labels": {LABEL: "true"}}})
+                    labelled_at[name] = time.monotonic()
+
                 with ThreadPoolExecutor(32) as pool:
-                    list(
-                        pool.map(
-                            lambda name: core.patch_node(
-                                name, {"metadata": {"labels": {LABEL: "true"}}}
-                            ),
-                            names,
-                        )
-                    )
+                    list(pool.map(label, names))
                 labelled_s = time.monotonic() - began
                 print(f"labelled {n} nodes in {labelled_s:.1f}s", flush=True)
                 done_s = None
@@ -127,6 +134,21 @@ def main() -> int:
                 time.sleep(2)
             if done_s is None:
                 raise RuntimeError(f"not done within {args.timeout}s; log in {op.log_path}")
+            create_lag = [
+                t - labelled_at[watch.node_of[uid]]
+                for uid, t in watch.added_at.items()
+                if watch.node_of.get(uid) in labelled_at
+            ]
+            pipeline = [
+                watch.complete_at[uid] - t
+                for uid, t in watch.added_at.items()
+                if uid in watch.complete_at
+            ]
+            clean_lag = [
+                watch.deleted_at[uid] - t
+                for uid, t in watch.complete_at.items()
+                if uid in watch.deleted_at
+            ]
             duplicates = sum(max(0, len(uids) - 1) for uids in watch.created.values())
             result = {
                 "label_500_nodes_done_s" if n == 500 else f"label_{n}_nodes_done_s": round(
@@ -136,6 +158,14 @@ def main() -> int:
                 "duplicate_jobs": duplicates,
                 "rss_mb": round(op.peak_rss_mb(), 1),
                 "jobs_created": watch.total_created(),
+                # The Controller's own share: label -> Job created, Job Complete -> recorded
+                # and deleted; the rest is the Job controller, scheduler and KWOK.
+                "label_to_job_created_p50_s": pct(create_lag, 50),
+                "label_to_job_created_p99_s": pct(create_lag, 99),
+                "job_complete_to_cleaned_p50_s": pct(clean_lag, 50),
+                "job_complete_to_cleaned_p99_s": pct(clean_lag, 99),
+                "job_created_to_complete_p50_s": pct(pipeline, 50),
+                "job_created_to_complete_p99_s": pct(pipeline, 99),
                 "max_jobs_per_node_at_once": watch.max_concurrent,
                 "label_patch_s": round(labelled_s, 2),
                 "nodes": n,

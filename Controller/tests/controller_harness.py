@@ -298,6 +298,11 @@ class JobWatch:
         self.created: dict[str, set[str]] = {}
         self.live: dict[str, set[str]] = {}
         self.max_concurrent = 0
+        # uid -> node, and monotonic times: Job seen, seen Complete, seen gone
+        self.node_of: dict[str, str] = {}
+        self.added_at: dict[str, float] = {}
+        self.complete_at: dict[str, float] = {}
+        self.deleted_at: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="job-watch", daemon=True)
         self._ready = threading.Event()
@@ -333,11 +338,18 @@ class JobWatch:
                         continue
                     node = (obj.metadata.annotations or {}).get("lj-runtimekit.io/node", "?")
                     uid = obj.metadata.uid
+                    now = time.monotonic()
+                    self.node_of[uid] = node
+                    self.added_at.setdefault(uid, now)
+                    conditions = (obj.status and obj.status.conditions) or []
+                    if any(c.type == "Complete" and c.status == "True" for c in conditions):
+                        self.complete_at.setdefault(uid, now)
                     if event["type"] in ("ADDED", "MODIFIED"):
                         self.created.setdefault(node, set()).add(uid)
                         self.live.setdefault(node, set()).add(uid)
                     elif event["type"] == "DELETED":
                         self.live.setdefault(node, set()).discard(uid)
+                        self.deleted_at.setdefault(uid, now)
                     self.max_concurrent = max(self.max_concurrent, len(self.live.get(node, ())))
                     if self._stop.is_set():
                         break
