@@ -344,6 +344,9 @@ def main() -> int:
         )
         results["filter_score_p50_ms"] = p50
         results["filter_score_p99_ms"] = p99
+        p50, p99 = histogram_quantiles(text, "lj_scheduler_filter_score_cpu_seconds", (0.5, 0.99))
+        results["filter_score_cpu_p50_ms"] = p50
+        results["filter_score_cpu_p99_ms"] = p99
 
         # 3. lj-scheduler, slices (a fresh process, pods created before it starts)
         rate, text, cpu_s = run_lj(

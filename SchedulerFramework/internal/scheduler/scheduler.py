@@ -391,9 +391,11 @@ class Scheduler:
         cache = self._cache
         with cache.lock:
             began = time.perf_counter()
+            began_cpu = time.thread_time()
             total = len(cache.nodes)
             status, node, diagnosis = self._find_node(fwk, state, pod, total)
             metrics.FILTER_SCORE_SECONDS.observe(time.perf_counter() - began)
+            metrics.FILTER_SCORE_CPU_SECONDS.observe(time.thread_time() - began_cpu)
             if node is None:
                 self._fail(fwk, qp, status, failure_message(total, diagnosis))
                 return
