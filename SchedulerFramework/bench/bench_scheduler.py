@@ -92,12 +92,17 @@ class BindWatch:
     def _run(self) -> None:
         rv = self.rv
         while not self.stop.is_set():
-            for _, obj in self.kube.watch(self.path, rv, timeout_s=60):
-                rv = obj["metadata"].get("resourceVersion", rv)
-                if obj.get("spec", {}).get("nodeName"):
-                    self.times.setdefault(obj["metadata"]["name"], time.monotonic())
+            try:
+                for _, obj in self.kube.watch(self.path, rv, timeout_s=60):
+                    rv = obj["metadata"].get("resourceVersion", rv)
+                    if obj.get("spec", {}).get("nodeName"):
+                        self.times.setdefault(obj["metadata"]["name"], time.monotonic())
+                    if self.stop.is_set():
+                        return
+            except Exception as exc:  # the stream broke: resume from the last version
                 if self.stop.is_set():
                     return
+                log(f"watch of {self.path} broke ({exc}); resuming")
 
     def wait(self, n: int, timeout_s: float) -> float:
         deadline = time.monotonic() + timeout_s
