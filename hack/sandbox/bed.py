@@ -548,11 +548,11 @@ class Sandbox:
                         f"--kubeconfig={kubeconfig}",
                         "--leader-elect=false",
                         f"--socket-dir={HOST_SOCKET_DIR}",
-                        f"--liveness-endpoint=http://127.0.0.1:{port}/healthz",
+                        f"--health-port={port}",
                         "--log-format=text",
                     ],
                 ),
-                ready=functools.partial(_http_ok, f"http://127.0.0.1:{port}/healthz"),
+                ready=functools.partial(_http_ok, f"http://127.0.0.1:{port}/readyz"),
             )
             self.components["controller"] = ctrl
             ctrl.start()
