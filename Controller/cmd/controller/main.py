@@ -21,7 +21,6 @@ import kopf
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from lj_runtimekit.controller.internal import logs
 from lj_runtimekit.controller.internal.controller.config import (
     DEFAULT_LABEL_KEY,
     DEFAULT_NAMESPACE,
@@ -34,6 +33,7 @@ from lj_runtimekit.controller.internal.controller.health import HealthServer
 from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
 from lj_runtimekit.controller.internal.controller.leader import LeaseSettings
 from lj_runtimekit.controller.internal.controller.operator import Controller, WatchSettings
+from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.version import component_version
 
 DIST = "lj-runtimekit-controller"

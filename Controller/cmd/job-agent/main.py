@@ -18,7 +18,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lj_runtimekit.controller.internal import logs
 from lj_runtimekit.controller.internal.agent.agent import (
     ACTIONS,
     AgentConfig,
@@ -27,6 +26,7 @@ from lj_runtimekit.controller.internal.agent.agent import (
     run,
     write_termination_message,
 )
+from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.runtimeclient import (
     DEFAULT_SOCKET_DIR,
     DEFAULT_SOCKET_NAME,

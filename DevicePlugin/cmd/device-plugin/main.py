@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -30,6 +29,7 @@ from lj_runtimekit.deviceplugin.internal.plugin.manager import PluginManager
 from lj_runtimekit.deviceplugin.internal.plugin.server import EndpointError
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods
 from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, RuntimeAccess, Snapshot
+from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError, evaluate
 from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import (
@@ -156,28 +156,6 @@ def _parser() -> argparse.ArgumentParser:
         " (env LJ_DP_LOG_FORMAT)",
     )
     return p
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def _setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json" or (fmt == "auto" and not sys.stderr.isatty()):
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
 @dataclass(frozen=True)
@@ -335,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.version:
         print(f"lj-device-plugin {component_version(DIST)}")
         return 0
-    _setup_logging(args.log_level, args.log_format)
+    logs.setup(args.log_level, args.log_format)
     try:
         cfg = _config(args)
         asyncio.run(_run(cfg))

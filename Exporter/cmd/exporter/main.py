@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -31,6 +29,7 @@ from lj_runtimekit.exporter.internal.pods.kubelet import (
 )
 from lj_runtimekit.exporter.internal.pods.source import NodePods, PodLister
 from lj_runtimekit.exporter.internal.server.http import MetricsServer, make_app
+from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import (
     DEFAULT_SOCKET_DIR,
@@ -179,29 +178,6 @@ def _parser() -> _Parser:
     return p
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        line = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return json.dumps(line)
-
-
-def _setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json" or (fmt == "auto" and not sys.stderr.isatty()):
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-
-
 def _fail(message: str) -> int:
     # One line, even for multi-line causes (a YAML parser's caret display).
     line = "; ".join(part.strip() for part in message.splitlines() if part.strip())
@@ -227,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         protocol = load_protocol(args.protocol_file)
     except ProtocolError as exc:
         return _fail(f"--protocol-file: {exc}")
-    _setup_logging(args.log_level, args.log_format)
+    logs.setup(args.log_level, args.log_format)
 
     # `_created` series double the counter output and help no dashboard (process-wide switch).
     disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -20,6 +20,7 @@ from types import FrameType
 from kubernetes.config.config_exception import ConfigException
 from prometheus_client import start_http_server
 
+from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.version import component_version
 from lj_runtimekit.schedulerframework.internal.config.config import (
@@ -38,7 +39,7 @@ from lj_runtimekit.schedulerframework.internal.kube.client import (
 from lj_runtimekit.schedulerframework.internal.kube.informer import Informer
 from lj_runtimekit.schedulerframework.internal.leaderelection.lease import LeaderElector
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling import plugin as coscheduling
-from lj_runtimekit.schedulerframework.internal.scheduler import logs, metrics
+from lj_runtimekit.schedulerframework.internal.scheduler import metrics
 from lj_runtimekit.schedulerframework.internal.scheduler.events import EventRecorder
 from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import Scheduler
 
@@ -118,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.version:
         print(f"lj-scheduler {component_version(DIST)}")
         return 0
-    logs.setup(args.log_format, args.log_level)
+    logs.setup(args.log_level, args.log_format)
     try:
         protocol = load_protocol(args.protocol_file)
         config = _apply_overrides(load_config(args.config, args.scheduler_name), args)

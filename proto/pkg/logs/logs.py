@@ -1,4 +1,6 @@
-"""Log lines are constant messages plus fields (`extra={...}`): JSON lines, or key=value on a TTY.
+"""Logging of every component: constant messages plus fields (`extra={...}`).
+
+JSON lines in production, key=value on a TTY:
 
 _log.info("job created", extra={"node": "gpu-1", "job": "kube-system/lj-..."})
 """
@@ -66,14 +68,24 @@ def _quote(value: object) -> str:
     return json.dumps(text) if (not text or any(c in text for c in ' "=\n')) else text
 
 
+FORMATS = ("auto", "json", "text")
+"""Values of every component's `--log-format` flag."""
+
+_CHATTY = ("kopf", "urllib3", "kubernetes")
+
+
 def setup(level: str, fmt: str = "auto", stream: TextIO | None = None) -> None:
-    """Configure the root logger: `fmt` is json, text or auto (text on a TTY)."""
+    """Configure the root logger: `fmt` is json, text or auto (text on a TTY).
+
+    Client libraries (kopf logs every handler call at INFO, urllib3, the
+    kubernetes client) only log their warnings unless the level is DEBUG.
+    """
     out = stream or sys.stderr
     use_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     handler = logging.StreamHandler(out)
     handler.setFormatter(JsonFormatter() if use_json else KeyValueFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
-    # kopf logs every handler call at INFO: only its warnings, unless debugging.
-    logging.getLogger("kopf").setLevel("INFO" if level == "DEBUG" else "WARNING")
+    root.setLevel(level.upper())
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel("DEBUG" if level.upper() == "DEBUG" else "WARNING")
