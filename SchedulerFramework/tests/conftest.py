@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s_client
 
+from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.schedulerframework.internal.schedtesting.fake import FakeCluster
+from lj_runtimekit.schedulerframework.internal.schedtesting.process import SchedulerProcess
 
 
 @pytest.fixture
@@ -46,3 +48,11 @@ def runtime_class(api_client: k8s_client.ApiClient) -> None:
     except k8s_client.ApiException as exc:
         if exc.status != 409:
             raise
+
+
+@pytest.fixture
+def scheduler(control_plane: ControlPlane, namespace: str) -> Iterator[SchedulerProcess]:
+    """An `lj-scheduler` subprocess on the real control plane, named after the namespace."""
+    s = SchedulerProcess(control_plane.kubeconfig_path, f"lj-{namespace}").start()
+    yield s
+    s.stop()

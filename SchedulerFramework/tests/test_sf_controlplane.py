@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,6 @@ from lj_runtimekit.schedulerframework.internal.schedtesting.process import pod_m
 pytestmark = [pytest.mark.controlplane, pytest.mark.usefixtures("runtime_class")]
 P = load_protocol()
 GPU = P.resources.gpu
-
-
-@pytest.fixture
-def scheduler(control_plane: ControlPlane, namespace: str) -> Iterator[SchedulerProcess]:
-    s = SchedulerProcess(control_plane.kubeconfig_path, f"lj-{namespace}").start()
-    yield s
-    s.stop()
 
 
 def check_no_double_assignment(pods: dict[str, k8s_client.V1Pod]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,6 @@ pytestmark = [pytest.mark.controlplane, pytest.mark.usefixtures("runtime_class")
 P = load_protocol()
 A = P.annotations
 GPU = P.resources.gpu
-
-
-@pytest.fixture
-def scheduler(control_plane: ControlPlane, namespace: str) -> Iterator[SchedulerProcess]:
-    s = SchedulerProcess(control_plane.kubeconfig_path, f"lj-{namespace}").start()
-    yield s
-    s.stop()
 
 
 def make_nodes(
