@@ -110,6 +110,9 @@ def main() -> int:
             if comparison:
                 verdict = "ok" if _meets(float(value), comparison, bound) else "MISSED"
                 target = f"{comparison} {bound:g}  {verdict}"
+            if isinstance(value, list):  # per-round values beside their median
+                print(f"{component + '.' + key:52} {' '.join(f'{v:.3g}' for v in value)}")
+                continue
             print(f"{component + '.' + key:52} {value:>12.4g}  {target}")
     for component, keys in REQUIRED.items():
         data = results.get(component)

@@ -35,6 +35,43 @@ def flatten(assignment: PodAssignment) -> tuple[DeviceShare, ...]:
     return tuple(share for _, shares in sorted(assignment.items()) for share in shares)
 
 
+class RankedBuckets:
+    """Node names grouped by a number (free devices, free core %), listed in rank order.
+
+    Each bucket's sorted name list is kept until the bucket changes: a scheduling
+    cycle lists the ranked nodes, and between two cycles only a node or two move.
+    """
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, set[str]] = {}
+        self._sorted: dict[int, list[str]] = {}
+
+    def move(self, name: str, old: int | None, new: int | None) -> None:
+        """`name` leaves bucket `old` and joins bucket `new` (None: none)."""
+        if old is not None:
+            bucket = self._buckets.get(old)
+            if bucket is not None:
+                bucket.discard(name)
+                self._sorted.pop(old, None)
+                if not bucket:
+                    del self._buckets[old]
+        if new is not None:
+            self._buckets.setdefault(new, set()).add(name)
+            self._sorted.pop(new, None)
+
+    def ranked(self, at_least: int, ascending: bool) -> list[str]:
+        """Names in buckets >= `at_least`, smallest (or largest) bucket first, by name within."""
+        out: list[str] = []
+        for value in sorted(self._buckets, reverse=not ascending):
+            if value < at_least:
+                continue
+            names = self._sorted.get(value)
+            if names is None:
+                names = self._sorted[value] = sorted(self._buckets[value])
+            out.extend(names)
+        return out
+
+
 @dataclass
 class PodState:
     pod: PodInfo
@@ -53,16 +90,16 @@ class Cache:
         self.nodes: dict[str, NodeInfo] = {}
         self.pods: dict[str, PodState] = {}
         self.kinds = tuple(dict.fromkeys(whole_kinds(protocol).values()))
-        # kind -> free whole device count -> node names
-        self.free_index: dict[str, dict[int, set[str]]] = {k: {} for k in self.kinds}
+        # kind -> node names by free whole device count
+        self.free_index: dict[str, RankedBuckets] = {k: RankedBuckets() for k in self.kinds}
         self._free_of: dict[str, dict[str, int]] = {k: {} for k in self.kinds}
         self._capacity_of: dict[str, dict[str, int]] = {k: {} for k in self.kinds}
         self._capacity_count: dict[str, Counter[int]] = {k: Counter() for k in self.kinds}
         self.mig_nodes: dict[str, set[str]] = {}
         self._mig_of: dict[str, dict[str, int]] = {}
         self.slice_nodes: set[str] = set()
-        # most free core % on one sliceable GPU of the node -> node names
-        self.slice_room: dict[int, set[str]] = {}
+        # node names by the most free core % on one sliceable GPU of the node
+        self.slice_room = RankedBuckets()
         self._slice_room_of: dict[str, int] = {}
         self.generation = 0
 
@@ -75,12 +112,8 @@ class Cache:
             free = node.devices.free_whole_count(kind) if present else 0
             old = self._free_of[kind].get(name)
             if old != free:
-                if old is not None:
-                    bucket = self.free_index[kind].get(old)
-                    if bucket is not None:
-                        bucket.discard(name)
+                self.free_index[kind].move(name, old, free)
                 self._free_of[kind][name] = free
-                self.free_index[kind].setdefault(free, set()).add(name)
             cap = node.devices.whole_capacity(kind) if present else 0
             old_cap = self._capacity_of[kind].get(name)
             if old_cap != cap:
@@ -101,10 +134,8 @@ class Cache:
                     room = d.core_free
         old_room = self._slice_room_of.get(name)
         if old_room != room:
-            if old_room is not None:
-                self.slice_room.get(old_room, set()).discard(name)
+            self.slice_room.move(name, old_room, room)
             self._slice_room_of[name] = room
-            self.slice_room.setdefault(room, set()).add(name)
         migs = node.devices.mig_capacity() if present else {}
         old_migs = self._mig_of.get(name, {})
         if migs != old_migs:
@@ -116,18 +147,14 @@ class Cache:
 
     def _drop_index(self, name: str) -> None:
         for kind in self.kinds:
-            old = self._free_of[kind].pop(name, None)
-            if old is not None:
-                self.free_index[kind].get(old, set()).discard(name)
+            self.free_index[kind].move(name, self._free_of[kind].pop(name, None), None)
             old_cap = self._capacity_of[kind].pop(name, None)
             if old_cap is not None:
                 self._capacity_count[kind][old_cap] -= 1
                 if not self._capacity_count[kind][old_cap]:
                     del self._capacity_count[kind][old_cap]
         self.slice_nodes.discard(name)
-        old_room = self._slice_room_of.pop(name, None)
-        if old_room is not None:
-            self.slice_room.get(old_room, set()).discard(name)
+        self.slice_room.move(name, self._slice_room_of.pop(name, None), None)
         for prof in self._mig_of.pop(name, {}):
             self.mig_nodes.get(prof, set()).discard(name)
 
@@ -138,20 +165,12 @@ class Cache:
 
     def nodes_with_free(self, kind: str, at_least: int, ascending: bool) -> list[str]:
         """Nodes with at least `at_least` free whole devices, fewest (or most) free first."""
-        index = self.free_index.get(kind, {})
-        out: list[str] = []
-        for free in sorted(index, reverse=not ascending):
-            if free >= at_least:
-                out.extend(sorted(index[free]))
-        return out
+        index = self.free_index.get(kind)
+        return index.ranked(at_least, ascending) if index is not None else []
 
     def nodes_with_slice_room(self, core: int, ascending: bool) -> list[str]:
         """Nodes with a sliceable GPU with `core` % free or more, tightest (roomiest) first."""
-        out: list[str] = []
-        for room in sorted(self.slice_room, reverse=not ascending):
-            if room >= max(core, 0) and room >= 0:
-                out.extend(sorted(self.slice_room[room]))
-        return out
+        return self.slice_room.ranked(max(core, 0), ascending)
 
     def free_whole(self, kind: str, node: str) -> int:
         return self._free_of.get(kind, {}).get(node, 0)

@@ -100,12 +100,25 @@ def devices_from_capacity(count: int, kind: str = "gpu") -> list[DeviceState]:
 class NodeDevices:
     """The devices of one node and their holders."""
 
-    __slots__ = ("_mig_parent", "by_id", "devices", "from_inventory", "holdings", "version")
+    __slots__ = (
+        "_capacity",
+        "_mig_parent",
+        "by_id",
+        "devices",
+        "from_inventory",
+        "holdings",
+        "version",
+    )
 
     def __init__(self, devices: list[DeviceState], from_inventory: bool) -> None:
         self.devices = sorted(devices, key=lambda d: d.index)
         self.by_id = {d.id: d for d in self.devices}
         self._mig_parent = {mig: d for d in self.devices for mig in d.mig_profiles}
+        self._capacity: dict[str, int] = {}
+        """kind -> devices that can be given whole (health and mode are fixed per table)"""
+        for d in self.devices:
+            if d.healthy and d.mode != "mig":
+                self._capacity[d.kind] = self._capacity.get(d.kind, 0) + 1
         self.from_inventory = from_inventory
         self.holdings: dict[str, tuple[DeviceShare, ...]] = {}
         """owner (pod uid) -> every share it holds on this node"""
@@ -176,7 +189,7 @@ class NodeDevices:
         return sum(1 for d in self.devices if d.kind == kind and d.wholly_free)
 
     def whole_capacity(self, kind: str) -> int:
-        return sum(1 for d in self.devices if d.kind == kind and d.healthy and d.mode != "mig")
+        return self._capacity.get(kind, 0)
 
     def free_mig(self, profile: str) -> list[str]:
         return [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
@@ -83,9 +84,12 @@ class Framework:
         self.pre_filter = [p for p in self.plugins if isinstance(p, PreFilterPlugin)]
         self.filters = [p for p in self.plugins if isinstance(p, FilterPlugin)]
         self.post_filters = [p for p in self.plugins if isinstance(p, PostFilterPlugin)]
-        self.scores = [
-            (p.plugin, p.weight) for p in plugins if isinstance(p.plugin, ScorePlugin) and p.weight
+        self.scores: list[tuple[ScorePlugin, int, bool]] = [
+            (p.plugin, p.weight, isinstance(p.plugin, ScoreExtensions))
+            for p in plugins
+            if isinstance(p.plugin, ScorePlugin) and p.weight
         ]
+        """(plugin, weight, has NormalizeScore); the protocol checks are done once, here"""
         self.reserves = [p for p in self.plugins if isinstance(p, ReservePlugin)]
         self.permits = [p for p in self.plugins if isinstance(p, PermitPlugin)]
         self.pre_binds = [p for p in self.plugins if isinstance(p, PreBindPlugin)]
@@ -131,7 +135,7 @@ class Framework:
             if skip and p.name in skip:
                 continue
             status = p.filter(state, pod, node)
-            if not status.ok:
+            if status is not SUCCESS and not status.ok:
                 return status.with_plugin(p.name)
         return SUCCESS
 
@@ -163,7 +167,7 @@ class Framework:
         for node in candidates:
             processed += 1
             status = self.run_filters(state, pod, node)
-            if status.ok:
+            if status is SUCCESS or status.ok:
                 feasible.append(node)
                 if len(feasible) >= want:
                     break
@@ -185,13 +189,13 @@ class Framework:
     def run_score(self, state: CycleState, pod: PodInfo, nodes: list[NodeInfo]) -> dict[str, int]:
         totals = dict.fromkeys((n.name for n in nodes), 0)
         skip = state.skip_score
-        for p, weight in self.scores:
+        for p, weight, normalizes in self.scores:
             if skip and p.name in skip:
                 continue
-            assert isinstance(p, ScorePlugin)
-            scores = {n.name: p.score(state, pod, n) for n in nodes}
-            if isinstance(p, ScoreExtensions):
-                p.normalize_score(state, pod, scores)
+            score = p.score
+            scores = {n.name: score(state, pod, n) for n in nodes}
+            if normalizes:
+                cast(ScoreExtensions, p).normalize_score(state, pod, scores)
             for name, s in scores.items():
                 totals[name] += s * weight
         return totals

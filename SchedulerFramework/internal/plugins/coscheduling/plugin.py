@@ -318,7 +318,7 @@ class Coscheduling:
             req = None
         if req is not None and req.only_whole:
             kind = req.asks[0].kind
-            n = min(n, self.handle.cache.free_whole(kind, node.name) // req.whole_total()[kind])
+            n = min(n, self.handle.cache.free_whole(kind, node.name) // req.whole_total[kind])
         return max(n, 1)
 
     def _max_size(self, pod: PodInfo) -> int | None:
@@ -330,7 +330,7 @@ class Coscheduling:
         if req is None or not req.only_whole:
             return None
         kind = req.asks[0].kind
-        k = req.whole_total()[kind]
+        k = req.whole_total[kind]
         return sum(n.devices.whole_capacity(kind) // k for n in self.handle.cache.node_infos())
 
     def _exclusive_domains(self, own: str) -> dict[tuple[str, str], str]:

@@ -43,7 +43,8 @@ from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import (
 
 NAME = "GpuShare"
 REQUEST_KEY = "GpuShare/request"
-POLICY_KEY = "GpuShare/policy"
+"""PodInfo.extra key of the parsed request (or its RequestError)."""
+CYCLE_KEY = "GpuShare/cycle"
 CHOOSER_KEY = "DeviceTopology/chooser"
 """CycleState key under which DeviceTopology offers its device set chooser."""
 BIND_PHASE_ALLOCATING = "allocating"
@@ -77,6 +78,17 @@ class Args:
             warn_missing_runtime_class=boolean(NAME, raw, "warnMissingRuntimeClass", True),
             ranked_nodes_to_score=ranked,
         )
+
+
+@dataclass(frozen=True)
+class _Cycle:
+    """What PreFilter worked out for this cycle, read by Filter and Score for every node."""
+
+    req: DeviceRequest
+    policy: str
+    whole_kind: str = ""
+    """Set when the pod asks for whole devices of one kind only (the indexed fast path)."""
+    whole_count: int = 0
 
 
 def device_request(pod: PodInfo, handle: Handle) -> DeviceRequest | None:
@@ -116,10 +128,8 @@ class GpuShare:
             return None, SKIP
         self._check_runtime_class(pod)
         policy = req.policy_override or self.args.policy
-        state.write(REQUEST_KEY, req)
-        state.write(POLICY_KEY, policy)
         cache = self.handle.cache
-        for kind, total in req.whole_total().items():
+        for kind, total in req.whole_total.items():
             largest = cache.max_whole_capacity(kind)
             if total > largest:
                 return None, unresolvable(
@@ -128,10 +138,12 @@ class GpuShare:
                 )
         if req.only_whole:
             kind = req.asks[0].kind
-            total = req.whole_total()[kind]
+            total = req.whole_total[kind]
+            state.write(CYCLE_KEY, _Cycle(req, policy, kind, total))
             names = cache.nodes_with_free(kind, total, ascending=policy == "binpack")
             reason = f"Insufficient {self.resource_of[kind]}"
             return PreFilterResult(names, reason, self.args.ranked_nodes_to_score), SUCCESS
+        state.write(CYCLE_KEY, _Cycle(req, policy))
         profiles = req.mig_profiles()
         if profiles:
             missing = sorted(p for p in profiles if not cache.mig_nodes.get(p))
@@ -168,21 +180,21 @@ class GpuShare:
 
     # -- Filter / Score -------------------------------------------------------------------
 
-    def _request(self, state: CycleState) -> tuple[DeviceRequest, str]:
-        req = state.read(REQUEST_KEY)
-        assert isinstance(req, DeviceRequest)
-        return req, str(state.read(POLICY_KEY))
+    @staticmethod
+    def _cycle(state: CycleState) -> _Cycle:
+        cycle = state.read(CYCLE_KEY)
+        assert isinstance(cycle, _Cycle)
+        return cycle
 
     def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
-        req, policy = self._request(state)
-        if req.only_whole:
-            kind = req.asks[0].kind
-            if self.handle.cache.free_whole(kind, node.name) >= req.whole_total()[kind]:
+        c = self._cycle(state)
+        if c.whole_kind:
+            if self.handle.cache.free_whole(c.whole_kind, node.name) >= c.whole_count:
                 return SUCCESS
-            return unschedulable(f"Insufficient {self.resource_of[kind]}")
-        if assign(node.devices, req, policy) is not None:
+            return unschedulable(f"Insufficient {self.resource_of[c.whole_kind]}")
+        if assign(node.devices, c.req, c.policy) is not None:
             return SUCCESS
-        return unschedulable(self._shortage(req))
+        return unschedulable(self._shortage(c.req))
 
     def _shortage(self, req: DeviceRequest) -> str:
         r = self.protocol.resources
@@ -193,26 +205,24 @@ class GpuShare:
         return f"Insufficient devices ({r.gpu}, slices or MIG instances)"
 
     def score(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> int:
-        req, policy = self._request(state)
-        if req.only_whole:
-            kind = req.asks[0].kind
-            cap = node.devices.whole_capacity(kind)
-            used = cap - self.handle.cache.free_whole(kind, node.name)
-            total = cap
+        c = self._cycle(state)
+        if c.whole_kind:
+            total = node.devices.whole_capacity(c.whole_kind)
+            used = total - self.handle.cache.free_whole(c.whole_kind, node.name)
         else:
             used, total = node.devices.used_units()
         if total <= 0:
             return 0
         packed = used * MAX_NODE_SCORE // total
-        return packed if policy == "binpack" else MAX_NODE_SCORE - packed
+        return packed if c.policy == "binpack" else MAX_NODE_SCORE - packed
 
     # -- Reserve --------------------------------------------------------------------------
 
     def reserve(self, state: CycleState, pod: PodInfo, node_name: str) -> Status:
-        req = state.read(REQUEST_KEY)
-        if not isinstance(req, DeviceRequest):
+        c = state.read(CYCLE_KEY)
+        if not isinstance(c, _Cycle):
             return SUCCESS
-        policy = str(state.read(POLICY_KEY))
+        req, policy = c.req, c.policy
         cache = self.handle.cache
         chooser = state.read(CHOOSER_KEY)
         with cache.lock:
@@ -234,7 +244,7 @@ class GpuShare:
         return SUCCESS
 
     def unreserve(self, state: CycleState, pod: PodInfo, node_name: str) -> None:
-        if not isinstance(state.read(REQUEST_KEY), DeviceRequest):
+        if not isinstance(state.read(CYCLE_KEY), _Cycle):
             return
         self.handle.cache.release_devices(pod.uid, node_name)
         a = self.protocol.annotations

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
 
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import whole_kinds
@@ -33,21 +36,25 @@ class ContainerAsk:
 
 @dataclass(frozen=True)
 class DeviceRequest:
+    """A pod's device asks; the derived facts are computed once (they are read per node)."""
+
     asks: tuple[ContainerAsk, ...]
     policy_override: str | None
 
-    def whole_total(self) -> dict[str, int]:
+    @cached_property
+    def whole_total(self) -> Mapping[str, int]:
+        """Whole devices asked per kind, over every container."""
         out: dict[str, int] = {}
         for a in self.asks:
             if a.whole:
                 out[a.kind] = out.get(a.kind, 0) + a.whole
-        return out
+        return MappingProxyType(out)
 
-    @property
+    @cached_property
     def only_whole(self) -> bool:
         return all(a.whole for a in self.asks) and len({a.kind for a in self.asks}) == 1
 
-    @property
+    @cached_property
     def only_slices(self) -> bool:
         return all(a.is_slice for a in self.asks)
 

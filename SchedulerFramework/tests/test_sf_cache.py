@@ -1,0 +1,37 @@
+"""The cache's ranked node indexes stay exact while nodes move between buckets."""
+
+from __future__ import annotations
+
+from lj_runtimekit.schedulerframework.internal.cache.cache import RankedBuckets
+from lj_runtimekit.schedulerframework.internal.schedtesting.fake import GPU, FakeCluster
+
+
+def test_ranked_buckets_order_and_moves() -> None:
+    b = RankedBuckets()
+    for name, value in (("c", 8), ("a", 8), ("b", 3), ("d", 0)):
+        b.move(name, None, value)
+    assert b.ranked(1, ascending=True) == ["b", "a", "c"]
+    assert b.ranked(0, ascending=False) == ["a", "c", "b", "d"]
+    b.move("a", 8, 2)  # the listed bucket changed: its cached order must not be reused
+    assert b.ranked(1, ascending=True) == ["a", "b", "c"]
+    b.move("c", 8, None)
+    assert b.ranked(4, ascending=True) == []
+    assert b.ranked(0, ascending=True) == ["d", "a", "b"]
+
+
+def test_free_index_follows_binds_deletes_and_node_removal(cluster: FakeCluster) -> None:
+    for name in ("n1", "n2", "n3"):
+        cluster.add_node(name, gpus=4)
+    cache = cluster.scheduler.cache
+    assert cache.nodes_with_free("gpu", 1, ascending=True) == ["n1", "n2", "n3"]
+    uid = cluster.add_pod("p", {GPU: "3"})
+    cluster.schedule()
+    busy = cluster.node_of(uid)
+    others = sorted({"n1", "n2", "n3"} - {busy})
+    assert cache.nodes_with_free("gpu", 1, ascending=True) == [busy, *others]
+    assert cache.nodes_with_free("gpu", 2, ascending=True) == others
+    assert cache.nodes_with_free("gpu", 1, ascending=False) == [*others, busy]
+    cluster.delete_pod(uid)
+    assert cache.nodes_with_free("gpu", 4, ascending=True) == ["n1", "n2", "n3"]
+    cluster.scheduler.on_node("DELETED", {"metadata": {"name": "n2"}})
+    assert cache.nodes_with_free("gpu", 1, ascending=True) == ["n1", "n3"]
