@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from lj_runtimekit.schedulerframework.cmd.scheduler import main as scheduler_main
 from lj_runtimekit.schedulerframework.internal.config.config import (
     ConfigError,
     load_config,
@@ -110,3 +111,31 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
     two.write_text("profiles: [{schedulerName: a}, {schedulerName: b}]\n")
     with pytest.raises(ConfigError, match="--scheduler-name renames the profile"):
         load_config(two, scheduler_name="x")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "flag"),
+    [
+        (["--metrics-port=70000"], {}, "--metrics-port"),
+        (["--extender-port=http"], {}, "--extender-port"),
+        ([], {"LJ_SCHEDULER_METRICS_PORT": "abc"}, "--metrics-port"),
+        (["--mode=both"], {}, "--mode"),
+    ],
+)
+def test_flag_mistakes_are_one_line_naming_the_flag(
+    argv: list[str],
+    env: dict[str, str],
+    flag: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as exited:
+        scheduler_main.main(argv)
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("lj-scheduler: error: ")
+    assert flag in line

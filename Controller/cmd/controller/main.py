@@ -34,6 +34,7 @@ from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
 from lj_runtimekit.controller.internal.controller.leader import LeaseSettings
 from lj_runtimekit.controller.internal.controller.operator import Controller, WatchSettings
 from lj_runtimekit.proto.pkg import logs
+from lj_runtimekit.proto.pkg.flags import FlagParser, boolean
 from lj_runtimekit.proto.pkg.version import component_version
 
 DIST = "lj-runtimekit-controller"
@@ -45,17 +46,8 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(ENV + name, default)
 
 
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false)")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="lj-controller",
         description="Runs an enable Job on every node labelled <label-key>=true and a disable "
         "Job on nodes whose label went away. Every flag has an environment variable "
@@ -90,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
         "",
         "extra annotations of the Job pods, comma-separated key=value",
     )
-    add("--leader-elect", True, "elect a leader through a Lease", type=_bool)
+    add("--leader-elect", True, "elect a leader through a Lease", type=boolean)
     add("--lease-name", "lj-runtimekit-controller", "name of the leader election Lease")
     add("--lease-duration", 15.0, "Lease duration seconds", type=float)
     add("--lease-renew-deadline", 10.0, "seconds the leader may fail to renew", type=float)

@@ -27,6 +27,7 @@ from lj_runtimekit.controller.internal.agent.agent import (
     write_termination_message,
 )
 from lj_runtimekit.proto.pkg import logs
+from lj_runtimekit.proto.pkg.flags import FlagParser, positive_seconds
 from lj_runtimekit.proto.pkg.runtimeclient import (
     DEFAULT_SOCKET_DIR,
     DEFAULT_SOCKET_NAME,
@@ -38,20 +39,11 @@ DIST = "lj-runtimekit-controller"
 _log = logging.getLogger("lj-job-agent")
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog="lj-job-agent",
+        error_status=2,
         description="Enable or disable the Runtime Kit features of this node through the "
         "Runtime's NodeFeatureService (idempotent). Exit codes: 0 ok, 1 internal error, "
         "2 usage, 3 Runtime unreachable, 4 Runtime too old (< v1.13.0), 5 Runtime refused.",
@@ -77,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--retry-timeout",
-        type=_positive,
+        type=positive_seconds,
         default=env("LJ_JOB_AGENT_RETRY_TIMEOUT", "60"),
         metavar="SECONDS",
         help="how long an unreachable Runtime is retried (env LJ_JOB_AGENT_RETRY_TIMEOUT, "
@@ -92,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--call-timeout",
-        type=_positive,
+        type=positive_seconds,
         default=env("LJ_JOB_AGENT_CALL_TIMEOUT", "10"),
         metavar="SECONDS",
         help="deadline of one RPC (env LJ_JOB_AGENT_CALL_TIMEOUT, default 10)",

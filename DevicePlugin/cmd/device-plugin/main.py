@@ -15,7 +15,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
 
 from lj_runtimekit.deviceplugin.internal.allocate.allocator import Allocator
 from lj_runtimekit.deviceplugin.internal.allocate.records import ApiPodRecorder
@@ -31,6 +30,7 @@ from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods
 from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, RuntimeAccess, Snapshot
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError, evaluate
+from lj_runtimekit.proto.pkg.flags import FlagParser, boolean
 from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import (
     DEFAULT_SOCKET_DIR,
@@ -52,25 +52,9 @@ class StartError(Exception):
     """The plugin cannot start; the message says what to fix."""
 
 
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false)")
-
-
-class _Parser(argparse.ArgumentParser):
-    """Flag mistakes are operator mistakes: one line, exit status 1."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(1, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    p = _Parser(
+    p = FlagParser(
         prog="lj-device-plugin",
         description="Advertise whole GPUs, TDM core/memory slices, MIG profiles and PPU/AMD"
         " devices of the Lingjun Runtime to the kubelet (device plugin API v1beta1).",
@@ -116,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--label-node",
-        type=_bool,
+        type=boolean,
         default=env("LJ_DP_LABEL_NODE", "true"),
         help="label the Node with device kind, model, count, mode and Runtime version"
         " (env LJ_DP_LABEL_NODE, default true; needs API access and --node-name)",

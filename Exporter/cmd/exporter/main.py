@@ -7,7 +7,6 @@ line and exit status 1.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -15,7 +14,6 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from prometheus_client import disable_created_metrics
 
@@ -30,6 +28,7 @@ from lj_runtimekit.exporter.internal.pods.kubelet import (
 from lj_runtimekit.exporter.internal.pods.source import NodePods, PodLister
 from lj_runtimekit.exporter.internal.server.http import MetricsServer, make_app
 from lj_runtimekit.proto.pkg import logs
+from lj_runtimekit.proto.pkg.flags import FlagParser, port, positive_seconds
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import (
     DEFAULT_SOCKET_DIR,
@@ -48,38 +47,9 @@ DEFAULT_INTERVAL_S = 15.0
 log = logging.getLogger(PROG)
 
 
-class _FlagError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise _FlagError(message)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port in 0..65535")
-    return value
-
-
-def _parser() -> _Parser:
+def _parser() -> FlagParser:
     env = os.environ.get
-    p = _Parser(
+    p = FlagParser(
         prog=PROG,
         description="Serve Prometheus metrics of the node's accelerators (devices, MIG"
         " instances) and of the containers using them, read from the Lingjun Runtime and"
@@ -99,7 +69,7 @@ def _parser() -> _Parser:
     )
     p.add_argument(
         "--runtime-timeout",
-        type=_positive_float,
+        type=positive_seconds,
         default=env("LJ_EXPORTER_RUNTIME_TIMEOUT", "5"),
         help="seconds one Runtime call may take (env LJ_EXPORTER_RUNTIME_TIMEOUT, default 5)",
     )
@@ -111,7 +81,7 @@ def _parser() -> _Parser:
     )
     p.add_argument(
         "--kubelet-timeout",
-        type=_positive_float,
+        type=positive_seconds,
         default=env("LJ_EXPORTER_KUBELET_TIMEOUT", "5"),
         help="seconds a /pods request may take (env LJ_EXPORTER_KUBELET_TIMEOUT, default 5)",
     )
@@ -137,7 +107,7 @@ def _parser() -> _Parser:
     )
     p.add_argument(
         "--collection-interval",
-        type=_positive_float,
+        type=positive_seconds,
         default=env("LJ_EXPORTER_COLLECTION_INTERVAL", str(DEFAULT_INTERVAL_S)),
         help="seconds between background collections (env LJ_EXPORTER_COLLECTION_INTERVAL,"
         f" default {DEFAULT_INTERVAL_S:g})",
@@ -150,7 +120,7 @@ def _parser() -> _Parser:
     )
     p.add_argument(
         "--port",
-        type=_port,
+        type=port,
         default=env("LJ_EXPORTER_PORT", str(DEFAULT_PORT)),
         help=f"port of /metrics and /healthz (env LJ_EXPORTER_PORT, default {DEFAULT_PORT})",
     )
@@ -187,10 +157,7 @@ def _fail(message: str) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the Exporter until SIGTERM or SIGINT; 1 on an operator mistake."""
-    try:
-        args = _parser().parse_args(argv)
-    except _FlagError as exc:
-        return _fail(str(exc))
+    args = _parser().parse_args(argv)
     if args.version:
         print(f"{PROG} {component_version(DISTRIBUTION)}")
         return 0

@@ -21,6 +21,7 @@ from kubernetes.config.config_exception import ConfigException
 from prometheus_client import start_http_server
 
 from lj_runtimekit.proto.pkg import logs
+from lj_runtimekit.proto.pkg.flags import FlagParser, port
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.version import component_version
 from lj_runtimekit.schedulerframework.internal.config.config import (
@@ -52,7 +53,7 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="lj-scheduler", description=__doc__)
+    p = FlagParser(prog="lj-scheduler", description=__doc__)
     p.add_argument("--version", action="store_true", help="print the version and exit")
     p.add_argument("--config", default=_env("CONFIG"), help="LjSchedulerConfiguration YAML")
     p.add_argument(
@@ -65,12 +66,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--protocol-file", default=_env("PROTOCOL_FILE"), help="protocol.yaml")
     p.add_argument("--mode", choices=("scheduler", "extender"), default=_env("MODE", "scheduler"))
     p.add_argument("--extender-address", default=_env("EXTENDER_ADDRESS", "0.0.0.0"))
-    p.add_argument("--extender-port", type=int, default=int(_env("EXTENDER_PORT", "8888") or 0))
+    p.add_argument("--extender-port", type=port, default=_env("EXTENDER_PORT", "8888"))
     p.add_argument("--extender-prefix", default=_env("EXTENDER_PREFIX", ""))
     p.add_argument(
         "--metrics-port",
-        type=int,
-        default=int(_env("METRICS_PORT", "10261") or 0),
+        type=port,
+        default=_env("METRICS_PORT", "10261"),
         help="Prometheus /metrics port (0: off)",
     )
     p.add_argument(
