@@ -68,6 +68,25 @@ def test_slices_share_a_device_up_to_100_percent(cluster: FakeCluster) -> None:
     assert cluster.scheduler.cache.violations() == []
 
 
+def test_a_slice_needs_both_core_and_memory_room(cluster: FakeCluster) -> None:
+    # The PreFilter index ranks by free core %, and the node's memory % in all (200) has
+    # room for 30 more; the Filter must still find no single GPU with 30 % memory free.
+    cluster.add_node("a", gpus=2)
+    heavy = [cluster.add_pod(f"mem-heavy{i}", {CORE: "10", MEM: "80"}) for i in range(2)]
+    cluster.schedule()
+    second = cluster.add_pod("more-mem", {CORE: "10", MEM: "30"})
+    third = cluster.add_pod("fits", {CORE: "10", MEM: "20"})
+    cluster.schedule()
+    assert [cluster.node_of(u) for u in heavy] == ["a", "a"]
+    assert cluster.node_of(second) == ""
+    assert cluster.events(second, "FailedScheduling") == [
+        "0/1 nodes are available: 1 node(s) had no GPU with the asked core and memory "
+        "percentage free."
+    ]
+    assert cluster.node_of(third) == "a"
+    assert cluster.scheduler.cache.violations() == []
+
+
 def test_whole_device_carries_no_slice(cluster: FakeCluster) -> None:
     cluster.add_node("a", gpus=2)
     s = cluster.add_pod("slice", {CORE: "10", MEM: "10"})

@@ -36,6 +36,7 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.assign import SetChooser, assign
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import (
     POLICIES,
+    ContainerAsk,
     DeviceRequest,
     RequestError,
     parse_device_request,
@@ -89,6 +90,8 @@ class _Cycle:
     whole_kind: str = ""
     """Set when the pod asks for whole devices of one kind only (the indexed fast path)."""
     whole_count: int = 0
+    single_slice: ContainerAsk | None = None
+    """Set when the pod is one container asking for one slice (a scan instead of `assign`)."""
 
 
 def device_request(pod: PodInfo, handle: Handle) -> DeviceRequest | None:
@@ -143,7 +146,8 @@ class GpuShare:
             names = cache.nodes_with_free(kind, total, ascending=policy == "binpack")
             reason = f"Insufficient {self.resource_of[kind]}"
             return PreFilterResult(names, reason, self.args.ranked_nodes_to_score), SUCCESS
-        state.write(CYCLE_KEY, _Cycle(req, policy))
+        single = req.asks[0] if len(req.asks) == 1 and req.only_slices else None
+        state.write(CYCLE_KEY, _Cycle(req, policy, single_slice=single))
         profiles = req.mig_profiles()
         if profiles:
             missing = sorted(p for p in profiles if not cache.mig_nodes.get(p))
@@ -192,6 +196,17 @@ class GpuShare:
             if self.handle.cache.free_whole(c.whole_kind, node.name) >= c.whole_count:
                 return SUCCESS
             return unschedulable(f"Insufficient {self.resource_of[c.whole_kind]}")
+        ask = c.single_slice
+        if ask is not None:
+            for d in node.devices.devices:
+                if (
+                    d.kind == ask.kind
+                    and d.sliceable
+                    and d.core_free >= ask.core
+                    and d.memory_free >= ask.memory
+                ):
+                    return SUCCESS
+            return unschedulable(self._shortage(c.req))
         if assign(node.devices, c.req, c.policy) is not None:
             return SUCCESS
         return unschedulable(self._shortage(c.req))
