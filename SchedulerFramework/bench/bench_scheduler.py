@@ -46,7 +46,6 @@ import yaml
 from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig, free_port
 from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
 from lj_runtimekit.envtest.process import Process
-from lj_runtimekit.envtest.versions import find_tools
 from lj_runtimekit.proto.pkg.protocol import decode_assignment, load_protocol
 from lj_runtimekit.schedulerframework.internal.kube.client import Kube
 
@@ -288,21 +287,8 @@ def run_kube_scheduler(
             }
         )
     )
-    assert cp.pki is not None
     ks = Process(
-        "kube-scheduler",
-        [
-            str(find_tools(("kube-scheduler",))["kube-scheduler"]),
-            f"--config={sched_cfg}",
-            f"--authentication-kubeconfig={cp.kubeconfig_path}",
-            f"--authorization-kubeconfig={cp.kubeconfig_path}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
-            f"--tls-cert-file={cp.pki.serving_cert}",
-            f"--tls-private-key-file={cp.pki.serving_key}",
-            "--v=0",
-        ],
-        work / f"kube-scheduler-{ns}.log",
+        "kube-scheduler", cp.kube_scheduler_argv(sched_cfg), work / f"kube-scheduler-{ns}.log"
     )
     log(f"kube-scheduler run ({ns})")
     ks.start()

@@ -16,7 +16,6 @@ from kubernetes import client as k8s_client
 from lj_runtimekit.envtest.controlplane import ControlPlane, free_port, wait_for
 from lj_runtimekit.envtest.nodes import NodeFactory
 from lj_runtimekit.envtest.process import Process
-from lj_runtimekit.envtest.versions import find_tools
 from lj_runtimekit.proto.pkg.protocol import decode_assignment, load_protocol
 from lj_runtimekit.schedulerframework.internal.schedtesting.process import (
     SchedulerProcess,
@@ -60,19 +59,9 @@ def kube_scheduler(
     doc["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{extender[1]}"
     work = Path(tempfile.mkdtemp(prefix="ljext"))
     (work / "config.yaml").write_text(yaml.safe_dump(doc))
-    assert control_plane.pki is not None
     proc = Process(
         "kube-scheduler",
-        [
-            str(find_tools(("kube-scheduler",))["kube-scheduler"]),
-            f"--config={work / 'config.yaml'}",
-            f"--authentication-kubeconfig={control_plane.kubeconfig_path}",
-            f"--authorization-kubeconfig={control_plane.kubeconfig_path}",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}",
-            f"--tls-cert-file={control_plane.pki.serving_cert}",
-            f"--tls-private-key-file={control_plane.pki.serving_key}",
-        ],
+        control_plane.kube_scheduler_argv(work / "config.yaml"),
         work / "kube-scheduler.log",
     )
     proc.start()

@@ -310,21 +310,7 @@ class ControlPlane:
             )
         if self.config.scheduler:
             sched_port = free_port()
-            scheduler = self._spawn(
-                "kube-scheduler",
-                [
-                    str(tools["kube-scheduler"]),
-                    f"--kubeconfig={self.kubeconfig_path}",
-                    f"--authentication-kubeconfig={self.kubeconfig_path}",
-                    f"--authorization-kubeconfig={self.kubeconfig_path}",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={sched_port}",
-                    f"--tls-cert-file={pki.serving_cert}",
-                    f"--tls-private-key-file={pki.serving_key}",
-                    "--leader-elect=false",
-                    f"--v={self.config.verbosity}",
-                ],
-            )
+            scheduler = self._spawn("kube-scheduler", self.kube_scheduler_argv(port=sched_port))
         if self.config.kwok:
             kwok_port = free_port()
             stages = kwok.write_stages(self.state_dir / "kwok-stages.yaml", self.config.kwok_stages)
@@ -338,6 +324,27 @@ class ControlPlane:
             self._wait_http(scheduler, f"https://127.0.0.1:{sched_port}/healthz", deadline)
         if self.config.kwok:
             self._wait_http(kwok_proc, f"http://127.0.0.1:{kwok_port}/healthz", deadline)
+
+    def kube_scheduler_argv(self, config_file: Path | None = None, port: int = 0) -> list[str]:
+        """A kube-scheduler against this control plane: the default profile, or the
+        KubeSchedulerConfiguration `config_file` (which names the kubeconfig and the leader
+        election); its health port is `port` (0: a free one)."""
+        assert self.pki is not None, "the control plane is not started"
+        argv = [str(find_tools(("kube-scheduler",))["kube-scheduler"])]
+        if config_file is None:
+            argv += [f"--kubeconfig={self.kubeconfig_path}", "--leader-elect=false"]
+        else:
+            argv.append(f"--config={config_file}")
+        return [
+            *argv,
+            f"--authentication-kubeconfig={self.kubeconfig_path}",
+            f"--authorization-kubeconfig={self.kubeconfig_path}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port or free_port()}",
+            f"--tls-cert-file={self.pki.serving_cert}",
+            f"--tls-private-key-file={self.pki.serving_key}",
+            f"--v={self.config.verbosity}",
+        ]
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
         proc = Process(name, argv, self.log_dir / f"{name}.log", self.config.die_with_parent)
