@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from pytest_mock import MockerFixture
 
 from lj_runtimekit.controller.cmd.controller import main as controller_main
 from lj_runtimekit.controller.internal.controller import jobspec
@@ -21,6 +22,7 @@ from lj_runtimekit.controller.internal.controller.job_controller import (
     termination_message,
 )
 from lj_runtimekit.controller.internal.controller.node_controller import parse_selector
+from lj_runtimekit.controller.internal.controller.operator import SETTLE_DELAYS_S, Controller
 from lj_runtimekit.controller.internal.controller.state import (
     NodeState,
     desired_action,
@@ -301,3 +303,34 @@ async def test_health_endpoints() -> None:
         assert await get("/metrics") == "HTTP/1.1 404 Not Found"
     finally:
         await server.stop()
+
+
+async def test_resync_soon_after_start_then_every_period(
+    mocker: MockerFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A label removed while the watches make their first list is caught within seconds,
+    not after a whole --resync-period."""
+    settings = ControllerSettings(job=JobSettings(image="i"), resync_period_s=120)
+    controller = Controller(settings, mocker.Mock(), login=mocker.Mock())
+    passes: list[bool] = []
+    waits: list[float] = []
+
+    async def resync_once(everything: bool) -> int:
+        passes.append(everything)
+        return 0
+
+    class Done(Exception):
+        pass
+
+    async def sleep(delay: float) -> None:
+        waits.append(delay)
+        if len(waits) == 4:
+            raise Done
+
+    monkeypatch.setattr(controller, "resync_once", resync_once)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    with pytest.raises(Done):
+        await controller.resync_forever()
+    assert passes == [True, False, False, False]
+    assert waits == [*SETTLE_DELAYS_S, 120, 120]
+    assert sum(SETTLE_DELAYS_S) <= 30

@@ -17,7 +17,9 @@ A label removal makes the API server send DELETED for that Node on the
 selector-filtered watch; the reconciler re-reads the Node, so that is handled
 like any change. Nodes whose label went away while the Controller was down
 still carry the Controller's state label and are found by the resync (all of
-them at start-up, then periodically those whose label and state disagree).
+them at start-up, then those whose label and state disagree: twice soon after
+start-up, for a label removed while the watches made their first list, then
+periodically).
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ from lj_runtimekit.controller.internal.controller.workqueue import WorkQueue
 _log = logging.getLogger(__name__)
 NODE_EVENT_NAMESPACE = "default"
 """Events about cluster-scoped objects live in `default` (as the kubelet's do)."""
+SETTLE_DELAYS_S = (5.0, 25.0)
+"""Waits before two extra passes over the unsettled nodes soon after start-up (at about 5
+and 30 s). The start-up pass runs while kopf's watches make their first list; a label
+removed in between is seen by neither: the node no longer matches the watch's selector,
+and the start-up pass saw it labelled."""
 
 
 @dataclass(frozen=True)
@@ -205,8 +212,11 @@ class Controller:
                 queued += 1
         return queued
 
-    async def _resync(self) -> None:
+    async def resync_forever(self) -> None:
+        """Every managed node at start-up, the unsettled ones after SETTLE_DELAYS_S, then
+        every --resync-period."""
         everything = True
+        settle = list(SETTLE_DELAYS_S)
         while True:
             try:
                 count = await self.resync_once(everything)
@@ -215,7 +225,7 @@ class Controller:
                     _log.info("resync", extra={"nodes_queued": count})
             except ApiError as exc:
                 _log.warning("resync failed", extra={"error": str(exc)})
-            await asyncio.sleep(self.settings.resync_period_s)
+            await asyncio.sleep(settle.pop(0) if settle else self.settings.resync_period_s)
 
     async def run(self, stop: asyncio.Event) -> int:
         """Run until `stop` is set, kopf stops (signal) or leadership is lost (exit code 1)."""
@@ -234,7 +244,7 @@ class Controller:
         kopf_stop = asyncio.Event()
         self.queue.start()
         background: list[asyncio.Task[Any]] = [
-            asyncio.create_task(self._resync(), name="resync"),
+            asyncio.create_task(self.resync_forever(), name="resync"),
         ]
         if elector is not None:
             background.append(asyncio.create_task(elector.renew_forever(), name="lease-renewal"))
