@@ -96,5 +96,23 @@ async def test_labels_records_and_api_fallback(
             pod = _pod(core, namespace, "trainer")
         record = decode_assignment(pod["metadata"]["annotations"][ANN.allocated_devices])
         assert record == assignment
+
+        # A crash between the Runtime's Allocate and the record's write: the restarted plugin
+        # finds the Runtime's allocation without a record on the pod and writes it.
+        bed.plugin.stop()
+        core.patch_namespaced_pod(
+            "trainer",
+            namespace,
+            {"metadata": {"annotations": {ANN.allocated_devices: None, ANN.bind_phase: None}}},
+        )
+        bed.plugin.start()
+        deadline = time.monotonic() + 30
+        pod = _pod(core, namespace, "trainer")
+        while pod["metadata"].get("annotations", {}).get(ANN.bind_phase) != "allocated":
+            assert time.monotonic() < deadline, bed.fail("record not rewritten after restart")
+            await asyncio.sleep(0.2)
+            pod = _pod(core, namespace, "trainer")
+        record = decode_assignment(pod["metadata"]["annotations"][ANN.allocated_devices])
+        assert record == assignment
         log = bed.plugin.log()
         assert log.count("listing the node's pods from the API server instead") == 1

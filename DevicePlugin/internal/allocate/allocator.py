@@ -221,6 +221,12 @@ class Allocator:
                             norm,
                             self._implied(norm),
                         )
+            # A crash between the Runtime's Allocate and the record's write leaves a pod with
+            # an allocation and no (or an older) record: write it now.
+            holders = {h.pod_uid for h in self.ledger.values()}
+            for pod in pods:
+                if pod.uid in holders:
+                    self._record(pod)
         log.info("allocations rebuilt containers=%d", len(self.ledger))
 
     def _done(self) -> set[DoneKey]:
