@@ -304,3 +304,63 @@ def test_single_devices_fill_broken_islands_first(cluster: FakeCluster) -> None:
     assert sorted(d.device_id for d in decode_assignment(cluster.assignment(q))["c0"]) == [
         f"a-gpu{i}" for i in range(4)
     ]
+
+
+def _prefer(*terms: tuple[int, str, str]) -> dict[str, Any]:
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": weight,
+                    "preference": {
+                        "matchExpressions": [{"key": key, "operator": "In", "values": [value]}]
+                    },
+                }
+                for weight, key, value in terms
+            ]
+        }
+    }
+
+
+def test_preferred_node_affinity_outweighs_binpack(cluster: FakeCluster) -> None:
+    cluster.add_node("a", labels={"zone": "z1"})
+    cluster.add_node("b", labels={"zone": "z2", "fast": "true"})
+    first = cluster.add_pod("first", {GPU: "1"})
+    cluster.schedule()
+    packed = cluster.node_of(first)
+    other = "b" if packed == "a" else "a"
+    plain = cluster.add_pod("plain", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.node_of(plain) == packed  # binpack alone
+    zone = "z2" if other == "b" else "z1"
+    wants_other = cluster.add_pod("prefers", {GPU: "1"}, affinity=_prefer((50, "zone", zone)))
+    cluster.schedule()
+    assert cluster.node_of(wants_other) == other
+    # The weights add up: 80 for fast=true (b) beats 10 for zone z1 (a).
+    both = cluster.add_pod(
+        "weighed", {GPU: "1"}, affinity=_prefer((10, "zone", "z1"), (80, "fast", "true"))
+    )
+    cluster.schedule()
+    assert cluster.node_of(both) == "b"
+    # A preference no node matches rules nothing out.
+    nowhere = cluster.add_pod("nowhere", {GPU: "1"}, affinity=_prefer((100, "zone", "z9")))
+    cluster.schedule()
+    assert cluster.node_of(nowhere) in ("a", "b")
+
+
+def test_prefer_no_schedule_taint_is_avoided_unless_tolerated(cluster: FakeCluster) -> None:
+    soft = [{"key": "dedicated", "value": "infra", "effect": "PreferNoSchedule"}]
+    tolerate = [{"key": "dedicated", "operator": "Equal", "value": "infra"}]
+    cluster.add_node("a", labels={"pool": "infra"}, taints=soft)
+    cluster.add_node("b")
+    for i in range(3):  # fill part of the tainted node: binpack now pulls towards it
+        cluster.add_pod(
+            f"infra{i}", {GPU: "1"}, tolerations=tolerate, nodeSelector={"pool": "infra"}
+        )
+    cluster.schedule()
+    plain = cluster.add_pod("plain", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.node_of(plain) == "b"
+    tolerant = cluster.add_pod("tolerant", {GPU: "1"}, tolerations=tolerate)
+    cluster.schedule()
+    assert cluster.node_of(tolerant) == "a"  # the taint counts for nothing: binpack decides

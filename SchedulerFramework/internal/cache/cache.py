@@ -98,6 +98,8 @@ class Cache:
         self.mig_nodes: dict[str, set[str]] = {}
         self._mig_of: dict[str, dict[str, int]] = {}
         self.slice_nodes: set[str] = set()
+        self.soft_tainted: set[str] = set()
+        """Nodes with a PreferNoSchedule taint (TaintToleration scores only when there are)."""
         # node names by the most free core % on one sliceable GPU of the node
         self.slice_room = RankedBuckets()
         self._slice_room_of: dict[str, int] = {}
@@ -123,6 +125,10 @@ class Cache:
                         del self._capacity_count[kind][old_cap]
                 self._capacity_of[kind][name] = cap
                 self._capacity_count[kind][cap] += 1
+        if present and node.soft_taints:
+            self.soft_tainted.add(name)
+        else:
+            self.soft_tainted.discard(name)
         if present and any(d.mode == "tdm" and d.healthy for d in node.devices.devices):
             self.slice_nodes.add(name)
         else:
@@ -154,6 +160,7 @@ class Cache:
                 if not self._capacity_count[kind][old_cap]:
                     del self._capacity_count[kind][old_cap]
         self.slice_nodes.discard(name)
+        self.soft_tainted.discard(name)
         self.slice_room.move(name, self._slice_room_of.pop(name, None), None)
         for prof in self._mig_of.pop(name, {}):
             self.mig_nodes.get(prof, set()).discard(name)

@@ -47,6 +47,7 @@ class NodeInfo:
         "obj",
         "pods",
         "requested",
+        "soft_taints",
         "taints",
         "unschedulable",
     )
@@ -56,6 +57,9 @@ class NodeInfo:
         self.obj: KubeObject = {}
         self.labels: Mapping[str, str] = {}
         self.taints: tuple[Taint, ...] = ()
+        """NoSchedule and NoExecute taints (Filter)."""
+        self.soft_taints: tuple[Taint, ...] = ()
+        """PreferNoSchedule taints (Score)."""
         self.unschedulable = False
         self.allocatable: dict[str, int] = {}
         self.requested: dict[str, int] = {}
@@ -76,11 +80,13 @@ class NodeInfo:
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         self.labels = meta.get("labels") or {}
-        self.taints = tuple(
+        taints = [
             Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
             for t in spec.get("taints") or ()
-            if t.get("effect") in ("NoSchedule", "NoExecute")
-        )
+            if isinstance(t, dict)
+        ]
+        self.taints = tuple(t for t in taints if t.effect in ("NoSchedule", "NoExecute"))
+        self.soft_taints = tuple(t for t in taints if t.effect == "PreferNoSchedule")
         self.unschedulable = bool(spec.get("unschedulable"))
         alloc: dict[str, int] = {}
         for name, value in (status.get("allocatable") or {}).items():

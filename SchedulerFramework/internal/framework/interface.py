@@ -25,6 +25,15 @@ if TYPE_CHECKING:
 MAX_NODE_SCORE = 100
 
 
+def scale_to_max(scores: dict[str, int], reverse: bool) -> None:
+    """Upstream's DefaultNormalizeScore, in place: the highest score becomes MAX_NODE_SCORE
+    and the rest in proportion; `reverse` turns it around (for counts where fewer is better)."""
+    top = max(scores.values(), default=0)
+    for name, value in scores.items():
+        scaled = value * MAX_NODE_SCORE // top if top else 0
+        scores[name] = MAX_NODE_SCORE - scaled if reverse else scaled
+
+
 @runtime_checkable
 class Plugin(Protocol):
     @property

@@ -228,6 +228,8 @@ class PodInfo:
     deleting: bool
     resource_version: str
     parse_errors: tuple[str, ...] = ()
+    preferred_affinity: tuple[tuple[int, SelectorTerm], ...] = ()
+    """(weight, term) of preferredDuringSchedulingIgnoredDuringExecution node affinity."""
     extra: dict[str, object] = field(default_factory=dict)
     """Per-pod data plugins precompute once (keyed by plugin name)."""
 
@@ -278,6 +280,20 @@ def _affinity_terms(spec: Mapping[str, Any]) -> tuple[SelectorTerm, ...] | None:
         for t in required.get("nodeSelectorTerms") or ()
         if isinstance(t, dict)
     )
+
+
+def _preferred_terms(spec: Mapping[str, Any]) -> tuple[tuple[int, SelectorTerm], ...]:
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    out: list[tuple[int, SelectorTerm]] = []
+    for item in node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or ():
+        if not isinstance(item, dict):
+            continue
+        weight, term = item.get("weight"), item.get("preference")
+        if isinstance(weight, int) and weight > 0 and isinstance(term, dict):
+            expressions = _requirements(term.get("matchExpressions"))
+            fields = _requirements(term.get("matchFields"))
+            out.append((weight, SelectorTerm(expressions, fields)))
+    return tuple(out)
 
 
 def _add(into: dict[str, int], other: Mapping[str, int]) -> None:
@@ -349,4 +365,5 @@ def parse_pod(obj: KubeObject) -> PodInfo:
         deleting=bool(meta.get("deletionTimestamp")),
         resource_version=str(meta.get("resourceVersion", "")),
         parse_errors=tuple(errors),
+        preferred_affinity=_preferred_terms(spec),
     )

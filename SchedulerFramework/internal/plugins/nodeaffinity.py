@@ -1,4 +1,5 @@
-"""NodeAffinity: spec.nodeSelector and required node affinity (matchExpressions, matchFields)."""
+"""NodeAffinity: spec.nodeSelector and required node affinity (matchExpressions, matchFields)
+filter nodes; preferred node affinity scores them (sum of the matching terms' weights)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
-from lj_runtimekit.schedulerframework.internal.framework.interface import Handle
+from lj_runtimekit.schedulerframework.internal.framework.interface import Handle, scale_to_max
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SKIP,
     SUCCESS,
@@ -88,8 +89,14 @@ class NodeAffinity:
         self.args = args
 
     def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
-        if not pod.node_selector and pod.required_affinity is None:
+        required = bool(pod.node_selector) or pod.required_affinity is not None
+        if not required and not pod.preferred_affinity:
             return None, SKIP
+        if not pod.preferred_affinity:
+            state.skip_score.add(NAME)
+        if not required:
+            state.skip_filter.add(NAME)
+            return None, SUCCESS
         # A single metadata.name In [...] term narrows the search like upstream does.
         terms = pod.required_affinity or ()
         if len(terms) == 1 and not terms[0].expressions:
@@ -105,6 +112,12 @@ class NodeAffinity:
 
     def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
         return SUCCESS if pod_matches_node(pod, node) else unresolvable(REASON)
+
+    def score(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> int:
+        return sum(weight for weight, term in pod.preferred_affinity if term_matches(term, node))
+
+    def normalize_score(self, state: CycleState, pod: PodInfo, scores: dict[str, int]) -> None:
+        scale_to_max(scores, reverse=False)
 
 
 def new(args: Args, handle: Handle) -> NodeAffinity:

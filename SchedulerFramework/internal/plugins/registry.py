@@ -44,8 +44,8 @@ REGISTRY: dict[str, Registration] = {
 DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
     (coscheduling.NAME, 0),  # first: its PreFilter narrows gang members to their planned nodes
     (nodeunschedulable.NAME, 0),
-    (nodeaffinity.NAME, 0),
-    (tainttoleration.NAME, 0),
+    (nodeaffinity.NAME, 2),  # scores preferred node affinity (upstream's weight)
+    (tainttoleration.NAME, 3),  # scores PreferNoSchedule taints (upstream's weight)
     (noderesources.NAME, 1),
     (gpushare.NAME, 3),
     (devicetopology.NAME, 2),

@@ -1,4 +1,5 @@
-"""TaintToleration: NoSchedule / NoExecute taints the pod does not tolerate rule a node out."""
+"""TaintToleration: NoSchedule / NoExecute taints the pod does not tolerate rule a node out;
+PreferNoSchedule ones it does not tolerate lower the node's score."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
-from lj_runtimekit.schedulerframework.internal.framework.interface import Handle
+from lj_runtimekit.schedulerframework.internal.framework.interface import Handle, scale_to_max
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
     CycleState,
     PodInfo,
+    PreFilterResult,
     Status,
     unresolvable,
 )
@@ -33,6 +35,12 @@ class TaintToleration:
 
     def __init__(self, args: Args, handle: Handle) -> None:
         self.args = args
+        self.handle = handle
+
+    def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
+        if not self.handle.cache.soft_tainted:
+            state.skip_score.add(NAME)  # no PreferNoSchedule taint anywhere: nothing to score
+        return None, SUCCESS
 
     def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
         for taint in node.taints:
@@ -40,6 +48,18 @@ class TaintToleration:
                 shown = f"{taint.key}: {taint.value}" if taint.value else taint.key
                 return unresolvable(f"node(s) had untolerated taint {{{shown}}}")
         return SUCCESS
+
+    def score(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> int:
+        """How many PreferNoSchedule taints the pod does not tolerate (fewer is better)."""
+        tolerations = [t for t in pod.tolerations if t.effect in ("", "PreferNoSchedule")]
+        return sum(
+            1
+            for taint in node.soft_taints
+            if not any(t.tolerates(taint.key, taint.value, taint.effect) for t in tolerations)
+        )
+
+    def normalize_score(self, state: CycleState, pod: PodInfo, scores: dict[str, int]) -> None:
+        scale_to_max(scores, reverse=True)
 
 
 def new(args: Args, handle: Handle) -> TaintToleration:
