@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client as k8s_client
 
 from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
-from lj_runtimekit.envtest.nodes import NodeFactory
+from lj_runtimekit.envtest.nodes import NodeFactory, Taint
 from lj_runtimekit.proto.pkg.protocol import decode_assignment, encode_inventory, load_protocol
 from lj_runtimekit.schedulerframework.internal.schedtesting.fake import nvlink_inventory
 from lj_runtimekit.schedulerframework.internal.schedtesting.process import (
@@ -265,3 +265,55 @@ def test_policies_mig_and_topology_on_kwok_nodes(
     assert slices[0][1][0].device_id != slices[1][1][0].device_id or (
         slices[0][0] != slices[1][0]
     )  # 60 % + 60 % never on one device
+
+
+def test_preferred_affinity_and_prefer_no_schedule_on_kwok_nodes(
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: NodeFactory,
+    scheduler: SchedulerProcess,
+) -> None:
+    core = k8s_client.CoreV1Api(api_client)
+    plain = node_factory.create(f"{namespace}-plain", wait=False, labels={"zone": "z1"})
+    soft = node_factory.create(
+        f"{namespace}-soft",
+        wait=False,
+        labels={"zone": "z2"},
+        taints=(Taint("dedicated", "PreferNoSchedule", "infra"),),
+    )
+    node_factory.wait_ready([plain, soft])
+    for n in (plain, soft):
+        annotate_inventory(core, n)
+    name = f"lj-{namespace}"
+    sel = node_factory.selector
+
+    def place(pod_name: str, **extra: Any) -> str:
+        core.create_namespaced_pod(namespace, pod(pod_name, name, sel, {GPU: "1"}, **extra))
+        wait_for(
+            lambda: pod_name in bound(core, namespace),
+            60,
+            f"{pod_name} bound",
+            describe=lambda: str(events(core, namespace, pod_name)),
+        )
+        return str(bound(core, namespace)[pod_name].spec.node_name)
+
+    tolerate = [{"key": "dedicated", "operator": "Equal", "value": "infra"}]
+    # Three tolerating pods pinned to the tainted node: binpack now pulls towards it.
+    for i in range(3):
+        assert place(f"infra{i}", tolerations=tolerate, nodeSelector={**sel, "zone": "z2"}) == soft
+    assert place("plain") == plain  # an untolerated PreferNoSchedule taint outweighs binpack
+    assert place("tolerant", tolerations=tolerate) == soft  # tolerated: binpack decides
+    prefer_z1 = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "preference": {
+                        "matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]
+                    },
+                }
+            ]
+        }
+    }
+    # Binpack pulls to the fuller tainted node (tolerated here); the preference for z1 wins.
+    assert place("prefers-z1", affinity=prefer_z1, tolerations=tolerate) == plain
