@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lj_runtimekit.proto.pkg.protocol import decode_assignment
+from lj_runtimekit.schedulerframework.internal.extender.server import Extender
 from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
     CORE,
     GPU,
@@ -364,3 +365,29 @@ def test_prefer_no_schedule_taint_is_avoided_unless_tolerated(cluster: FakeClust
     tolerant = cluster.add_pod("tolerant", {GPU: "1"}, tolerations=tolerate)
     cluster.schedule()
     assert cluster.node_of(tolerant) == "a"  # the taint counts for nothing: binpack decides
+
+
+def test_extender_prioritize_scores_devices_not_what_kube_scheduler_scores(
+    cluster: FakeCluster,
+) -> None:
+    cluster.add_node("a", labels={"zone": "z1"})
+    cluster.add_node("b", labels={"zone": "z2"})
+    first = cluster.add_pod("first", {GPU: "1"}, nodeSelector={"zone": "z1"})
+    cluster.schedule()
+    assert cluster.node_of(first) == "a"
+    extender = Extender(cluster.scheduler)
+    body = {
+        "Pod": {
+            "metadata": {"name": "p", "namespace": "default", "uid": "u-p"},
+            "spec": {
+                "schedulerName": "lj-scheduler",
+                "affinity": _prefer((100, "zone", "z2")),
+                "containers": [{"name": "c0", "resources": {"limits": {GPU: "1"}}}],
+            },
+        },
+        "NodeNames": ["a", "b"],
+    }
+    scores = {h["Host"]: h["Score"] for h in extender.prioritize(body)}
+    # binpack (GpuShare) favours the fuller node a; the preference for z2 is the
+    # kube-scheduler's to score, so it does not turn the extender's answer round.
+    assert scores["a"] > scores["b"]

@@ -28,6 +28,11 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     parse_pod,
 )
 from lj_runtimekit.schedulerframework.internal.kube.client import KubeError
+from lj_runtimekit.schedulerframework.internal.plugins import (
+    nodeaffinity,
+    noderesources,
+    tainttoleration,
+)
 from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -47,6 +52,11 @@ def field(data: Mapping[str, Any], name: str) -> Any:
         if isinstance(key, str) and key.lower() == lowered:
             return value
     return None
+
+
+STOCK_SCORED = (noderesources.NAME, nodeaffinity.NAME, tainttoleration.NAME)
+"""Score plugins the kube-scheduler in front of the extender runs itself: prioritize leaves
+them out, or resource fit, preferred affinity and soft taints would count twice."""
 
 
 class Extender:
@@ -145,6 +155,7 @@ class Extender:
         cache = self.scheduler.cache
         with cache.lock:
             _, status = fwk.run_pre_filter(state, pod)
+            state.skip_score.update(STOCK_SCORED)
             nodes = [cache.nodes[n] for n in names if n in cache.nodes and cache.nodes[n].present]
             totals = fwk.run_score(state, pod, nodes) if status.ok and nodes else {}
         top = max(totals.values(), default=0)
