@@ -10,6 +10,7 @@ import pytest
 from pytest_mock import MockerFixture
 
 from lj_runtimekit.controller.cmd.controller import main as controller_main
+from lj_runtimekit.controller.cmd.job_agent import main as agent_main
 from lj_runtimekit.controller.internal.controller import jobspec
 from lj_runtimekit.controller.internal.controller.config import (
     ConfigError,
@@ -334,3 +335,43 @@ async def test_resync_soon_after_start_then_every_period(
     assert passes == [True, False, False, False]
     assert waits == [*SETTLE_DELAYS_S, 120, 120]
     assert sum(SETTLE_DELAYS_S) <= 30
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "env", "flag", "status"),
+    [
+        (
+            controller_main.main,
+            ["--job-image=i"],
+            ("LJ_CONTROLLER_LEADER_ELECT", "maybe"),
+            "--leader-elect",
+            1,
+        ),
+        (
+            controller_main.main,
+            ["--job-image=i"],
+            ("LJ_CONTROLLER_WORKERS", "many"),
+            "--workers",
+            1,
+        ),
+        (agent_main.main, ["enable"], ("LJ_JOB_AGENT_RETRY_ATTEMPTS", "x"), "--retry-attempts", 2),
+    ],
+)
+def test_a_bad_environment_value_is_a_flag_mistake(
+    main: Any,
+    argv: list[str],
+    env: tuple[str, str],
+    flag: str,
+    status: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(*env)
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == status
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert flag in line
+    assert repr(env[1]) in line

@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
         value = _env(env)
         p.add_argument(
             flag,
-            default=(kw.get("type") or str)(value) if value is not None else default,
+            # an environment value is a string: argparse converts it with `type` and reports
+            # a bad one like a bad flag
+            default=value if value is not None else default,
             help=f"{help_} (env {ENV}{env}; default {default!r})",
             **kw,
         )

@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--retry-attempts",
         type=int,
-        default=int(env("LJ_JOB_AGENT_RETRY_ATTEMPTS", "10")),
+        default=env("LJ_JOB_AGENT_RETRY_ATTEMPTS", "10"),
         metavar="N",
         help="at most this many attempts per call (env LJ_JOB_AGENT_RETRY_ATTEMPTS, default 10)",
     )
