@@ -3,11 +3,11 @@ PreferNoSchedule ones it does not tolerate lower the node's score."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, Taint
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
 from lj_runtimekit.schedulerframework.internal.framework.interface import Handle, scale_to_max
 from lj_runtimekit.schedulerframework.internal.framework.types import (
@@ -16,6 +16,7 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     PodInfo,
     PreFilterResult,
     Status,
+    Toleration,
     unresolvable,
 )
 
@@ -28,6 +29,13 @@ class Args:
     def parse(raw: Mapping[str, Any]) -> Args:
         check_fields(NAME, raw, ())
         return Args()
+
+
+def untolerated(taints: Iterable[Taint], tolerations: Sequence[Toleration]) -> Iterator[Taint]:
+    """The taints no toleration tolerates (a toleration's effect must match, or be empty)."""
+    for taint in taints:
+        if not any(t.tolerates(taint.key, taint.value, taint.effect) for t in tolerations):
+            yield taint
 
 
 class TaintToleration:
@@ -43,20 +51,15 @@ class TaintToleration:
         return None, SUCCESS
 
     def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
-        for taint in node.taints:
-            if not any(t.tolerates(taint.key, taint.value, taint.effect) for t in pod.tolerations):
-                shown = f"{taint.key}: {taint.value}" if taint.value else taint.key
-                return unresolvable(f"node(s) had untolerated taint {{{shown}}}")
-        return SUCCESS
+        taint = next(untolerated(node.taints, pod.tolerations), None) if node.taints else None
+        if taint is None:
+            return SUCCESS
+        shown = f"{taint.key}: {taint.value}" if taint.value else taint.key
+        return unresolvable(f"node(s) had untolerated taint {{{shown}}}")
 
     def score(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> int:
         """How many PreferNoSchedule taints the pod does not tolerate (fewer is better)."""
-        tolerations = [t for t in pod.tolerations if t.effect in ("", "PreferNoSchedule")]
-        return sum(
-            1
-            for taint in node.soft_taints
-            if not any(t.tolerates(taint.key, taint.value, taint.effect) for t in tolerations)
-        )
+        return sum(1 for _ in untolerated(node.soft_taints, pod.tolerations))
 
     def normalize_score(self, state: CycleState, pod: PodInfo, scores: dict[str, int]) -> None:
         scale_to_max(scores, reverse=True)

@@ -10,7 +10,10 @@ from collections.abc import Callable, Sequence
 
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
 from lj_runtimekit.schedulerframework.internal.cache.devices import DeviceState, NodeDevices
-from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import DeviceRequest
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import (
+    ContainerAsk,
+    DeviceRequest,
+)
 
 SetChooser = Callable[[Sequence[DeviceState], int, str], list[DeviceState]]
 """(free devices, how many, policy) -> the chosen devices (DeviceTopology supplies one)."""
@@ -91,6 +94,20 @@ def assign(
             slice_used[best.id] = (c + ask.core, m + ask.memory)
             out[ask.container] = (DeviceShare(best.id, ask.core, ask.memory),)
     return out
+
+
+def fits_one_slice(devices: NodeDevices, ask: ContainerAsk) -> bool:
+    """What `assign` decides for a pod whose only ask is this slice, without building the
+    assignment (Filter runs it on every candidate node)."""
+    for d in devices.devices:  # a plain loop: any() over a generator costs more per node
+        if (
+            d.kind == ask.kind
+            and d.sliceable
+            and d.core_free >= ask.core
+            and d.memory_free >= ask.memory
+        ):
+            return True
+    return False
 
 
 def _pick_mig(devices: NodeDevices, profile: str, policy: str, taken: set[str]) -> str | None:

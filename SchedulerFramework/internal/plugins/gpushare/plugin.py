@@ -33,7 +33,11 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     unresolvable,
     unschedulable,
 )
-from lj_runtimekit.schedulerframework.internal.plugins.gpushare.assign import SetChooser, assign
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.assign import (
+    SetChooser,
+    assign,
+    fits_one_slice,
+)
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import (
     POLICIES,
     ContainerAsk,
@@ -196,18 +200,10 @@ class GpuShare:
             if self.handle.cache.free_whole(c.whole_kind, node.name) >= c.whole_count:
                 return SUCCESS
             return unschedulable(f"Insufficient {self.resource_of[c.whole_kind]}")
-        ask = c.single_slice
-        if ask is not None:
-            for d in node.devices.devices:
-                if (
-                    d.kind == ask.kind
-                    and d.sliceable
-                    and d.core_free >= ask.core
-                    and d.memory_free >= ask.memory
-                ):
-                    return SUCCESS
-            return unschedulable(self._shortage(c.req))
-        if assign(node.devices, c.req, c.policy) is not None:
+        if c.single_slice is not None:
+            if fits_one_slice(node.devices, c.single_slice):
+                return SUCCESS
+        elif assign(node.devices, c.req, c.policy) is not None:
             return SUCCESS
         return unschedulable(self._shortage(c.req))
 
