@@ -304,8 +304,9 @@ def run_kube_scheduler(
 
 def run_whole_rounds(
     kube: Kube, cp: ControlPlane, work: Path, lj_cfg: Path, n: int, rounds: int
-) -> dict[str, Any]:
-    """Alternating whole-GPU rounds of both schedulers; medians plus the per-round values."""
+) -> tuple[dict[str, Any], int]:
+    """Alternating whole-GPU rounds of both schedulers: (medians plus the per-round values,
+    overcommit violations found after the lj-scheduler rounds)."""
     ours: list[float] = []
     theirs: list[float] = []
     ours_cpu: list[float] = []
@@ -344,7 +345,6 @@ def run_whole_rounds(
         "cpu_ms_per_whole_gpu_pod": statistics.median(ours_cpu),
         "kube_scheduler_cpu_ms_per_whole_gpu_pod": statistics.median(theirs_cpu),
         "whole_gpu_rounds": rounds,
-        "whole_gpu_overcommit_violations": violations,
     }
     for key, metric in (
         ("filter_score", "lj_scheduler_filter_score_duration_seconds"),
@@ -354,7 +354,7 @@ def run_whole_rounds(
         p50, p99 = histogram_quantiles(text, metric, (0.5, 0.99))
         out[f"{key}_p50_ms"] = p50
         out[f"{key}_p99_ms"] = p99
-    return out
+    return out, violations
 
 
 def main() -> int:
@@ -394,7 +394,8 @@ def main() -> int:
             )
         )
         # 1. whole-GPU rounds, both schedulers
-        results.update(run_whole_rounds(kube, cp, work, lj_cfg, args.pods, args.rounds))
+        whole, violations = run_whole_rounds(kube, cp, work, lj_cfg, args.pods, args.rounds)
+        results.update(whole)
 
         # 2. lj-scheduler, slices (a fresh process, pods created before it starts)
         rate, text, cpu_s = run_lj(
@@ -419,9 +420,7 @@ def main() -> int:
                 kube, cp, work, lj_cfg, [s.name for s in specs], make_namespace, BindWatch, log
             )
         )
-        results["overcommit_violations"] = overcommit_violations(kube) + results.pop(
-            "whole_gpu_overcommit_violations"
-        )
+        results["overcommit_violations"] = overcommit_violations(kube) + violations
         api.close()
     out = {k: _rounded(v) for k, v in sorted(results.items())}
     out["nodes"] = args.nodes

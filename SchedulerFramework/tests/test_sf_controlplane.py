@@ -14,7 +14,10 @@ from kubernetes import client as k8s_client
 from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
 from lj_runtimekit.envtest.nodes import NodeFactory, Taint
 from lj_runtimekit.proto.pkg.protocol import decode_assignment, encode_inventory, load_protocol
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import nvlink_inventory
+from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
+    nvlink_inventory,
+    preferred_affinity,
+)
 from lj_runtimekit.schedulerframework.internal.schedtesting.process import (
     SchedulerProcess,
     annotate_inventory,
@@ -38,6 +41,19 @@ def check_no_double_assignment(pods: dict[str, k8s_client.V1Pod]) -> None:
                 key = (p.spec.node_name, s.device_id)
                 assert key not in seen, f"{key} given to {seen.get(key)} and {name}"
                 seen[key] = name
+
+
+def place_pod(core: k8s_client.CoreV1Api, namespace: str, manifest: dict[str, Any]) -> Any:
+    """Creates the pod and waits until it is bound; the bound pod."""
+    name = manifest["metadata"]["name"]
+    core.create_namespaced_pod(namespace, manifest)
+    wait_for(
+        lambda: name in bound(core, namespace),
+        60,
+        f"{name} bound",
+        describe=lambda: str(events(core, namespace, name)),
+    )
+    return bound(core, namespace)[name]
 
 
 def test_places_on_devices_with_one_binding_write(
@@ -235,14 +251,7 @@ def test_policies_mig_and_topology_on_kwok_nodes(
     spread = {P.annotations.gpu_policy: "spread"}
 
     def place(pod_name: str, limits: dict[str, str], **extra: Any) -> Any:
-        core.create_namespaced_pod(namespace, pod(pod_name, name, sel, limits, **extra))
-        wait_for(
-            lambda: pod_name in bound(core, namespace),
-            60,
-            f"{pod_name} bound",
-            describe=lambda: str(events(core, namespace, pod_name)),
-        )
-        p = bound(core, namespace)[pod_name]
+        p = place_pod(core, namespace, pod(pod_name, name, sel, limits, **extra))
         shares = decode_assignment(p.metadata.annotations[P.annotations.assigned_devices])["main"]
         return p.spec.node_name, shares
 
@@ -288,14 +297,8 @@ def test_preferred_affinity_and_prefer_no_schedule_on_kwok_nodes(
     sel = node_factory.selector
 
     def place(pod_name: str, **extra: Any) -> str:
-        core.create_namespaced_pod(namespace, pod(pod_name, name, sel, {GPU: "1"}, **extra))
-        wait_for(
-            lambda: pod_name in bound(core, namespace),
-            60,
-            f"{pod_name} bound",
-            describe=lambda: str(events(core, namespace, pod_name)),
-        )
-        return str(bound(core, namespace)[pod_name].spec.node_name)
+        p = place_pod(core, namespace, pod(pod_name, name, sel, {GPU: "1"}, **extra))
+        return str(p.spec.node_name)
 
     tolerate = [{"key": "dedicated", "operator": "Equal", "value": "infra"}]
     # Three tolerating pods pinned to the tainted node: binpack now pulls towards it.
@@ -303,17 +306,6 @@ def test_preferred_affinity_and_prefer_no_schedule_on_kwok_nodes(
         assert place(f"infra{i}", tolerations=tolerate, nodeSelector={**sel, "zone": "z2"}) == soft
     assert place("plain") == plain  # an untolerated PreferNoSchedule taint outweighs binpack
     assert place("tolerant", tolerations=tolerate) == soft  # tolerated: binpack decides
-    prefer_z1 = {
-        "nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "weight": 100,
-                    "preference": {
-                        "matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]
-                    },
-                }
-            ]
-        }
-    }
     # Binpack pulls to the fuller tainted node (tolerated here); the preference for z1 wins.
+    prefer_z1 = preferred_affinity((100, "zone", "z1"))
     assert place("prefers-z1", affinity=prefer_z1, tolerations=tolerate) == plain

@@ -14,6 +14,7 @@ from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
     PROTOCOL,
     FakeCluster,
     nvlink_inventory,
+    preferred_affinity,
 )
 
 POLICY = PROTOCOL.annotations.gpu_policy
@@ -307,22 +308,6 @@ def test_single_devices_fill_broken_islands_first(cluster: FakeCluster) -> None:
     ]
 
 
-def _prefer(*terms: tuple[int, str, str]) -> dict[str, Any]:
-    return {
-        "nodeAffinity": {
-            "preferredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "weight": weight,
-                    "preference": {
-                        "matchExpressions": [{"key": key, "operator": "In", "values": [value]}]
-                    },
-                }
-                for weight, key, value in terms
-            ]
-        }
-    }
-
-
 def test_preferred_node_affinity_outweighs_binpack(cluster: FakeCluster) -> None:
     cluster.add_node("a", labels={"zone": "z1"})
     cluster.add_node("b", labels={"zone": "z2", "fast": "true"})
@@ -334,17 +319,19 @@ def test_preferred_node_affinity_outweighs_binpack(cluster: FakeCluster) -> None
     cluster.schedule()
     assert cluster.node_of(plain) == packed  # binpack alone
     zone = "z2" if other == "b" else "z1"
-    wants_other = cluster.add_pod("prefers", {GPU: "1"}, affinity=_prefer((50, "zone", zone)))
+    prefer_other = preferred_affinity((50, "zone", zone))
+    wants_other = cluster.add_pod("prefers", {GPU: "1"}, affinity=prefer_other)
     cluster.schedule()
     assert cluster.node_of(wants_other) == other
     # The weights add up: 80 for fast=true (b) beats 10 for zone z1 (a).
     both = cluster.add_pod(
-        "weighed", {GPU: "1"}, affinity=_prefer((10, "zone", "z1"), (80, "fast", "true"))
+        "weighed", {GPU: "1"}, affinity=preferred_affinity((10, "zone", "z1"), (80, "fast", "true"))
     )
     cluster.schedule()
     assert cluster.node_of(both) == "b"
     # A preference no node matches rules nothing out.
-    nowhere = cluster.add_pod("nowhere", {GPU: "1"}, affinity=_prefer((100, "zone", "z9")))
+    prefer_none = preferred_affinity((100, "zone", "z9"))
+    nowhere = cluster.add_pod("nowhere", {GPU: "1"}, affinity=prefer_none)
     cluster.schedule()
     assert cluster.node_of(nowhere) in ("a", "b")
 
@@ -381,7 +368,7 @@ def test_extender_prioritize_scores_devices_not_what_kube_scheduler_scores(
             "metadata": {"name": "p", "namespace": "default", "uid": "u-p"},
             "spec": {
                 "schedulerName": "lj-scheduler",
-                "affinity": _prefer((100, "zone", "z2")),
+                "affinity": preferred_affinity((100, "zone", "z2")),
                 "containers": [{"name": "c0", "resources": {"limits": {GPU: "1"}}}],
             },
         },

@@ -66,6 +66,23 @@ def nvlink_inventory(
     return tuple(out)
 
 
+def preferred_affinity(*terms: tuple[int, str, str]) -> dict[str, Any]:
+    """A pod's `affinity` with preferred node affinity: (weight, label key, value) per term."""
+    return {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": weight,
+                    "preference": {
+                        "matchExpressions": [{"key": key, "operator": "In", "values": [value]}]
+                    },
+                }
+                for weight, key, value in terms
+            ]
+        }
+    }
+
+
 class FakeCluster:
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         self.config: Config = parse_config(dict(config or {}), "<test>")
