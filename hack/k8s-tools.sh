@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Provides the pinned Kubernetes tools (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, kwok, helm), built from the
-# Go module proxy into a per-version cache outside the repository:
+# kube-controller-manager, kube-scheduler, kubectl, kwok, helm, and
+# lj-hollow-node: the kubelet with the real device manager, from
+# hack/hollow-node), built from the Go module proxy into a per-version cache
+# outside the repository:
 #   ${LJ_RUNTIMEKIT_CACHE:-$HOME/.cache/lj-runtimekit}/k8s/<K8S_VERSION>/bin
 # Idempotent: a binary that exists and reports the pinned version through its
-# version command is kept. Static (CGO_ENABLED=0), -trimpath, stripped.
+# version command is kept (lj-hollow-node also needs the hash of its Go
+# source, stored next to it). Static (CGO_ENABLED=0), -trimpath, stripped.
 #
 # Usage: hack/k8s-tools.sh            build what is missing, check everything
 #        hack/k8s-tools.sh --bin-dir  print the bin directory and exit
@@ -44,11 +47,16 @@ case "${1-}" in
   --bin-dir) echo "$bin"; exit 0 ;;
   --check) mode=check ;;
   "") ;;
-  -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
   *) die "unknown argument '$1' (try --help)" ;;
 esac
 
-tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm)
+tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm lj-hollow-node)
+
+# The Go source of lj-hollow-node; its hash is stored next to the binary so
+# that a change to the source rebuilds it.
+hollow_src="$root/hack/hollow-node"
+hollow_hash=$(cat "$hollow_src"/*.go | sha256sum | cut -c1-16)
 
 # version_ok NAME: the binary exists and reports the pinned version.
 version_ok() {
@@ -61,6 +69,9 @@ version_ok() {
     kubectl) out=$("$path" version --client 2>&1) || return 1; want="Client Version: $K8S_VERSION" ;;
     kwok) out=$("$path" --version 2>&1) || return 1; want="$KWOK_VERSION" ;;
     helm) out=$("$path" version --short 2>&1) || return 1; want="$HELM_VERSION" ;;
+    lj-hollow-node)
+      [[ $(cat "$path.source-sha256" 2>/dev/null) == "$hollow_hash" ]] || return 1
+      out=$("$path" --version 2>&1) || return 1; want="Kubernetes $K8S_VERSION" ;;
     *) return 1 ;;
   esac
   [[ $out == *"$want"* ]]
@@ -108,6 +119,34 @@ new_module() {
 
 step() { log "[$(( $(date +%s) - started ))s] $*"; }
 
+# new_kubernetes_module DIR: a throwaway module in DIR that requires
+# k8s.io/kubernetes@$K8S_VERSION with a replace line per staging module
+# (k8s.io/api => k8s.io/api v0.MINOR.PATCH, ...): k8s.io/kubernetes's own
+# go.mod points them at ./staging, which a dependent module cannot use.
+new_kubernetes_module() {
+  local m=$1 modfile staging s
+  new_module "$m"
+  modfile=$(cd "$m" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
+    | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p') \
+    || die "the Go proxy does not serve k8s.io/kubernetes@$K8S_VERSION"
+  [[ -n $modfile && -f $modfile ]] || die "no go.mod downloaded for k8s.io/kubernetes@$K8S_VERSION"
+  mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/.*#\1#p' "$modfile")
+  [[ ${#staging[@]} -gt 0 ]] || die "no staging replace lines found in $modfile"
+  {
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo "replace ("
+    for s in "${staging[@]}"; do echo "	$s => $s $staging_version"; done
+    echo ")"
+  } >>"$m/go.mod"
+}
+
+# Version stamps of the Kubernetes builds (--version prints them).
+k8s_ld=""
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$k8s_minor"
+  k8s_ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$build_date"
+done
+
 # record_seconds GROUP SECONDS: build time of one group (etcd, kwok, helm,
 # kubernetes) in build-seconds.env; the cold build time is their sum.
 record_seconds() {
@@ -148,36 +187,39 @@ if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then
   t0=$(date +%s)
   step "resolving k8s.io/kubernetes@$K8S_VERSION (staging modules at $staging_version)"
   m="$src/kubernetes"
-  new_module "$m"
-  modfile=$(cd "$m" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
-    | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p') \
-    || die "the Go proxy does not serve k8s.io/kubernetes@$K8S_VERSION"
-  [[ -n $modfile && -f $modfile ]] || die "no go.mod downloaded for k8s.io/kubernetes@$K8S_VERSION"
-  mapfile -t staging < <(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/.*#\1#p' "$modfile")
-  [[ ${#staging[@]} -gt 0 ]] || die "no staging replace lines found in $modfile"
-  {
-    echo "require k8s.io/kubernetes $K8S_VERSION"
-    echo "replace ("
-    for s in "${staging[@]}"; do echo "	$s => $s $staging_version"; done
-    echo ")"
-  } >>"$m/go.mod"
+  new_kubernetes_module "$m"
   k8s_pkgs=()
   for t in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     need "$t" && k8s_pkgs+=("k8s.io/kubernetes/cmd/$t")
   done
   step "go get ${k8s_pkgs[*]} at $K8S_VERSION"
   (cd "$m" && go get "${k8s_pkgs[@]/%/@$K8S_VERSION}") || die "go get of Kubernetes $K8S_VERSION failed (see above)"
-  ld="-s -w"
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$k8s_minor"
-    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=$build_date"
-  done
+  ld="-s -w$k8s_ld"
   step "go build -p $jobs ${k8s_pkgs[*]} (the long part: about 6 minutes on 2 cores)"
   (cd "$m" && go build -p "$jobs" -trimpath -ldflags "$ld" -o "$bin/" "${k8s_pkgs[@]}") \
     || die "go build of Kubernetes $K8S_VERSION failed (see above)"
   for p in "${k8s_pkgs[@]}"; do built+=("${p##*/}"); done
   record_seconds kubernetes $(( $(date +%s) - t0 ))
   step "built ${k8s_pkgs[*]##*/}"
+fi
+
+# lj-hollow-node: hack/hollow-node/*.go (package main) in a throwaway module
+# made like the one above. -checklinkname=0: the glue reaches the device
+# manager's unexported constructor through go:linkname (see devices.go).
+if need lj-hollow-node; then
+  t0=$(date +%s)
+  m="$src/lj-hollow-node"
+  step "resolving lj-hollow-node (hack/hollow-node) against k8s.io/kubernetes@$K8S_VERSION"
+  new_kubernetes_module "$m"
+  cp "$hollow_src"/*.go "$m/"
+  (cd "$m" && go mod tidy) || die "go mod tidy for lj-hollow-node failed (see above)"
+  step "go build -p $jobs lj-hollow-node (about 2 minutes on 2 cores after the Kubernetes build, which shares its packages)"
+  (cd "$m" && go build -p "$jobs" -trimpath -ldflags "-s -w -checklinkname=0$k8s_ld" -o "$bin/lj-hollow-node" .) \
+    || die "go build of lj-hollow-node failed (see above)"
+  echo "$hollow_hash" >"$bin/lj-hollow-node.source-sha256"
+  built+=(lj-hollow-node)
+  record_seconds lj-hollow-node $(( $(date +%s) - t0 ))
+  step "built lj-hollow-node"
 fi
 
 

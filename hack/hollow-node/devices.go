@@ -1,0 +1,180 @@
+package main
+
+// The device half of the hollow node's container manager: kubemark's stub
+// container manager with the device plugin methods handed to the kubelet's
+// real device manager, wired the way pkg/kubelet/cm/container_manager_linux.go
+// wires it (a topology manager with policy "none" whose pod admit handler
+// calls the device manager's Allocate for every init container, then every
+// app container).
+
+import (
+	"context"
+	_ "unsafe" // for go:linkname
+
+	cadvisorapi "github.com/google/cadvisor/info/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apiserver/pkg/server/healthz"
+	internalapi "k8s.io/cri-api/pkg/apis"
+	pluginwatcherapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
+	"k8s.io/kubernetes/pkg/kubelet/cm"
+	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
+	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/resourceupdates"
+	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
+	"k8s.io/kubernetes/pkg/kubelet/config"
+	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
+	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/cache"
+	"k8s.io/kubernetes/pkg/kubelet/status"
+	schedulerframework "k8s.io/kubernetes/pkg/scheduler/framework"
+)
+
+// newDeviceManager is devicemanager.newManagerImpl. The exported
+// NewManagerImpl always listens on /var/lib/kubelet/device-plugins/kubelet.sock;
+// the unexported constructor (which upstream's own tests call) takes the
+// socket path, so each hollow node gets its own plugin directory (and its own
+// checkpoint, kept next to the socket). Go 1.23+ refuses such "pull"
+// linknames unless the binary is linked with -ldflags=-checklinkname=0
+// (hack/k8s-tools.sh does). The signature must match the pinned version's.
+//
+//go:linkname newDeviceManager k8s.io/kubernetes/pkg/kubelet/cm/devicemanager.newManagerImpl
+func newDeviceManager(socketPath string, topology []cadvisorapi.Node, topologyAffinityStore topologymanager.Store) (*devicemanager.ManagerImpl, error)
+
+// deviceContainerManager is kubemark's stub container manager (no cgroups, no
+// CPU or memory manager) with the real device manager behind every method
+// that concerns device plugin resources.
+type deviceContainerManager struct {
+	cm.ContainerManager
+	devices  *devicemanager.ManagerImpl
+	topology topologymanager.Manager
+}
+
+func newDeviceContainerManager(socketPath string) (*deviceContainerManager, error) {
+	// Policy "none": NewManager ignores the topology and scope and builds the
+	// none scope, whose Admit calls each hint provider's Allocate for
+	// append(pod.Spec.InitContainers, pod.Spec.Containers...) and turns an
+	// error into an UnexpectedAdmissionError rejection.
+	topology, err := topologymanager.NewManager(nil, topologymanager.PolicyNone, "container", nil)
+	if err != nil {
+		return nil, err
+	}
+	devices, err := newDeviceManager(socketPath, nil, topology)
+	if err != nil {
+		return nil, err
+	}
+	topology.AddHintProvider(devices)
+	return &deviceContainerManager{
+		ContainerManager: cm.NewStubContainerManager(),
+		devices:          devices,
+		topology:         topology,
+	}, nil
+}
+
+var _ cm.ContainerManager = &deviceContainerManager{}
+
+func (c *deviceContainerManager) Start(ctx context.Context, node *v1.Node, activePods cm.ActivePodsFunc,
+	getNode cm.GetNodeFunc, sourcesReady config.SourcesReady, podStatusProvider status.PodStatusProvider,
+	runtimeService internalapi.RuntimeService, localStorageCapacityIsolation bool) error {
+	if err := c.ContainerManager.Start(ctx, node, activePods, getNode, sourcesReady, podStatusProvider,
+		runtimeService, localStorageCapacityIsolation); err != nil {
+		return err
+	}
+	// The real container manager seeds these from the runtime's containers
+	// (buildContainerMapAndRunningSetFromRuntime). The fake runtime starts
+	// empty every time, so after a restart no container is running: the
+	// device manager then re-allocates from its checkpoint, as the kubelet
+	// does after a runtime restart.
+	return c.devices.Start(devicemanager.ActivePodsFunc(activePods), sourcesReady,
+		containermap.NewContainerMap(), sets.New[string]())
+}
+
+// GetPluginRegistrationHandlers: device plugins may also register through the
+// plugin watcher (<root-dir>/plugins_registry), as on a real kubelet.
+func (c *deviceContainerManager) GetPluginRegistrationHandlers() map[string]cache.PluginHandler {
+	return map[string]cache.PluginHandler{pluginwatcherapi.DevicePlugin: c.devices.GetWatcherHandler()}
+}
+
+func (c *deviceContainerManager) GetHealthCheckers() []healthz.HealthChecker {
+	return []healthz.HealthChecker{c.devices.GetHealthChecker()}
+}
+
+func (c *deviceContainerManager) GetDevicePluginResourceCapacity() (v1.ResourceList, v1.ResourceList, []string) {
+	return c.devices.GetCapacity()
+}
+
+func (c *deviceContainerManager) GetAllocateResourcesPodAdmitHandler() lifecycle.PodAdmitHandler {
+	return c.topology
+}
+
+func (c *deviceContainerManager) UpdatePluginResources(node *schedulerframework.NodeInfo, attrs *lifecycle.PodAdmitAttributes) error {
+	return c.devices.UpdatePluginResources(node, attrs)
+}
+
+// GetResources returns the device runtime options (envs, mounts, device
+// nodes, annotations, CDI devices) of the container's allocation; this is
+// where the kubelet calls PreStartContainer when a plugin asks for it.
+func (c *deviceContainerManager) GetResources(ctx context.Context, pod *v1.Pod, container *v1.Container) (*kubecontainer.RunContainerOptions, error) {
+	opts := &kubecontainer.RunContainerOptions{}
+	devOpts, err := c.devices.GetDeviceRunContainerOptions(pod, container)
+	if err != nil || devOpts == nil {
+		return opts, err
+	}
+	opts.Devices = append(opts.Devices, devOpts.Devices...)
+	opts.Mounts = append(opts.Mounts, devOpts.Mounts...)
+	opts.Envs = append(opts.Envs, devOpts.Envs...)
+	opts.Annotations = append(opts.Annotations, devOpts.Annotations...)
+	opts.CDIDevices = append(opts.CDIDevices, devOpts.CDIDevices...)
+	return opts, nil
+}
+
+func (c *deviceContainerManager) ShouldResetExtendedResourceCapacity() bool {
+	return c.devices.ShouldResetExtendedResourceCapacity()
+}
+
+func (c *deviceContainerManager) UpdateAllocatedResourcesStatus(pod *v1.Pod, status *v1.PodStatus) {
+	c.devices.UpdateAllocatedResourcesStatus(pod, status)
+}
+
+func (c *deviceContainerManager) Updates() <-chan resourceupdates.Update {
+	return c.devices.Updates()
+}
+
+// The PodResources API (served by the kubelet on
+// <root-dir>/pod-resources/kubelet.sock) reads devices from these.
+
+func (c *deviceContainerManager) GetDevices(podUID, containerName string) []*podresourcesapi.ContainerDevices {
+	return containerDevices(c.devices.GetDevices(podUID, containerName))
+}
+
+func (c *deviceContainerManager) GetAllocatableDevices() []*podresourcesapi.ContainerDevices {
+	return containerDevices(c.devices.GetAllocatableDevices())
+}
+
+func (c *deviceContainerManager) UpdateAllocatedDevices() {
+	c.devices.UpdateAllocatedDevices()
+}
+
+// containerDevices is cm.containerDevicesFromResourceDeviceInstances
+// (unexported upstream): one entry per device and NUMA node.
+func containerDevices(devs devicemanager.ResourceDeviceInstances) []*podresourcesapi.ContainerDevices {
+	var out []*podresourcesapi.ContainerDevices
+	for resourceName, resourceDevs := range devs {
+		for devID, dev := range resourceDevs {
+			topo := dev.GetTopology()
+			if topo == nil {
+				out = append(out, &podresourcesapi.ContainerDevices{ResourceName: resourceName, DeviceIds: []string{devID}})
+				continue
+			}
+			for _, node := range topo.GetNodes() {
+				out = append(out, &podresourcesapi.ContainerDevices{
+					ResourceName: resourceName,
+					DeviceIds:    []string{devID},
+					Topology:     &podresourcesapi.TopologyInfo{Nodes: []*podresourcesapi.NUMANode{{ID: node.GetID()}}},
+				})
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,176 @@
+// lj-hollow-node: a node agent that runs the real kubelet's code (as
+// kubemark's hollow kubelet does: pkg/kubemark, cmd/kubemark/app) with an
+// in-process fake CRI runtime, and the kubelet's real device manager instead
+// of kubemark's stub, so that a device plugin can be tested against the real
+// kubelet: registration on its own plugin directory, ListAndWatch into the
+// Node's capacity, Allocate at pod admission (init containers first, device
+// reuse), PreStartContainer, the checkpoint, and the PodResources API.
+//
+// A test tool: no cgroups, no CPU or memory manager, containers "run" at
+// once in the fake runtime (and forever, unless --exec-command-prefix makes
+// them local processes: exec.go). Built by hack/k8s-tools.sh against the pinned
+// k8s.io/kubernetes; started by lj_runtimekit.envtest.hollownode.
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace/noop"
+	clientset "k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/component-base/logs"
+	"k8s.io/component-base/version"
+	"k8s.io/component-base/version/verflag"
+	internalapi "k8s.io/cri-api/pkg/apis"
+	remote "k8s.io/cri-client/pkg"
+	fakeremote "k8s.io/cri-client/pkg/fake"
+	"k8s.io/klog/v2"
+	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
+	"k8s.io/kubernetes/pkg/kubemark"
+)
+
+type options struct {
+	kubeconfig   string
+	nodeName     string
+	address      string
+	port         int
+	readOnlyPort int
+	rootDir      string
+	pluginDir    string
+	nodeLabels   map[string]string
+	maxPods      int
+	execPrefix   string
+}
+
+func main() {
+	o := options{nodeLabels: map[string]string{}}
+	fs := pflag.NewFlagSet("lj-hollow-node", pflag.ExitOnError)
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the API server (the node registers itself with it)")
+	fs.StringVar(&o.nodeName, "node-name", "hollow-node", "name of the Node")
+	fs.StringVar(&o.address, "address", "127.0.0.1", "IP the kubelet server and read-only port listen on (one loopback address per node: 127.0.0.2, 127.0.0.3, ...)")
+	fs.IntVar(&o.port, "port", 10250, "kubelet server port (plain HTTP, no authentication: a test tool)")
+	fs.IntVar(&o.readOnlyPort, "read-only-port", 10255, "kubelet read-only port (/pods, /healthz); 0 turns it off")
+	fs.StringVar(&o.rootDir, "root-dir", "", "kubelet root directory (pods, plugins_registry, pod-resources/kubelet.sock); required")
+	fs.StringVar(&o.pluginDir, "plugin-dir", "", "device plugin directory holding the registration socket kubelet.sock and the device manager checkpoint (default <root-dir>/device-plugins)")
+	fs.Var(cliflag.NewMapStringString(&o.nodeLabels), "node-labels", "labels the Node registers with (key=value,...)")
+	fs.IntVar(&o.maxPods, "max-pods", 110, "pods the node admits at most")
+	fs.StringVar(&o.execPrefix, "exec-command-prefix", "", "containers whose command[0] starts with this are run as local processes (environment from the pod spec and the device plugin's Allocate), their exit code ends the container; logs in <root-dir>/exec-logs. Others run forever in the fake runtime. Empty: none")
+	verflag.AddFlags(fs)
+	logs.AddFlags(fs) // -v, --vmodule, ...
+	_ = fs.Parse(os.Args[1:])
+	verflag.PrintAndExitIfRequested() // --version: "Kubernetes v1.34.4" (stamped at build time)
+
+	if err := run(context.Background(), &o); err != nil {
+		fmt.Fprintf(os.Stderr, "lj-hollow-node: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o *options) error {
+	if o.kubeconfig == "" || o.rootDir == "" {
+		return fmt.Errorf("--kubeconfig and --root-dir are required")
+	}
+	if net.ParseIP(o.address) == nil {
+		return fmt.Errorf("--address %q is not an IP address", o.address)
+	}
+	rootDir, err := filepath.Abs(o.rootDir)
+	if err != nil {
+		return err
+	}
+	pluginDir := o.pluginDir
+	if pluginDir == "" {
+		pluginDir = filepath.Join(rootDir, "device-plugins")
+	}
+	if pluginDir, err = filepath.Abs(pluginDir); err != nil {
+		return err
+	}
+	klog.InfoS("Starting lj-hollow-node", "version", version.Get().GitVersion, "node", o.nodeName,
+		"address", o.address, "rootDir", rootDir, "pluginDir", pluginDir,
+		"podResourcesSocket", filepath.Join(rootDir, "pod-resources", "kubelet.sock"))
+
+	restConfig, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if err != nil {
+		return fmt.Errorf("kubeconfig %s: %w", o.kubeconfig, err)
+	}
+	restConfig.UserAgent = "lj-hollow-node"
+	restConfig.QPS, restConfig.Burst = 50, 100
+	client, err := clientset.NewForConfig(restConfig)
+	if err != nil {
+		return err
+	}
+
+	// kubemark's configuration (GetHollowKubeletConfig), with our directories
+	// and ports. It makes a temporary root directory of its own; drop it.
+	f, c := kubemark.GetHollowKubeletConfig(&kubemark.HollowKubeletOptions{
+		NodeName:            o.nodeName,
+		KubeletPort:         o.port,
+		KubeletReadOnlyPort: o.readOnlyPort,
+		MaxPods:             o.maxPods,
+		NodeLabels:          o.nodeLabels,
+	})
+	_ = os.RemoveAll(f.RootDirectory)
+	f.RootDirectory = rootDir
+	c.Address = o.address
+	c.StaticPodPath = filepath.Join(rootDir, "static-pods")
+	c.PodLogsDir = filepath.Join(rootDir, "pod-logs")
+	c.NodeStatusUpdateFrequency.Duration = 2 * time.Second // quicker capacity updates than kubemark's 10s
+	c.SyncFrequency.Duration = 5 * time.Second
+	for _, d := range []string{c.StaticPodPath, c.PodLogsDir} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return err
+		}
+	}
+
+	// As cmd/kubemark/app: heartbeats on their own client with a timeout.
+	heartbeatConfig := *restConfig
+	heartbeatConfig.Timeout = c.NodeStatusUpdateFrequency.Duration
+	if lease := time.Duration(c.NodeLeaseDurationSeconds) * time.Second; heartbeatConfig.Timeout > lease {
+		heartbeatConfig.Timeout = lease
+	}
+	heartbeatConfig.QPS = -1
+	heartbeatClient, err := clientset.NewForConfig(&heartbeatConfig)
+	if err != nil {
+		return err
+	}
+
+	containerManager, err := newDeviceContainerManager(filepath.Join(pluginDir, "kubelet.sock"))
+	if err != nil {
+		return fmt.Errorf("device manager: %w", err)
+	}
+
+	// The fake CRI runtime and image service, in process, on a socket of
+	// their own under the root directory (not in /tmp: one per node).
+	endpoint := "unix://" + filepath.Join(rootDir, "fake-cri.sock")
+	_ = os.Remove(filepath.Join(rootDir, "fake-cri.sock"))
+	fakeRuntime := fakeremote.NewFakeRemoteRuntime()
+	if err := fakeRuntime.Start(endpoint); err != nil {
+		return fmt.Errorf("fake runtime: %w", err)
+	}
+	defer fakeRuntime.Stop()
+	logger := klog.Background()
+	var runtimeService internalapi.RuntimeService
+	runtimeService, err = remote.NewRemoteRuntimeService(endpoint, 15*time.Second, noop.NewTracerProvider(), &logger)
+	if err != nil {
+		return fmt.Errorf("runtime service: %w", err)
+	}
+	if o.execPrefix != "" {
+		logDir := filepath.Join(rootDir, "exec-logs")
+		if err := os.MkdirAll(logDir, 0o750); err != nil {
+			return err
+		}
+		runtimeService = newExecRuntime(runtimeService, fakeRuntime.RuntimeService, o.execPrefix, logDir)
+	}
+
+	kubemark.NewHollowKubelet(f, c, client, heartbeatClient,
+		&cadvisortest.Fake{NodeName: o.nodeName},
+		fakeRuntime.ImageService, runtimeService, containerManager,
+	).Run(ctx) // blocks
+	return nil
+}
