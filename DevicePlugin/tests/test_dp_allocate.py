@@ -65,33 +65,58 @@ async def test_mig_instance(make_bed: BedFactory) -> None:
         assert any(p.startswith("/dev/nvidia-caps/") for p in opts.devices)
 
 
-async def test_unplaced_whole_pod_only_gets_devices_without_slices(make_bed: BedFactory) -> None:
+async def test_a_pod_not_placed_by_the_scheduler_is_refused(make_bed: BedFactory) -> None:
+    """No assignment: refused with the reason, nothing handed out (never another pod's)."""
     async with make_bed() as bed:
-        sliced = bed.pod({"a": {CORE: 10, MEMORY: 10}}, {"a": [DeviceShare(bed.gpu(0), 10, 10)]})
-        await bed.kubelet.admit(sliced)
-        unplaced = bed.pod({"main": {GPU: 1}})
-        # The kubelet may pick the sliced device (it cannot see slices): the plugin substitutes.
-        response = await bed.kubelet.allocate(GPU, [[bed.gpu(0)]])
-        got = response.container_responses[0].envs["LJ_VISIBLE_DEVICES"]
-        assert got != bed.gpu(0)
-        allocs = {a.container_key: a for a in await bed.allocations()}
-        assert [d.device_id for d in allocs[f"{unplaced['metadata']['uid']}/main"].devices] == [got]
+        for res, limits in ((GPU, {GPU: 1}), (CORE, {CORE: 10, MEMORY: 10})):
+            unplaced = bed.pod({"main": limits}, listed=False)
+            with pytest.raises(AdmissionError) as err:
+                await bed.kubelet.admit(unplaced)
+            message = str(err.value)
+            assert "FAILED_PRECONDITION" in message
+            assert "was not placed by the Runtime Kit scheduler" in message
+            assert f"pod {unplaced['metadata']['namespace']}/{unplaced['metadata']['name']}" in (
+                message
+            )
+            assert res in message
+            bed.pods.remove(unplaced["metadata"]["uid"])
+        assert await bed.allocations() == []
 
 
-async def test_unplaced_whole_pod_fails_clearly_when_every_device_is_sliced(
-    make_bed: BedFactory,
-) -> None:
+async def test_kubelet_devices_outside_the_assignment_are_refused(make_bed: BedFactory) -> None:
+    """What a container gets is exactly the kubelet's IDs: other IDs than the scheduler's
+    assignment are refused, not swapped for the assignment."""
     async with make_bed() as bed:
-        for i in range(8):
-            pod = bed.pod({"a": {CORE: 5, MEMORY: 5}}, {"a": [DeviceShare(bed.gpu(i), 5, 5)]})
-            await bed.kubelet.admit(pod)
-        unplaced = bed.pod({"main": {GPU: 1}})
-        with pytest.raises(AdmissionError) as err:
-            await bed.kubelet.admit(unplaced)
-        message = str(err.value)
-        assert "FAILED_PRECONDITION" in message
-        assert "was not placed by the Runtime Kit scheduler" in message
-        assert f"pod {unplaced['metadata']['namespace']}/{unplaced['metadata']['name']}" in message
+        bed.pod({"main": {GPU: 1}}, {"main": [DeviceShare(bed.gpu(2))]})
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await bed.kubelet.allocate(GPU, [[bed.gpu(4)]])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "which the scheduler did not assign to the pod" in (err.value.details() or "")
+        share = DeviceShare(bed.gpu(3), 30, 20)
+        bed.pod({"main": {CORE: 30, MEMORY: 20}}, {"main": [share]}, name="sliced")
+        units = [f"{bed.gpu(5)}::{i}" for i in range(30)]
+        assert await bed.allocations() == []
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await bed.kubelet.allocate(CORE, [units])
+        assert "cannot tell which pod" in (err.value.details() or "")
+        assert await bed.allocations() == []
+
+
+async def test_core_only_slice_takes_no_memory(make_bed: BedFactory) -> None:
+    """A {core: 30, memory: 0} slice holds 0 % memory: a 100 % memory slice still fits."""
+    async with make_bed() as bed:
+        core_only = bed.pod({"main": {CORE: 30}}, {"main": [DeviceShare(bed.gpu(1), 30, 0)]})
+        opts = (await bed.kubelet.admit(core_only))["main"]
+        assert opts.envs["LJ_DEVICE_MEMORY_PERCENT"] == "0"
+        memory_only = bed.pod(
+            {"main": {MEMORY: 100}}, {"main": [DeviceShare(bed.gpu(1), 0, 100)]}, listed=False
+        )
+        opts = (await bed.kubelet.admit(memory_only))["main"]
+        assert opts.envs["LJ_DEVICE_CORE_PERCENT"] == "0"
+        held = sorted(
+            (d.core_percent, d.memory_percent) for a in await bed.allocations() for d in a.devices
+        )
+        assert held == [(0, 100), (30, 0)]
 
 
 async def test_preferred_allocation_by_interconnect_then_numa(make_bed: BedFactory) -> None:
@@ -128,19 +153,18 @@ async def test_plugin_restart_never_hands_out_an_assignment_twice(make_bed: BedF
         bed.plugin.stop()
         bed.plugin.start()
         await bed.kubelet.wait_registered((GPU,), 30, since=time.monotonic())
-        # The kubelet now asks for the same device again: the first pod is done (rebuilt from
-        # the Runtime), so only the second pod can be the subject, and it has its own device.
+        # The first pod is done (rebuilt from the Runtime): the second is the one waiting.
         second = bed.pod({"main": {GPU: 1}}, {"main": [DeviceShare(bed.gpu(2))]})
-        response = await bed.kubelet.allocate(GPU, [[bed.gpu(1)]])
-        assert response.container_responses[0].envs["LJ_VISIBLE_DEVICES"] == bed.gpu(2)
-        keys = sorted(a.container_key for a in await bed.allocations())
-        assert keys == sorted(f"{p['metadata']['uid']}/main" for p in (first, second))
-        # A kubelet that lost its checkpoint asks again for a running container's devices:
+        # A kubelet that lost its checkpoint asks again for the running container's devices:
         # the same answer, nothing new handed out.
         again = await bed.kubelet.allocate(GPU, [[bed.gpu(1)]])
         assert again.container_responses[0].envs["LJ_VISIBLE_DEVICES"] == bed.gpu(1)
-        assert len(await bed.allocations()) == 2
+        assert len(await bed.allocations()) == 1
+        response = await bed.kubelet.allocate(GPU, [[bed.gpu(2)]])
+        assert response.container_responses[0].envs["LJ_VISIBLE_DEVICES"] == bed.gpu(2)
+        keys = sorted(a.container_key for a in await bed.allocations())
+        assert keys == sorted(f"{p['metadata']['uid']}/main" for p in (first, second))
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await bed.kubelet.allocate(GPU, [[bed.gpu(6)]])
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "no pending pod" in (err.value.details() or "")
+        assert "no pod on node" in (err.value.details() or "")

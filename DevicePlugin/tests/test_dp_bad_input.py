@@ -44,7 +44,7 @@ async def test_bad_requests_are_refused_clearly(make_bed: BedFactory) -> None:
 
         code, msg = await refused(bed, GPU, [bed.gpu(0)])
         assert code == grpc.StatusCode.FAILED_PRECONDITION
-        assert "no pending pod" in msg
+        assert "no pod on node" in msg
         await still_serves(bed, 7)
 
 
@@ -120,4 +120,4 @@ async def test_pod_list_unavailable(make_bed: BedFactory) -> None:
         assert "cannot list the node's pods" in msg
         assert "no API server access" in msg
         await refused(bed, GPU, [bed.gpu(0)])
-        assert bed.plugin.log().count("listing the node's pods from the API server") == 1
+        assert bed.plugin.log().count("reading the node's pods from the API server") == 1

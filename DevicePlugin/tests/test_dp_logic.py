@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from lj_runtimekit.deviceplugin.internal.allocate.allocator import normalize
-from lj_runtimekit.deviceplugin.internal.allocate.resolve import (
-    _time_key,
-    candidates,
-    choose,
-    same_devices,
-)
+from lj_runtimekit.deviceplugin.internal.allocate.resolve import next_container, waiting_pods
 from lj_runtimekit.deviceplugin.internal.allocate.topology import best_set
 from lj_runtimekit.deviceplugin.internal.kubeletshim.pods import pod_object
 from lj_runtimekit.deviceplugin.internal.nodelabels.labels import label_value, node_labels
-from lj_runtimekit.deviceplugin.internal.podlookup.lookup import PodInfo, parse_pod
+from lj_runtimekit.deviceplugin.internal.podlookup.lookup import PodInfo, parse_pod, parse_pod_list
 from lj_runtimekit.deviceplugin.internal.rm.resources import (
     build_inventory,
     resource_info,
@@ -21,6 +15,7 @@ from lj_runtimekit.deviceplugin.internal.rm.resources import (
 from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg.featuregate import evaluate
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
+from lj_runtimekit.proto.pkg.runtimeclient import from_request, normalize, to_request
 from lj_runtimekit.proto.pkg.version import Version
 
 P = load_protocol()
@@ -76,53 +71,55 @@ def test_slice_unit_ids_and_resource_kinds() -> None:
     assert resource_info(P, "example.com/other") is None
 
 
-def _pods(*specs: tuple[str, int, str | None, str]) -> list[PodInfo]:
-    out = []
-    for name, count, device, assume in specs:
-        ann = {ANN.assume_time: assume}
-        if device:
-            ann[ANN.assigned_devices] = encode_assignment({"c": (DeviceShare(device),)})
-        out.append(parse_pod(pod_object(name, {"c": {RES.gpu: count}}, annotations=ann)))
-    return out
+def _pod(name: str, containers: dict[str, dict[str, int]], **ann: str) -> PodInfo:
+    return parse_pod(pod_object(name, containers, annotations=dict(ann)))
 
 
-def test_candidates_order_identity_and_progress() -> None:
-    pods = _pods(("late", 1, "GPU-1", "30"), ("early", 1, "GPU-2", "10"), ("two", 2, None, "5"))
-    ordered = candidates(pods, RES.gpu, 1, set(), set(), ANN.assigned_devices, ANN.assume_time)
-    assert [c.pod.name for c in ordered] == ["early", "late"]  # by assume time; count filters
-    info = resource_info(P, RES.gpu)
-    assert info is not None
-    chosen, by_devices = choose(ordered, lambda c: same_devices(c, info, ["GPU-1"]))
-    assert chosen is not None
-    assert (chosen.pod.name, by_devices) == ("late", True)
-    chosen, by_devices = choose(ordered, lambda c: same_devices(c, info, ["GPU-9"]))
-    assert chosen is not None
-    assert (chosen.pod.name, by_devices) == ("early", False)
-    # A pod in progress is the only group considered, whatever the devices say.
-    late_uid = next(p.uid for p in pods if p.name == "late")
-    ordered = candidates(pods, RES.gpu, 1, set(), {late_uid}, ANN.assigned_devices, ANN.assume_time)
-    chosen, _ = choose(ordered, lambda c: same_devices(c, info, ["GPU-2"]))
-    assert chosen is not None
-    assert chosen.pod.name == "late"
-    done = {(late_uid, "c", RES.gpu)}
-    ordered = candidates(pods, RES.gpu, 1, done, set(), ANN.assigned_devices, ANN.assume_time)
-    assert [c.pod.name for c in ordered] == ["early"]
+def test_waiting_pods_and_kubelet_container_order() -> None:
+    """The pod waiting for devices is the active one not yet served; containers go init
+    first, in spec order, and a served (container, resource) is skipped."""
+    served = {RES.gpu, RES.core, RES.memory}.__contains__
+    text = encode_assignment({"c": (DeviceShare("GPU-1"),)})
+    allocated = _pod("done", {"c": {RES.gpu: 1}}, **{ANN.bind_phase: "allocated"})
+    finished = parse_pod(pod_object("gone", {"c": {RES.gpu: 1}}, phase="Failed"))
+    cpu_only = _pod("cpu", {"c": {"cpu": 1}})
+    wanted = _pod("want", {"c": {RES.gpu: 1}}, **{ANN.assigned_devices: text})
+    pods = [allocated, finished, cpu_only, wanted]
+    (only,) = waiting_pods(pods, served, set(), ANN.assigned_devices, ANN.bind_phase)
+    assert only.pod.name == "want"
+    assert only.assignment == {"c": (DeviceShare("GPU-1"),)}
+    done = {(wanted.uid, "c", RES.gpu)}
+    assert waiting_pods(pods, served, done, ANN.assigned_devices, ANN.bind_phase) == []
+
+    obj = pod_object("init", {"main": {RES.gpu: 1}, "side": {RES.core: 20, RES.memory: 10}})
+    obj["spec"]["initContainers"] = [
+        {"name": "prep", "resources": {"limits": {RES.gpu: 1}}},
+        {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {RES.gpu: 1}}},
+    ]
+    pod = parse_pod(obj)
+    assert [(c.name, c.run_to_completion, c.sidecar) for c in pod.containers[:2]] == [
+        ("prep", True, False),
+        ("proxy", False, True),
+    ]
+    first = next_container(pod, RES.gpu, set())
+    assert first is not None
+    assert first.name == "prep"
+    second = next_container(pod, RES.gpu, {(pod.uid, "prep", RES.gpu)})
+    assert second is not None
+    assert second.name == "proxy"
+    side = next_container(pod, RES.memory, set())
+    assert side is not None
+    assert side.name == "side"
 
 
-def test_malformed_and_finished_pods() -> None:
-    bad = pod_object("bad", {"c": {RES.gpu: 1}}, annotations={ANN.assigned_devices: "[1]"})
-    gone = pod_object("gone", {"c": {RES.gpu: 1}}, phase="Succeeded")
-    pods = [parse_pod(bad), parse_pod(gone)]
-    (only,) = candidates(pods, RES.gpu, 1, set(), set(), ANN.assigned_devices, ANN.assume_time)
+def test_malformed_assignment_and_empty_pod_list() -> None:
+    served = {RES.gpu}.__contains__
+    bad = _pod("bad", {"c": {RES.gpu: 1}}, **{ANN.assigned_devices: "[1]"})
+    (only,) = waiting_pods([bad], served, set(), ANN.assigned_devices, ANN.bind_phase)
     assert only.problem is not None
     assert "is malformed" in only.problem
-
-
-def test_time_keys() -> None:
-    assert _time_key("1700000000") == _time_key("1700000000000000000")  # seconds and ns
-    assert _time_key("2026-01-01T00:00:00Z") < _time_key("2026-01-01T00:00:01Z")
-    assert _time_key(None) > _time_key("1")
-    assert _time_key("garbage") == _time_key(None)
+    # An empty node's kubelet answers `"items": null`: a valid, empty list.
+    assert parse_pod_list(b'{"kind":"PodList","items":null}', "kubelet") == []
 
 
 def test_best_set_nvlink_then_numa() -> None:
@@ -157,4 +154,10 @@ def test_labels_and_quantities() -> None:
     limits = parse_pod(pod).containers[0].limits
     assert limits == {RES.gpu: 1, RES.core: 1000}
     assert normalize(DeviceShare("x", 100, 100)) == DeviceShare("x")
-    assert normalize(DeviceShare("x", 30, 0)) == DeviceShare("x", 30, 100)
+    # A core-only slice stays core-only on the wire and back (0 % memory, not the whole).
+    core_only = DeviceShare("x", 30, 0)
+    assert normalize(core_only) == core_only
+    assert from_request(to_request(core_only)) == core_only
+    assert from_request(to_request(DeviceShare("x"))) == DeviceShare("x")
+    legacy = rpb.DeviceRequest(device_id="x", core_percent=30)
+    assert from_request(legacy) == DeviceShare("x", 30, 100)

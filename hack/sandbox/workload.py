@@ -24,7 +24,7 @@ from lj_runtimekit.proto.pkg.protocol import (
     decode_assignment,
 )
 from lj_runtimekit.proto.pkg.protocol.inventory import InventoryError, decode_inventory
-from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
+from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient, from_request
 from lj_runtimekit.sandbox.bed import SYSTEM_NAMESPACE, NodeHandle, Sandbox
 from lj_runtimekit.sandbox.stages import ADMITTED_ANNOTATION
 
@@ -336,7 +336,7 @@ def runtime_allocations(
         per_pod: dict[str, dict[str, tuple[DeviceShare, ...]]] = {}
         for a in allocations:
             per_pod.setdefault(a.pod_uid, {})[a.container_name] = tuple(
-                DeviceShare(d.device_id, d.core_percent, d.memory_percent) for d in a.devices
+                from_request(d) for d in a.devices
             )
         out[node.name] = per_pod
     return out

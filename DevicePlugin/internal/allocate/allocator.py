@@ -1,4 +1,9 @@
-"""Allocate and GetPreferredAllocation: pod by identity, the Runtime's injection spec, records.
+"""Allocate and GetPreferredAllocation: the pod in admission, exactly the kubelet's devices.
+
+The pod comes from the admission protocol (`resolve`); the devices a container
+gets are exactly the IDs the kubelet passed, checked against the scheduler's
+assignment of the pod, or the call is refused: the kubelet's record, the
+container's devices and the Runtime's allocation never differ.
 
 State (the ledger: container key -> what it holds and which resources the
 kubelet already asked for) is rebuilt at start from the Runtime's
@@ -11,23 +16,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 from typing import Protocol as TypingProtocol
 
 import grpc
 
 from lj_runtimekit.deviceplugin.internal.allocate.resolve import (
-    Candidate,
+    BIND_PHASE_ALLOCATED,
     DoneKey,
-    candidates,
-    choose,
-    same_devices,
+    Waiting,
+    device_containers,
+    next_container,
+    waiting_pods,
 )
 from lj_runtimekit.deviceplugin.internal.allocate.topology import best_set
 from lj_runtimekit.deviceplugin.internal.plugin.server import AllocationError
-from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods, PodInfo, PodLookupError
+from lj_runtimekit.deviceplugin.internal.podlookup.lookup import (
+    TERMINAL_PHASES,
+    ContainerInfo,
+    NodePods,
+    PodInfo,
+    PodLookupError,
+)
 from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, RuntimeAccess
 from lj_runtimekit.deviceplugin.internal.rm.resources import (
     SLICE_UNITS,
@@ -45,7 +56,13 @@ from lj_runtimekit.proto.pkg.protocol import (
     decode_assignment,
     encode_assignment,
 )
-from lj_runtimekit.proto.pkg.runtimeclient import RuntimeCallError, RuntimeUnavailableError
+from lj_runtimekit.proto.pkg.runtimeclient import (
+    RuntimeCallError,
+    RuntimeUnavailableError,
+    from_request,
+    normalize,
+    to_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +74,7 @@ _PASSED_THROUGH = {
     grpc.StatusCode.ALREADY_EXISTS,
 }
 
-
-BIND_PHASE_ALLOCATED = "allocated"
-"""`annotations.bind_phase` once every device container of the pod is allocated."""
+__all__ = ["BIND_PHASE_ALLOCATED", "Allocator", "Held", "PodRecorder"]
 
 
 class PodRecorder(TypingProtocol):
@@ -84,18 +99,10 @@ class Held:
     shares: tuple[DeviceShare, ...]
     called: set[str] = field(default_factory=set)
     """Resources the kubelet already asked for (all implied ones after a rebuild)."""
+    init: bool = False
+    """A run-to-completion init container (its devices go to the app containers again)."""
+    sidecar: bool = False
     missing_since: float | None = None
-
-
-def normalize(share: DeviceShare) -> DeviceShare:
-    """100/100 and 0/0 both mean the whole device; keep one spelling (0/0)."""
-    core = 0 if share.core_percent in (0, SLICE_UNITS) else share.core_percent
-    memory = 0 if share.memory_percent in (0, SLICE_UNITS) else share.memory_percent
-    if core == 0 and memory == 0:
-        return DeviceShare(share.device_id)
-    return DeviceShare(
-        share.device_id, share.core_percent or SLICE_UNITS, share.memory_percent or SLICE_UNITS
-    )
 
 
 def container_response(spec: rpb.InjectionSpec) -> api_pb2.ContainerAllocateResponse:
@@ -142,26 +149,30 @@ class Allocator:
         self._release_grace_s = release_grace_s
         self._lock = asyncio.Lock()
         self.ledger: dict[str, Held] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._whole_of: tuple[object, dict[str, str]] = (None, {})
+        """(snapshot, device or MIG instance ID -> resource) of the last snapshot."""
 
     # state
 
+    def _resource_of(self, share: DeviceShare) -> set[str]:
+        """The resources a share stands for (a slice: core and memory)."""
+        res = self._protocol.resources
+        if not share.whole:
+            return {res.core, res.memory}
+        snapshot = self._rm.snapshot
+        if self._whole_of[0] is not snapshot:
+            kinds = {rpb.DEVICE_KIND_PPU: res.ppu, rpb.DEVICE_KIND_AMD: res.amd}
+            table = {d.id: kinds.get(d.kind, res.gpu) for d in snapshot.devices}
+            for d in snapshot.devices:
+                table.update({m.id: res.mig(m.profile) for m in d.mig_instances})
+            self._whole_of = (snapshot, table)
+        return {self._whole_of[1].get(share.device_id, res.gpu)}
+
     def _implied(self, shares: Iterable[DeviceShare]) -> set[str]:
         """The resources a set of shares stands for."""
-        res = self._protocol.resources
-        kinds = {d.id: d.kind for d in self._rm.snapshot.devices}
-        profiles = {m.id: m.profile for d in self._rm.snapshot.devices for m in d.mig_instances}
         out: set[str] = set()
         for share in shares:
-            if not share.whole:
-                out |= {res.core, res.memory}
-            elif share.device_id in profiles:
-                out.add(res.mig(profiles[share.device_id]))
-            else:
-                kind = kinds.get(share.device_id, rpb.DEVICE_KIND_GPU)
-                out.add(
-                    {rpb.DEVICE_KIND_PPU: res.ppu, rpb.DEVICE_KIND_AMD: res.amd}.get(kind, res.gpu)
-                )
+            out |= self._resource_of(share)
         return out
 
     async def rebuild(self) -> None:
@@ -170,10 +181,7 @@ class Allocator:
         async with self._lock:
             self.ledger.clear()
             for a in allocations:
-                shares = tuple(
-                    normalize(DeviceShare(d.device_id, d.core_percent, d.memory_percent))
-                    for d in a.devices
-                )
+                shares = tuple(from_request(d) for d in a.devices)
                 self.ledger[a.container_key] = Held(
                     a.container_key,
                     a.pod_uid,
@@ -182,6 +190,7 @@ class Allocator:
                     a.container_name,
                     shares,
                     self._implied(shares),
+                    init=a.init_container,
                 )
             try:
                 pods = await self._pods.list_pods()
@@ -240,22 +249,96 @@ class Allocator:
                 busy.setdefault(share.device_id, []).append(held.key)
         return busy
 
+    # the pod in admission
+
+    def _waiting(self, pods: Sequence[PodInfo], done: set[DoneKey]) -> list[Waiting]:
+        served = self._rm.resources()
+        ann = self._protocol.annotations
+        return waiting_pods(pods, served.__contains__, done, ann.assigned_devices, ann.bind_phase)
+
+    async def _list(self) -> list[PodInfo]:
+        try:
+            return await self._pods.list_pods()
+        except PodLookupError as exc:
+            raise AllocationError(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+
+    async def _fresh(self) -> list[PodInfo] | None:
+        try:
+            return await self._pods.fresh()
+        except PodLookupError as exc:
+            log.warning("API server pod list failed reason=%r", str(exc))
+            return None
+
+    async def _admitting(self) -> tuple[list[Waiting], list[PodInfo]]:
+        """The pods waiting for devices (one when the protocol holds), and the pod list.
+
+        The pod list is the kubelet's when it answers; where it shows no or several
+        waiting pods, or a pod holding devices has left it, the API server's list
+        (read now) decides: a pod the kubelet rejected is Failed there before the
+        scheduler binds the node's next device pod.
+        """
+        pods = await self._list()
+        await self._release_finished(pods, fresh=False)
+        done = self._done()
+        waiting = self._waiting(pods, done)
+        missing = any(h.missing_since is not None for h in self.ledger.values())
+        if len(waiting) != 1 or missing:
+            fresh = await self._fresh()
+            if fresh is not None:
+                await self._release_finished(fresh, fresh=True)
+                done = self._done()
+                fresh_waiting = self._waiting(fresh, done)
+                listed = {p.uid for p in pods}
+                # The API server may already hold a pod the kubelet has not reached: only
+                # pods the kubelet lists can be the one it is admitting.
+                waiting = [w for w in fresh_waiting if w.pod.uid in listed] or fresh_waiting
+                pods = fresh
+        return waiting, pods
+
+    def _one(self, waiting: Sequence[Waiting], resource: str, count: int) -> Waiting:
+        if len(waiting) > 1:
+            names = ", ".join(sorted(w.pod.ref for w in waiting))
+            raise AllocationError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"cannot tell which pod the kubelet is admitting on node {self._node}: pods"
+                f" {names} all wait for devices; the Runtime Kit scheduler binds one device pod"
+                " per node at a time, so one of them was bound around it (spec.nodeName set"
+                " at creation, or another scheduler); refusing rather than guessing",
+            )
+        if not waiting:
+            raise AllocationError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"no pod on node {self._node} waits for devices, yet the kubelet asks for"
+                f" {count} of {resource}; was the pod deleted, or its resource limits changed?",
+            )
+        return waiting[0]
+
     # GetPreferredAllocation
 
     async def preferred(
         self, resource: str, request: api_pb2.PreferredAllocationRequest
     ) -> api_pb2.PreferredAllocationResponse:
-        """Per container: the scheduler's assignment when it is available, else topology."""
+        """Per container: the assigned devices of the pod in admission, else topology."""
         info = self._info(resource)
-        try:
-            pods: list[PodInfo] = await self._pods.list_pods()
-        except PodLookupError as exc:
-            log.warning("preferred allocation without pod list reason=%r", str(exc))
-            pods = []
         out = api_pb2.PreferredAllocationResponse()
         async with self._lock:
+            try:
+                waiting, _ = await self._admitting()
+            except AllocationError as exc:
+                log.warning("preferred allocation without pod list reason=%r", str(exc))
+                waiting = []
+            done = self._done()
             for creq in request.container_requests:
-                ids = self._prefer(info, pods, creq)
+                ids = None
+                if len(waiting) == 1 and waiting[0].assignment is not None:
+                    ids = self._prefer(info, waiting[0], done, creq)
+                if ids is None:
+                    ids = self._fallback(
+                        info,
+                        list(creq.available_deviceIDs),
+                        list(creq.must_include_deviceIDs),
+                        creq.allocation_size,
+                    )
                 out.container_responses.append(
                     api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids)
                 )
@@ -264,49 +347,32 @@ class Allocator:
     def _prefer(
         self,
         info: ResourceInfo,
-        pods: Sequence[PodInfo],
+        waiting: Waiting,
+        done: set[DoneKey],
         creq: api_pb2.ContainerPreferredAllocationRequest,
-    ) -> list[str]:
-        size = creq.allocation_size
-        available = list(creq.available_deviceIDs)
-        must = list(creq.must_include_deviceIDs)
-        ordered = candidates(
-            pods,
-            info.name,
-            size,
-            self._done(),
-            {h.pod_uid for h in self.ledger.values()},
-            self._protocol.annotations.assigned_devices,
-            self._protocol.annotations.assume_time,
-        )
-        sliced = info.kind in (ResourceKind.CORE, ResourceKind.MEMORY)
-
-        def pick(c: Candidate) -> list[str] | None:
-            """The candidate's assignment as IDs the kubelet can give, or None."""
-            ids = self._assigned_ids(c, info)
-            if ids is None:
-                return None
-            if sliced:
-                free = set(available)
-                units = [*must, *(u for u in ids if u not in must and u in free)]
-                return units[:size] if len(units) >= size else None
-            fits = len(ids) == size and set(ids) <= set(available) and set(must) <= set(ids)
-            return ids if fits else None
-
-        cand, _ = choose(ordered, lambda c: pick(c) is not None)
-        chosen = pick(cand) if cand is not None else None
-        return chosen if chosen is not None else self._fallback(info, available, must, size)
-
-    def _assigned_ids(self, cand: Candidate, info: ResourceInfo) -> list[str] | None:
-        """The kubelet IDs of a candidate's assignment for `info` (all units of a slice)."""
-        if cand.shares is None or cand.problem is not None:
+    ) -> list[str] | None:
+        """The next container's assigned IDs the kubelet can give, or None."""
+        pod, assignment = waiting.pod, waiting.assignment
+        container = next_container(pod, info.name, done)
+        if container is None or assignment is None:
             return None
+        size = creq.allocation_size
+        available = set(creq.available_deviceIDs)
+        must = list(creq.must_include_deviceIDs)
+        own = assignment.get(container.name, ())
         if info.kind in (ResourceKind.CORE, ResourceKind.MEMORY):
-            sliced = [s.device_id for s in cand.shares if not s.whole]
+            sliced = [s.device_id for s in own if not s.whole]
             if len(sliced) != 1:
                 return None
-            return list(self._rm.snapshot.units(info.name, sliced[0]))
-        return [s.device_id for s in cand.shares if s.whole]
+            units = self._rm.snapshot.units(info.name, sliced[0])
+            chosen = [*must, *(u for u in units if u not in must and u in available)]
+        else:
+            pool = self._pool(assignment, info)
+            clash = self._clash_set(pod, container)
+            ranked = [s.device_id for s in own if s.device_id in pool] + sorted(pool)
+            chosen = [*must, *(d for d in dict.fromkeys(ranked) if d not in must)]
+            chosen = [d for d in chosen if d in must or (d in available and d not in clash)]
+        return chosen[:size] if len(chosen) >= size else None
 
     def _fallback(
         self, info: ResourceInfo, available: list[str], must: list[str], size: int
@@ -377,90 +443,200 @@ class Allocator:
             )
         for creq in request.container_requests:
             self._validate(info, list(creq.devices_ids))
-        try:
-            pods = await self._pods.list_pods()
-        except PodLookupError as exc:
-            raise AllocationError(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
         out = api_pb2.AllocateResponse()
         async with self._lock:
-            self._note_gone(pods)
             for creq in request.container_requests:
-                response = await self._allocate_one(info, list(creq.devices_ids), pods)
+                response = await self._allocate_one(info, list(creq.devices_ids))
                 out.container_responses.append(response)
         return out
 
     async def _allocate_one(
-        self, info: ResourceInfo, ids: list[str], pods: Sequence[PodInfo]
+        self, info: ResourceInfo, ids: list[str]
     ) -> api_pb2.ContainerAllocateResponse:
-        ann = self._protocol.annotations
-        ordered = candidates(
-            pods,
-            info.name,
-            len(ids),
-            self._done(),
-            {h.pod_uid for h in self.ledger.values()},
-            ann.assigned_devices,
-            ann.assume_time,
-        )
-        cand, by_devices = choose(ordered, lambda c: same_devices(c, info, ids))
-        if cand is None:
-            repeated = await self._repeated(info, ids, pods)
+        waiting, pods = await self._admitting()
+        try:
+            w, container, part = self._resolve(waiting, info, ids)
+        except AllocationError:
+            # A kubelet that lost its checkpoint asks again for a running container's devices.
+            repeated = await self._repeated(info, ids, pods, {x.pod.uid for x in waiting})
             if repeated is not None:
                 return repeated
-            raise AllocationError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"no pending pod on node {self._node} asks for {len(ids)} of {info.name} without"
-                f" having it already ({len(pods)} pods listed by the kubelet); was the pod"
-                " deleted, or its resource limits changed?",
-            )
-        if cand.problem is not None:
-            raise AllocationError(grpc.StatusCode.FAILED_PRECONDITION, cand.problem)
-        if cand.shares is None:
-            shares = self._unplaced(cand, info, ids)
-        else:
-            shares = tuple(normalize(s) for s in cand.shares)
-            self._check_assignment(cand, info, ids, shares)
-            if not by_devices:
-                log.info(
-                    "kubelet chose other devices than the scheduler, allocating the"
-                    " scheduler's pod=%s container=%s resource=%s",
-                    cand.pod.ref,
-                    cand.container.name,
-                    info.name,
+            raise
+        pod = w.pod
+        held = self.ledger.get(f"{pod.uid}/{container.name}")
+        if held is not None:
+            mine = tuple(s for s in held.shares if info.name in self._resource_of(s))
+            if mine and set(mine) != set(part):
+                raise AllocationError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"pod {pod.ref} container {container.name} holds {_describe(mine)} for"
+                    f" {info.name} from an earlier call, but the kubelet now passes"
+                    f" {_describe(part)}",
                 )
-        held = self.ledger.get(cand.key)
-        if held is not None and held.shares != shares:
-            raise AllocationError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"{cand.ref} already holds {_describe(held.shares)} and now needs"
-                f" {_describe(shares)} for {info.name}; a container without a scheduler"
-                " assignment can take one device resource only",
+            shares = held.shares if mine else (*held.shares, *part)
+        else:
+            assignment = w.assignment or {}
+            others = tuple(
+                s
+                for s in assignment.get(container.name, ())
+                if info.name not in self._resource_of(s)
             )
-        response = await self._runtime_allocate(cand, shares)
-        if held is None:
+            shares = (*part, *others)
+        response = await self._runtime_allocate(pod, container, shares)
+        if held is None or held.shares != shares:
+            called = held.called if held is not None else set()
             held = Held(
-                cand.key,
-                cand.pod.uid,
-                cand.pod.namespace,
-                cand.pod.name,
-                cand.container.name,
+                f"{pod.uid}/{container.name}",
+                pod.uid,
+                pod.namespace,
+                pod.name,
+                container.name,
                 shares,
+                called,
+                init=container.run_to_completion,
+                sidecar=container.sidecar,
             )
-            self.ledger[cand.key] = held
+            self.ledger[held.key] = held
         held.called.add(info.name)
         log.info(
-            "allocated pod=%s container=%s resource=%s devices=%s by=%s",
-            cand.pod.ref,
-            cand.container.name,
+            "allocated pod=%s container=%s resource=%s devices=%s",
+            pod.ref,
+            container.name,
             info.name,
-            _describe(shares),
-            "devices" if by_devices else "order",
+            _describe(part),
         )
-        self._record(cand.pod)
+        self._record(pod)
         return container_response(response.spec)
 
+    def _resolve(
+        self, waiting: Sequence[Waiting], info: ResourceInfo, ids: Sequence[str]
+    ) -> tuple[Waiting, ContainerInfo, tuple[DeviceShare, ...]]:
+        """The pod in admission, its container this call is for, and what it gets; or
+        AllocationError saying why the call cannot be served exactly."""
+        w = self._one(waiting, info.name, len(ids))
+        pod = w.pod
+        container = next_container(pod, info.name, self._done())
+        if container is None:
+            raise AllocationError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {pod.ref} is admitted on node {self._node} but none of its containers"
+                f" still waits for {info.name} (the kubelet asks for {len(ids)})",
+            )
+        ref = f"pod {pod.ref} container {container.name}"
+        asked = container.limits[info.name]
+        if asked != len(ids):
+            raise AllocationError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the kubelet asks for {len(ids)} of {info.name}, but the next container of the"
+                f" pod in admission ({ref}) asks for {asked}",
+            )
+        if w.problem is not None:
+            raise AllocationError(grpc.StatusCode.FAILED_PRECONDITION, w.problem)
+        if w.assignment is None:
+            raise AllocationError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{ref} asks for {len(ids)} of {info.name} but carries no"
+                f" {self._protocol.annotations.assigned_devices} annotation: it was not placed"
+                " by the Runtime Kit scheduler (spec.nodeName set at creation, or another"
+                " scheduler); device pods must be scheduled by it so that no device is given"
+                " to two pods",
+            )
+        if container.name not in w.assignment:
+            raise AllocationError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"annotation {self._protocol.annotations.assigned_devices} of pod {pod.ref} has"
+                f" no entry for container {container.name}, which asks for {asked} of"
+                f" {info.name}",
+            )
+        part = self._part(w.assignment, container, info, ids, ref)
+        clash = sorted(self._clash_set(pod, container) & {s.device_id for s in part})
+        if clash:
+            raise AllocationError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the kubelet passes {', '.join(clash)} for {ref}, which another container of"
+                " the pod that runs beside it already holds",
+            )
+        return w, container, part
+
+    def _pool(
+        self, assignment: Mapping[str, tuple[DeviceShare, ...]], info: ResourceInfo
+    ) -> set[str]:
+        """Every whole device (or MIG instance) of `info` assigned to any container of the pod."""
+        return {
+            s.device_id
+            for shares in assignment.values()
+            for s in shares
+            if s.whole and info.name in self._resource_of(s)
+        }
+
+    def _clash_set(self, pod: PodInfo, container: ContainerInfo) -> set[str]:
+        """Devices of the pod the container must not get: those of containers that run beside
+        it (app containers and sidecars for an app container or sidecar; sidecars for an init
+        container). The kubelet hands init containers' devices to the app containers again."""
+        out: set[str] = set()
+        for held in self.ledger.values():
+            if held.pod_uid != pod.uid or held.container == container.name:
+                continue
+            if held.sidecar or (not container.run_to_completion and not held.init):
+                out |= {s.device_id for s in held.shares if s.whole}
+        return out
+
+    def _part(
+        self,
+        assignment: Mapping[str, tuple[DeviceShare, ...]],
+        container: ContainerInfo,
+        info: ResourceInfo,
+        ids: Sequence[str],
+        ref: str,
+    ) -> tuple[DeviceShare, ...]:
+        """What the container gets for this call: exactly the kubelet's IDs, when they agree
+        with the scheduler's assignment of the pod; AllocationError otherwise."""
+        key = self._protocol.annotations.assigned_devices
+        refuse = grpc.StatusCode.FAILED_PRECONDITION
+        if info.kind in (ResourceKind.CORE, ResourceKind.MEMORY):
+            own = assignment.get(container.name, ())
+            sliced = [s for s in own if not s.whole]
+            if len(sliced) != 1 or len(own) != 1:
+                raise AllocationError(
+                    refuse,
+                    f"{ref} asks for {len(ids)} of {info.name} but annotation {key} gives it"
+                    f" {_describe(own)}; a slice container gets one slice of one device",
+                )
+            share = sliced[0]
+            got = share.core_percent if info.kind == ResourceKind.CORE else share.memory_percent
+            if got != len(ids):
+                raise AllocationError(
+                    refuse,
+                    f"{ref} asks for {len(ids)} of {info.name} but annotation {key} gives it"
+                    f" {got}% {info.kind.value} of device {share.device_id}",
+                )
+            parents = sorted({slice_unit_device(u) or u for u in ids})
+            if parents != [share.device_id]:
+                raise AllocationError(
+                    refuse,
+                    f"the kubelet passes {info.name} units of {', '.join(parents)} for {ref},"
+                    f" but the scheduler assigned it a slice of {share.device_id}: the kubelet's"
+                    " record and the container's devices would differ",
+                )
+            return (normalize(share),)
+        pool = self._pool(assignment, info)
+        outside = sorted(d for d in ids if d not in pool)
+        if outside:
+            raise AllocationError(
+                refuse,
+                f"the kubelet passes {info.name} {', '.join(outside[:4])} for {ref}, which the"
+                f" scheduler did not assign to the pod (its {info.name}:"
+                f" {', '.join(sorted(pool)) or 'none'}): the kubelet's record and the"
+                " container's devices would differ",
+            )
+        return tuple(DeviceShare(d) for d in ids)
+
     async def _repeated(
-        self, info: ResourceInfo, ids: Sequence[str], pods: Sequence[PodInfo]
+        self,
+        info: ResourceInfo,
+        ids: Sequence[str],
+        pods: Sequence[PodInfo],
+        waiting: Collection[str],
     ) -> api_pb2.ContainerAllocateResponse | None:
         """A kubelet that lost its checkpoint asks again for a running container's devices.
 
@@ -471,7 +647,7 @@ class Allocator:
         """
         sliced = info.kind in (ResourceKind.CORE, ResourceKind.MEMORY)
         parents = {slice_unit_device(u) for u in ids} if sliced else set()
-        active = {p.uid: p for p in pods if p.active}
+        active = {p.uid: p for p in pods if p.active and p.uid not in waiting}
         matches = []
         for held in self.ledger.values():
             if info.name not in held.called or held.pod_uid not in active:
@@ -486,132 +662,38 @@ class Allocator:
         container = next((c for c in pod.containers if c.name == held.container), None)
         if container is None or container.limits.get(info.name) != len(ids):
             return None
-        cand = Candidate(pod, container, held.shares, None, ())
         log.warning(
             "repeated Allocate answered again pod=%s container=%s resource=%s",
             pod.ref,
             held.container,
             info.name,
         )
-        response = await self._runtime_allocate(cand, held.shares)
+        response = await self._runtime_allocate(pod, container, held.shares)
         return container_response(response.spec)
 
-    def _check_assignment(
-        self,
-        cand: Candidate,
-        info: ResourceInfo,
-        ids: Sequence[str],
-        shares: tuple[DeviceShare, ...],
-    ) -> None:
-        key = self._protocol.annotations.assigned_devices
-        n = len(ids)
-        if info.kind in (ResourceKind.CORE, ResourceKind.MEMORY):
-            sliced = [s for s in shares if not s.whole]
-            if len(sliced) != 1 or len(shares) != 1:
-                raise AllocationError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"{cand.ref} asks for {n} of {info.name} but annotation {key} gives it"
-                    f" {_describe(shares)}; a slice container gets one slice of one device",
-                )
-            share = sliced[0]
-            got = share.core_percent if info.kind == ResourceKind.CORE else share.memory_percent
-            if got != n:
-                raise AllocationError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"{cand.ref} asks for {n} of {info.name} but annotation {key} gives it"
-                    f" {got}% {info.kind.value} of device {share.device_id}",
-                )
-            if self._rm.device(share.device_id) is None:
-                raise AllocationError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"annotation {key} of pod {cand.pod.ref} names device {share.device_id},"
-                    f" which node {self._node} does not have",
-                )
-            return
-        offered = {d.id for d in self._rm.resources().get(info.name, ())}
-        mine = [s for s in shares if s.whole and s.device_id in offered]
-        if len(mine) != n:
-            raise AllocationError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"{cand.ref} asks for {n} of {info.name} but annotation {key} gives it"
-                f" {_describe(shares)} ({len(mine)} of them are {info.name} devices of"
-                f" node {self._node})",
-            )
-
-    def _unplaced(
-        self, cand: Candidate, info: ResourceInfo, ids: list[str]
-    ) -> tuple[DeviceShare, ...]:
-        key = self._protocol.annotations.assigned_devices
-        if info.kind in (ResourceKind.CORE, ResourceKind.MEMORY):
-            raise AllocationError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"{cand.ref} asks for {len(ids)} of {info.name} but carries no {key}"
-                " annotation: TDM slices are placed by the Runtime Kit scheduler; schedule the"
-                " pod with it (spec.schedulerName) or ask for whole devices",
-            )
-        busy = self._busy()
-        if info.kind == ResourceKind.MIG:
-            taken = [d for d in ids if d in busy]
-            if taken:
-                raise AllocationError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"{cand.ref}: MIG instance {taken[0]} is held by {busy[taken[0]][0]}",
-                )
-            return tuple(DeviceShare(d) for d in ids)
-        healthy = [
-            d.id for d in self._rm.resources().get(info.name, ()) if d.healthy and d.id not in busy
-        ]
-        chosen = [d for d in ids if d not in busy]
-        if len(chosen) < len(ids):
-            devices = {d.id: d for d in self._rm.snapshot.devices}
-            pool = [d for d in healthy if d not in chosen]
-            if len(pool) + len(chosen) < len(ids):
-                sliced = sorted(d for d in ids if d in busy)
-                raise AllocationError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"{cand.ref} was not placed by the Runtime Kit scheduler (no {key}"
-                    f" annotation) and asks for {len(ids)} whole {info.name}, but only"
-                    f" {len(healthy)} device(s) of node {self._node} carry no slice or other"
-                    f" container (busy: {', '.join(sliced[:4])}); schedule the pod with the"
-                    " Runtime Kit scheduler or free a device",
-                )
-            chosen = best_set(pool, chosen, len(ids), devices)
-            log.info(
-                "unplaced pod served from free devices pod=%s container=%s devices=%s",
-                cand.pod.ref,
-                cand.container.name,
-                ",".join(chosen),
-            )
-        return tuple(DeviceShare(d) for d in chosen)
-
     async def _runtime_allocate(
-        self, cand: Candidate, shares: tuple[DeviceShare, ...]
+        self, pod: PodInfo, container: ContainerInfo, shares: tuple[DeviceShare, ...]
     ) -> rpb.AllocateResponse:
+        ref = f"pod {pod.ref} container {container.name}"
         request = rpb.AllocateRequest(
-            container_key=cand.key,
-            pod_namespace=cand.pod.namespace,
-            pod_name=cand.pod.name,
-            container_name=cand.container.name,
-            pod_uid=cand.pod.uid,
-            devices=[
-                rpb.DeviceRequest(
-                    device_id=s.device_id,
-                    core_percent=s.core_percent,
-                    memory_percent=s.memory_percent,
-                )
-                for s in shares
-            ],
+            container_key=f"{pod.uid}/{container.name}",
+            pod_namespace=pod.namespace,
+            pod_name=pod.name,
+            container_name=container.name,
+            pod_uid=pod.uid,
+            devices=[to_request(s) for s in shares],
+            init_container=container.run_to_completion,
         )
         try:
             return await self._runtime.client.allocate(request)
         except RuntimeCallError as exc:
             code = exc.code if exc.code in _PASSED_THROUGH else grpc.StatusCode.UNAVAILABLE
             raise AllocationError(
-                code, f"Runtime refused {_describe(shares)} for {cand.ref}: {exc.details}"
+                code, f"Runtime refused {_describe(shares)} for {ref}: {exc.details}"
             ) from exc
         except RuntimeUnavailableError as exc:
             raise AllocationError(
-                grpc.StatusCode.UNAVAILABLE, f"allocating for {cand.ref}: {exc}"
+                grpc.StatusCode.UNAVAILABLE, f"allocating for {ref}: {exc}"
             ) from exc
 
     # records and clean-up
@@ -624,10 +706,8 @@ class Allocator:
         value = encode_assignment({c: h.shares for c, h in held.items()})
         served = self._rm.resources()
         complete = all(
-            resource in held[c.name].called if c.name in held else False
-            for c in pod.containers
-            for resource in c.limits
-            if resource in served
+            c in held and r in held[c].called
+            for c, r in device_containers(pod, served.__contains__)
         )
         annotations = {ann.allocated_devices: value}
         if complete:
@@ -636,27 +716,25 @@ class Allocator:
             return
         self._recorder.submit(pod.namespace, pod.name, annotations)
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    def _note_gone(self, pods: Sequence[PodInfo]) -> None:
-        """Release the Runtime allocations of pods that finished or left the node."""
+    async def _release_finished(self, pods: Sequence[PodInfo], *, fresh: bool) -> None:
+        """Release the Runtime allocations of pods whose containers are gone: the pod finished
+        (Succeeded/Failed), or it left the pod list (at once when `fresh`, the API server's
+        list; after the release grace in the kubelet's, which is empty for a moment when the
+        kubelet restarts). A pod being deleted keeps its devices until then: its containers
+        still run their grace period."""
         by_uid: Mapping[str, PodInfo] = {p.uid: p for p in pods}
         now = time.monotonic()
         for held in list(self.ledger.values()):
             pod = by_uid.get(held.pod_uid)
-            if pod is not None and pod.active:
+            if pod is not None and pod.phase not in TERMINAL_PHASES:
                 held.missing_since = None
                 continue
-            if pod is None:
+            if pod is None and not fresh:
                 if held.missing_since is None:
                     held.missing_since = now
                 if now - held.missing_since < self._release_grace_s:
                     continue
-            del self.ledger[held.key]
-            self._spawn(self._release(held))
+            await self._release(held)
 
     async def _release(self, held: Held) -> None:
         try:
@@ -664,6 +742,7 @@ class Allocator:
         except (RuntimeCallError, RuntimeUnavailableError) as exc:
             log.warning("release failed container=%s reason=%r", held.key, str(exc))
             return
+        self.ledger.pop(held.key, None)
         log.info(
             "released pod=%s/%s container=%s released=%s",
             held.namespace,
@@ -680,7 +759,11 @@ class Allocator:
             log.warning("clean-up skipped reason=%r", str(exc))
             return
         async with self._lock:
-            self._note_gone(pods)
+            await self._release_finished(pods, fresh=False)
+            if any(h.missing_since is not None for h in self.ledger.values()):
+                fresh = await self._fresh()
+                if fresh is not None:
+                    await self._release_finished(fresh, fresh=True)
 
     async def run_collector(self, stop: asyncio.Event, interval_s: float) -> None:
         """Call `collect` every `interval_s` until `stop`."""
@@ -691,9 +774,7 @@ class Allocator:
                 await self.collect()
 
     async def close(self) -> None:
-        """Wait for pending records and releases."""
-        if self._background:
-            await asyncio.wait(set(self._background), timeout=5)
+        """Wait for pending records."""
         if self._recorder is not None:
             await self._recorder.drain()
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,33 @@ class KubeApi:
         )
         data: bytes = response.data
         return data
+
+    def watch_node_pods(
+        self, node_name: str, resource_version: str, stop: threading.Event
+    ) -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """(event type, raw pod object) of the pods bound to `node_name`, from
+        `resource_version` on, until the server ends the watch or `stop` is set."""
+        from kubernetes import watch
+
+        w = watch.Watch()
+        stream = w.stream(
+            self._core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={node_name}",
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=300,
+            _request_timeout=330,
+        )
+        for event in stream:
+            if stop.is_set():
+                w.stop()
+                return
+            etype = str(event.get("type", ""))
+            if etype == "BOOKMARK":
+                continue
+            raw = event.get("raw_object")
+            if isinstance(raw, dict):
+                yield etype, raw
 
     def annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         """Merge-patch annotations onto a pod."""

@@ -20,7 +20,10 @@ import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from lj_runtimekit.deviceplugin.internal.podlookup.watch import PodWatch
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,14 @@ class ContainerInfo:
     name: str
     limits: Mapping[str, int]
     init: bool = False
+    sidecar: bool = False
+    """An init container with `restartPolicy: Always`: it runs beside the app containers."""
+
+    @property
+    def run_to_completion(self) -> bool:
+        """An init container that ends before the app containers start (its devices are
+        handed to them again by the kubelet)."""
+        return self.init and not self.sidecar
 
 
 @dataclass(frozen=True)
@@ -93,7 +104,8 @@ def _containers(spec: Mapping[str, Any], key: str, init: bool) -> list[Container
                 number = _count(value)
                 if number is not None:
                     limits[name] = number
-        out.append(ContainerInfo(str(c.get("name", "")), limits, init))
+        sidecar = init and c.get("restartPolicy") == "Always"
+        out.append(ContainerInfo(str(c.get("name", "")), limits, init, sidecar))
     return out
 
 
@@ -123,7 +135,8 @@ def parse_pod_list(body: bytes, source: str) -> list[PodInfo]:
         data = json.loads(body)
     except ValueError as exc:
         raise PodLookupError(f"{source} did not answer a JSON PodList: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("items", []), list):
+    # An empty node's list is `"items": null` (the kubelet encodes a nil slice that way).
+    if not isinstance(data, dict) or not isinstance(data.get("items") or [], list):
         raise PodLookupError(f"{source} did not answer a PodList")
     return [parse_pod(item) for item in data.get("items") or () if isinstance(item, dict)]
 
@@ -292,7 +305,13 @@ class _Source:
 
 
 class NodePods:
-    """Lists the node's pods: kubelet `/pods` first, API server by node name as the fallback."""
+    """Lists the node's pods: kubelet `/pods` first (when configured), else the API server.
+
+    The API server side is one watch of the node's pods (`watch`) when given,
+    else a LIST per call. `fresh()` is a LIST from the API server: the truth
+    when the kubelet's copy may lag (a rejected pod stays Pending there until
+    its status has gone round the API server).
+    """
 
     def __init__(
         self,
@@ -302,30 +321,49 @@ class NodePods:
         *,
         timeout_s: float = 2.0,
         kubelet_retry_s: float = 30.0,
+        watch: PodWatch | None = None,
     ) -> None:
-        self._kubelet: _KubeletHttp | _AsyncKubeletHttp
+        self._kubelet: _KubeletHttp | _AsyncKubeletHttp | None = None
         if kubelet_url.startswith("http://"):
             self._kubelet = _AsyncKubeletHttp(kubelet_url, timeout_s)
-        else:
+        elif kubelet_url:
             self._kubelet = _KubeletHttp(kubelet_url, timeout_s)
         self.node_name = node_name
         self._api = api
+        self._watch = watch
+        self._timeout_s = timeout_s
         self._kubelet_retry_s = kubelet_retry_s
-        self._source = _Source()
+        self._source = _Source(on_kubelet=self._kubelet is not None)
         self._kubelet_cache = _ParsedCache()
 
     @property
     def kubelet_url(self) -> str:
-        """Where the kubelet's pod list is read."""
-        return self._kubelet.url
+        """Where the kubelet's pod list is read ("" when off)."""
+        return self._kubelet.url if self._kubelet is not None else ""
+
+    @property
+    def has_api(self) -> bool:
+        """Whether the API server can be asked (for `fresh`)."""
+        return self._api is not None and bool(self.node_name)
+
+    def describe(self) -> str:
+        """The pod sources, for the start-up log line."""
+        parts = []
+        if self._kubelet is not None:
+            parts.append(f"kubelet {self._kubelet.url}")
+        if self.has_api:
+            parts.append("API server " + ("watch" if self._watch else "list"))
+        return " then ".join(parts) or "none"
 
     async def list_pods(self) -> list[PodInfo]:
         """The node's pods, from whichever source answers."""
         src = self._source
         now = time.monotonic()
-        if src.on_kubelet or now >= src.retry_kubelet_at:
+        kubelet = self._kubelet
+        if kubelet is None:
+            kubelet_error = "no kubelet pods URL configured"
+        elif src.on_kubelet or now >= src.retry_kubelet_at:
             try:
-                kubelet = self._kubelet
                 if isinstance(kubelet, _AsyncKubeletHttp):
                     body = await kubelet.get()
                 else:
@@ -338,43 +376,64 @@ class NodePods:
                 TimeoutError,
                 asyncio.IncompleteReadError,
             ) as exc:
-                kubelet_error: str = str(exc) or type(exc).__name__
+                kubelet_error = str(exc) or type(exc).__name__
                 src.retry_kubelet_at = now + self._kubelet_retry_s
                 if src.on_kubelet:
                     src.on_kubelet = False
                     self._log_once(
                         "fallback",
-                        "kubelet pod list unavailable, listing the node's pods from the API"
+                        "kubelet pod list unavailable, reading the node's pods from the API"
                         " server instead url=%s node=%s reason=%r",
-                        self._kubelet.url,
+                        kubelet.url,
                         self.node_name,
                         kubelet_error,
                     )
             else:
                 if not src.on_kubelet:
                     src.on_kubelet = True
-                    log.info("kubelet pod list answers again url=%s", self._kubelet.url)
-                return self._kubelet_cache.parse(body, f"kubelet {self._kubelet.url}")
+                    log.info("kubelet pod list answers again url=%s", kubelet.url)
+                return self._kubelet_cache.parse(body, f"kubelet {kubelet.url}")
         else:
             kubelet_error = "closed at last try"
         return await self._from_api(kubelet_error)
 
+    def _no_source(self, kubelet_error: str, api_error: str) -> PodLookupError:
+        where = (
+            f"kubelet {self._kubelet.url} failed ({kubelet_error})"
+            if self._kubelet
+            else ("no kubelet pods URL is configured")
+        )
+        return PodLookupError(f"cannot list the node's pods: {where} and {api_error}")
+
     async def _from_api(self, kubelet_error: str) -> list[PodInfo]:
-        if self._api is None or not self.node_name:
-            raise PodLookupError(
-                f"cannot list the node's pods: kubelet {self._kubelet.url} failed"
-                f" ({kubelet_error}) and there is no API server access with a node name"
-                " to fall back to (set --node-name/NODE_NAME and run in-cluster or with"
-                " --kubeconfig)"
+        if not self.has_api:
+            raise self._no_source(
+                kubelet_error,
+                "there is no API server access with a node name to fall back to (set"
+                " --node-name/NODE_NAME and run in-cluster or with --kubeconfig)",
             )
+        if self._watch is not None:
+            self._watch.start()
+            if self._watch.synced or await asyncio.to_thread(
+                self._watch.wait_synced, self._timeout_s
+            ):
+                return self._watch.pods()
+        fresh = await self._list_api(kubelet_error)
+        return fresh
+
+    async def fresh(self) -> list[PodInfo] | None:
+        """The node's pods as the API server has them now (a LIST); None without API access."""
+        if not self.has_api:
+            return None
+        return await self._list_api("not asked")
+
+    async def _list_api(self, kubelet_error: str) -> list[PodInfo]:
         api = self._api
+        assert api is not None
         try:
             body = await asyncio.to_thread(api.list_node_pods, self.node_name)
         except Exception as exc:
-            raise PodLookupError(
-                f"cannot list the node's pods: kubelet {self._kubelet.url} failed"
-                f" ({kubelet_error}) and the API server failed too: {exc}"
-            ) from exc
+            raise self._no_source(kubelet_error, f"the API server failed too: {exc}") from exc
         pods = parse_pod_list(body, "API server")
         return [p for p in pods if not p.node_name or p.node_name == self.node_name]
 
@@ -385,11 +444,16 @@ class NodePods:
 
     def close(self) -> None:
         """Close the kubelet connection (the socket closes on the loop's next turn)."""
-        self._kubelet.close()
+        if self._kubelet is not None:
+            self._kubelet.close()
+        if self._watch is not None:
+            self._watch.stop()
 
     async def aclose(self) -> None:
         """Close the kubelet connection and wait until it is closed."""
+        if self._watch is not None:
+            self._watch.stop()
         if isinstance(self._kubelet, _AsyncKubeletHttp):
             await self._kubelet.aclose()
-        else:
+        elif self._kubelet is not None:
             self._kubelet.close()

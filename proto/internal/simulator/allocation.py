@@ -27,7 +27,11 @@ class AllocationError(Exception):
 
 @dataclass(frozen=True)
 class Grant:
-    """What a container gets from one device or MIG instance (percentages 1..100)."""
+    """What a container gets from one device or MIG instance (percentages 0..100).
+
+    100/100 is the whole device; a TDM slice has at least one percentage above 0,
+    and 0 means none of that resource (a core-only or memory-only slice).
+    """
 
     device_id: str
     core_percent: int
@@ -58,6 +62,12 @@ class AllocationRequest:
     pod_uid: str
     container_name: str
     grants: tuple[Grant, ...]
+    init_container: bool = False
+
+    @property
+    def pod(self) -> str:
+        """The pod's identity: its UID, else the container key's pod part."""
+        return self.pod_uid or self.container_key.partition("/")[0]
 
 
 @dataclass(frozen=True)
@@ -100,7 +110,7 @@ class Allocator:
             raise AllocationError(
                 grpc.StatusCode.INVALID_ARGUMENT, f"container {key} asks for no device"
             )
-        targets = tuple(self._check(key, grant, request.grants) for grant in request.grants)
+        targets = tuple(self._check(request, grant) for grant in request.grants)
         allocation = ContainerAllocation(request, targets)
         self._held[key] = allocation
         log.info(
@@ -117,7 +127,8 @@ class Allocator:
         log.info("container released container=%s", container_key)
         return True
 
-    def _check(self, key: str, grant: Grant, grants: Sequence[Grant]) -> Target:
+    def _check(self, request: AllocationRequest, grant: Grant) -> Target:
+        key, grants = request.container_key, request.grants
         dev = grant.device_id
         invalid, precondition = (
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -126,12 +137,16 @@ class Allocator:
         if sum(1 for g in grants if g.device_id == dev) > 1:
             raise AllocationError(invalid, f"container {key} asks for device {dev} more than once")
         for name, value in (("core", grant.core_percent), ("memory", grant.memory_percent)):
-            if not 1 <= value <= WHOLE:
+            if not 0 <= value <= WHOLE:
                 raise AllocationError(
                     invalid,
                     f"container {key} asks for {value}% {name} of device {dev}; "
-                    "a slice must be 1..100 (0 or 100 means the whole device)",
+                    "a slice must be 0..100 of each",
                 )
+        if grant.core_percent == 0 and grant.memory_percent == 0:
+            raise AllocationError(
+                invalid, f"container {key} asks for a slice of device {dev} with 0% core and memory"
+            )
         instance = self._state.mig_instance(dev)
         device = self._state.device(instance.parent_id if instance else dev)
         if device is None:
@@ -154,18 +169,16 @@ class Allocator:
                 precondition,
                 f"device {dev} asked for by container {key} is unhealthy: {health.reason}",
             )
-        self._check_capacity(key, grant)
+        self._check_capacity(request, grant)
         return Target(grant, device, instance)
 
-    def _check_capacity(self, key: str, grant: Grant) -> None:
-        dev = grant.device_id
-        holders = [
-            (other.request.container_key, g)
-            for other in self._held.values()
-            for g in other.request.grants
-            if g.device_id == dev
-        ]
+    def _check_capacity(self, request: AllocationRequest, grant: Grant) -> None:
+        """The device has room: other pods count with their effective use (per pod, the
+        larger of its init and app use); the pod's own init containers overlap its other
+        containers (the kubelet gives their devices to the app containers again)."""
+        dev, key = grant.device_id, request.container_key
         exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED
+        holders = list(self._pod_use(dev, request).items())
         for holder, held in holders:
             if held.whole:
                 raise AllocationError(
@@ -188,3 +201,50 @@ class Allocator:
                     f"container {key} asks for {asked}% {name} of device {dev}; "
                     f"only {WHOLE - used}% is free",
                 )
+
+    def _pod_use(self, dev: str, request: AllocationRequest) -> dict[str, Grant]:
+        """What each holder of `dev` uses of it, as the request must see it: other pods'
+        effective use, keyed by a container key; the own pod's app containers one by one
+        (nothing of the own pod when the request is an init container's)."""
+        init: dict[str, tuple[str, Grant]] = {}
+        app: dict[str, list[tuple[str, Grant]]] = {}
+        out: dict[str, Grant] = {}
+        for other in self._held.values():
+            asked = other.request
+            for g in asked.grants:
+                if g.device_id != dev:
+                    continue
+                if asked.pod == request.pod:
+                    if not request.init_container and not asked.init_container:
+                        out[asked.container_key] = g
+                elif asked.init_container:
+                    prev = init.get(asked.pod)
+                    init[asked.pod] = (asked.container_key, _larger(prev[1], g) if prev else g)
+                else:
+                    app.setdefault(asked.pod, []).append((asked.container_key, g))
+        for pod in init.keys() | app.keys():
+            apps = [g for _, g in app.get(pod, [])]
+            use = _sum(apps) if apps else None
+            if pod in init:
+                use = _larger(init[pod][1], use) if use else init[pod][1]
+            holder = init[pod][0] if pod in init else app[pod][0][0]
+            if use is not None:
+                out[holder] = use
+        return out
+
+
+def _sum(grants: Sequence[Grant]) -> Grant:
+    """Several containers' use of one device as one grant (whole wins)."""
+    dev = grants[0].device_id
+    if any(g.whole for g in grants):
+        return Grant(dev, WHOLE, WHOLE)
+    return Grant(dev, sum(g.core_percent for g in grants), sum(g.memory_percent for g in grants))
+
+
+def _larger(a: Grant, b: Grant) -> Grant:
+    """The larger use of two, per resource (whole wins)."""
+    if a.whole or b.whole:
+        return Grant(a.device_id, WHOLE, WHOLE)
+    return Grant(
+        a.device_id, max(a.core_percent, b.core_percent), max(a.memory_percent, b.memory_percent)
+    )

@@ -99,6 +99,13 @@ def device_message(view: DeviceView) -> runtime_pb2.Device:
     )
 
 
+def grant(device: runtime_pb2.DeviceRequest) -> Grant:
+    """A contract DeviceRequest as a Grant: 0 means whole unless the request is a slice."""
+    if device.slice:
+        return Grant(device.device_id, device.core_percent, device.memory_percent)
+    return Grant(device.device_id, device.core_percent or WHOLE, device.memory_percent or WHOLE)
+
+
 def allocation_message(allocation: ContainerAllocation) -> runtime_pb2.Allocation:
     """The contract message of a recorded allocation."""
     request = allocation.request
@@ -110,10 +117,14 @@ def allocation_message(allocation: ContainerAllocation) -> runtime_pb2.Allocatio
         pod_uid=request.pod_uid,
         devices=[
             runtime_pb2.DeviceRequest(
-                device_id=g.device_id, core_percent=g.core_percent, memory_percent=g.memory_percent
+                device_id=g.device_id,
+                core_percent=g.core_percent,
+                memory_percent=g.memory_percent,
+                slice=not g.whole,
             )
             for g in request.grants
         ],
+        init_container=request.init_container,
     )
 
 
@@ -188,10 +199,8 @@ class AllocationService(runtime_pb2_grpc.AllocationServiceServicer):
             pod_name=request.pod_name,
             pod_uid=request.pod_uid,
             container_name=request.container_name,
-            grants=tuple(
-                Grant(d.device_id, d.core_percent or WHOLE, d.memory_percent or WHOLE)
-                for d in request.devices
-            ),
+            grants=tuple(grant(d) for d in request.devices),
+            init_container=request.init_container,
         )
         try:
             allocation = self._allocator.allocate(asked)

@@ -8,6 +8,12 @@ from lj_runtimekit.proto.pkg.runtimeclient.client import (
     RuntimeClient,
     RuntimeUnavailableError,
 )
+from lj_runtimekit.proto.pkg.runtimeclient.shares import (
+    WHOLE_PERCENT,
+    from_request,
+    normalize,
+    to_request,
+)
 
 __all__ = [
     "DEFAULT_SOCKET_DIR",
@@ -16,4 +22,8 @@ __all__ = [
     "RuntimeCallError",
     "RuntimeClient",
     "RuntimeUnavailableError",
+    "WHOLE_PERCENT",
+    "from_request",
+    "normalize",
+    "to_request",
 ]

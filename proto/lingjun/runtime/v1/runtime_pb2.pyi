@@ -463,22 +463,30 @@ class DeviceRequest(_message.Message):
     DEVICE_ID_FIELD_NUMBER: _builtins.int
     CORE_PERCENT_FIELD_NUMBER: _builtins.int
     MEMORY_PERCENT_FIELD_NUMBER: _builtins.int
+    SLICE_FIELD_NUMBER: _builtins.int
     device_id: _builtins.str
     """Device ID, or MIG instance ID."""
     core_percent: _builtins.int
     """Core percentage of the device (1..100); 0 or 100 means the whole device."""
     memory_percent: _builtins.int
     """Memory percentage of the device (1..100); 0 or 100 means the whole device."""
+    slice: _builtins.bool
+    """True for a TDM slice whose percentages are meant literally: each is 0..100,
+    0 meaning none of that resource (a core-only or memory-only slice), and at
+    least one is above 0. False keeps the meaning above (0 = whole), so older
+    clients are read as before.
+    """
     def __init__(
         self,
         *,
         device_id: _builtins.str = ...,
         core_percent: _builtins.int = ...,
         memory_percent: _builtins.int = ...,
+        slice: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["core_percent", b"core_percent", "device_id", b"device_id", "memory_percent", b"memory_percent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["core_percent", b"core_percent", "device_id", b"device_id", "memory_percent", b"memory_percent", "slice", b"slice"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -496,6 +504,7 @@ class AllocateRequest(_message.Message):
     CONTAINER_NAME_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
     POD_UID_FIELD_NUMBER: _builtins.int
+    INIT_CONTAINER_FIELD_NUMBER: _builtins.int
     container_key: _builtins.str
     """Unique key of the container: "<pod uid>/<container name>"."""
     pod_namespace: _builtins.str
@@ -506,6 +515,13 @@ class AllocateRequest(_message.Message):
     """Name of the container."""
     pod_uid: _builtins.str
     """UID of the pod."""
+    init_container: _builtins.bool
+    """True for an init container that runs to completion before the pod's app
+    containers start (not a restartable "sidecar" init container). The kubelet
+    hands its devices to the same pod's app containers again, so the Runtime
+    lets this allocation overlap the same pod's other containers; towards
+    other pods the pod holds, per device, the larger of its init and app use.
+    """
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceRequest]:
         """Devices (or slices) the container gets."""
@@ -519,10 +535,11 @@ class AllocateRequest(_message.Message):
         container_name: _builtins.str = ...,
         devices: _abc.Iterable[Global___DeviceRequest] | None = ...,
         pod_uid: _builtins.str = ...,
+        init_container: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_key", b"container_key", "container_name", b"container_name", "devices", b"devices", "pod_name", b"pod_name", "pod_namespace", b"pod_namespace", "pod_uid", b"pod_uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_key", b"container_key", "container_name", b"container_name", "devices", b"devices", "init_container", b"init_container", "pod_name", b"pod_name", "pod_namespace", b"pod_namespace", "pod_uid", b"pod_uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -718,6 +735,7 @@ class Allocation(_message.Message):
     CONTAINER_NAME_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
     POD_UID_FIELD_NUMBER: _builtins.int
+    INIT_CONTAINER_FIELD_NUMBER: _builtins.int
     container_key: _builtins.str
     """Unique key of the container: "<pod uid>/<container name>"."""
     pod_namespace: _builtins.str
@@ -728,6 +746,8 @@ class Allocation(_message.Message):
     """Name of the container."""
     pod_uid: _builtins.str
     """UID of the pod."""
+    init_container: _builtins.bool
+    """True when the allocation is an init container's (see AllocateRequest)."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceRequest]:
         """Devices (or slices) reserved."""
@@ -741,10 +761,11 @@ class Allocation(_message.Message):
         container_name: _builtins.str = ...,
         devices: _abc.Iterable[Global___DeviceRequest] | None = ...,
         pod_uid: _builtins.str = ...,
+        init_container: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_key", b"container_key", "container_name", b"container_name", "devices", b"devices", "pod_name", b"pod_name", "pod_namespace", b"pod_namespace", "pod_uid", b"pod_uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_key", b"container_key", "container_name", b"container_name", "devices", b"devices", "init_container", b"init_container", "pod_name", b"pod_name", "pod_namespace", b"pod_namespace", "pod_uid", b"pod_uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
