@@ -281,3 +281,57 @@ def test_device_plugin_against_the_real_kubelet(
     finally:
         plugin.stop()
         server.stop(grace=None)
+
+
+def test_two_nodes_and_a_restart(
+    hollow_node: HollowNode,
+    control_plane: ControlPlane,
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+) -> None:
+    """Two nodes side by side, each with its own plugin directory and address; a restart
+    keeps the checkpoint, empties the plugin directory (the plugin registers again) and
+    the node goes on admitting pods."""
+    core = k8s_client.CoreV1Api(api_client)
+    other = HollowNode(control_plane, f"{hollow_node.name}-b", address="127.0.0.3")
+    other.start()
+    plugins = {n.name: ExamplePlugin(DEVICES) for n in (hollow_node, other)}
+    servers = {n.name: serve_and_register(plugins[n.name], n) for n in (hollow_node, other)}
+
+    def allocatable(name: str) -> str | None:
+        value: str | None = (core.read_node(name).status.allocatable or {}).get(RESOURCE)
+        return value
+
+    try:
+        assert hollow_node.plugin_dir != other.plugin_dir
+        for n in (hollow_node, other):
+            wait_for(lambda n=n: allocatable(n.name) == "2", 30, f"{RESOURCE} on {n.name}")
+        assert other.kubelet_pods() == []
+
+        node = hollow_node.name
+        core.create_namespaced_pod(namespace, device_pod("before", node, init=True))
+        wait_for(lambda: pod_phase(core, namespace, "before")[0] == "Running", 60, "before")
+        uid = core.read_namespaced_pod("before", namespace).metadata.uid
+        assert uid in hollow_node.checkpoint_path.read_text()
+        assert plugins[other.name].allocations == []
+
+        servers.pop(node).stop(grace=None)
+        hollow_node.restart()
+        assert hollow_node.checkpoint_path.exists()
+        assert not (hollow_node.plugin_dir / "example.sock").exists()
+        plugins[node].stop()
+        plugins[node] = ExamplePlugin(DEVICES)
+        servers[node] = serve_and_register(plugins[node], hollow_node)
+        wait_for(lambda: allocatable(node) == "2", 30, f"{RESOURCE} on {node} after restart")
+
+        core.create_namespaced_pod(namespace, device_pod("after", node, init=True))
+        wait_for(lambda: pod_phase(core, namespace, "after")[0] == "Running", 60, "after")
+        after = plugins[node].allocations
+        assert len(after) == 2
+        assert after[0] == after[1]
+    finally:
+        for plugin in plugins.values():
+            plugin.stop()
+        for server in servers.values():
+            server.stop(grace=None)
+        other.stop(delete_node=True)
