@@ -47,7 +47,7 @@ case "${1-}" in
   --bin-dir) echo "$bin"; exit 0 ;;
   --check) mode=check ;;
   "") ;;
-  -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
   *) die "unknown argument '$1' (try --help)" ;;
 esac
 
