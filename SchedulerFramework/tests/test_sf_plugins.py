@@ -378,3 +378,25 @@ def test_extender_prioritize_scores_devices_not_what_kube_scheduler_scores(
     # binpack (GpuShare) favours the fuller node a; the preference for z2 is the
     # kube-scheduler's to score, so it does not turn the extender's answer round.
     assert scores["a"] > scores["b"]
+
+
+def test_init_containers_are_placed_on_the_pods_own_devices(cluster: FakeCluster) -> None:
+    """The kubelet hands an init container's devices to the app containers again: the init
+    container gets the pod's devices, and the node accounts the pod once."""
+    cluster.add_node("a", inventory=nvlink_inventory("a"))
+    whole = cluster.add_pod("whole", [{GPU: "1"}, {GPU: "1"}], init=[{GPU: "2"}])
+    sliced = cluster.add_pod("sliced", {CORE: "50", MEM: "20"}, init=[{CORE: "30", MEM: "40"}])
+    cluster.schedule()
+    got = decode_assignment(cluster.assignment(whole))
+    apps = {s.device_id for c in ("c0", "c1") for s in got[c]}
+    assert len(apps) == 2
+    assert {s.device_id for s in got["init0"]} == apps
+    cut = decode_assignment(cluster.assignment(sliced))
+    (init_share,) = cut["init0"]
+    (app_share,) = cut["c0"]
+    assert init_share.device_id == app_share.device_id
+    node = cluster.scheduler.cache.nodes["a"]
+    dev = node.devices.by_id[app_share.device_id]
+    assert (dev.core_used, dev.memory_used) == (50, 40)  # max(init, app) per resource
+    assert node.devices.free_whole_count("gpu") == 8 - 3
+    assert cluster.scheduler.cache.violations() == []

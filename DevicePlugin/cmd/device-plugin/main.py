@@ -19,14 +19,11 @@ from pathlib import Path
 from lj_runtimekit.deviceplugin.internal.allocate.allocator import Allocator
 from lj_runtimekit.deviceplugin.internal.allocate.records import ApiPodRecorder
 from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi, KubeConfigError
-from lj_runtimekit.deviceplugin.internal.nodelabels.labels import (
-    NodeLabeller,
-    node_inventory,
-    node_labels,
-)
+from lj_runtimekit.deviceplugin.internal.nodelabels.labels import NodeLabeller
 from lj_runtimekit.deviceplugin.internal.plugin.manager import PluginManager
 from lj_runtimekit.deviceplugin.internal.plugin.server import EndpointError
-from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods
+from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods, PodLookupError
+from lj_runtimekit.deviceplugin.internal.podlookup.watch import PodWatch
 from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, RuntimeAccess, Snapshot
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError, evaluate
@@ -91,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kubelet-pods-url",
         default=env("LJ_DP_KUBELET_PODS_URL", DEFAULT_PODS_URL),
-        help=f"kubelet read-only pod list (env LJ_DP_KUBELET_PODS_URL, default {DEFAULT_PODS_URL})",
+        help="kubelet read-only pod list; empty: off, the API server's watch of the node's"
+        f" pods only (env LJ_DP_KUBELET_PODS_URL, default {DEFAULT_PODS_URL})",
     )
     p.add_argument(
         "--kubeconfig",
@@ -175,8 +173,13 @@ def _config(args: argparse.Namespace) -> Config:
         )
     if args.label_node and not args.node_name:
         raise StartError("--label-node needs the node name: set --node-name or NODE_NAME")
-    if not args.kubelet_pods_url.startswith(("http://", "https://")):
+    if args.kubelet_pods_url and not args.kubelet_pods_url.startswith(("http://", "https://")):
         raise StartError(f"--kubelet-pods-url {args.kubelet_pods_url!r} is not an http(s) URL")
+    if not args.kubelet_pods_url and (api is None or not args.node_name):
+        raise StartError(
+            "no source for the node's pods: --kubelet-pods-url is empty and there is no API"
+            " server access with a node name (--kubeconfig or in-cluster, and --node-name)"
+        )
     for flag in ("release_grace", "collect_interval", "grace_period"):
         if getattr(args, flag) < 0:
             raise StartError(f"--{flag.replace('_', '-')} must not be negative")
@@ -197,8 +200,16 @@ def _config(args: argparse.Namespace) -> Config:
 
 async def _run(cfg: Config) -> None:
     runtime = RuntimeAccess(cfg.runtime_socket_dir, cfg.runtime_socket_name, RetryPolicy())
-    pods = NodePods(cfg.kubelet_pods_url, cfg.node_name, cfg.api)
+    watch = PodWatch(cfg.api, cfg.node_name) if cfg.api is not None and cfg.node_name else None
+    pods = NodePods(cfg.kubelet_pods_url, cfg.node_name, cfg.api, watch=watch)
     try:
+        try:
+            await pods.list_pods()
+        except PodLookupError as exc:
+            # Without the node's pods no Allocate can be answered: refuse to start rather
+            # than advertise devices the kubelet would then fail to admit.
+            raise StartError(str(exc)) from exc
+        log.info("pod source %s", pods.describe())
         try:
             info = await runtime.client.runtime_info()
             gates = evaluate(info.version, component_version(DIST))
@@ -263,19 +274,8 @@ async def _serve(cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: Resour
         labeller = NodeLabeller(cfg.api, cfg.node_name)
         pending: asyncio.Queue[Snapshot] = asyncio.Queue()
         rm.add_listener(pending.put_nowait)
-
-        inventory_key = cfg.protocol.annotations.node_devices
-
-        async def label_loop() -> None:
-            snap = rm.snapshot
-            while True:
-                await labeller.apply(
-                    node_labels(snap.devices, snap.runtime_version, cfg.protocol),
-                    {inventory_key: node_inventory(snap.devices, snap.runtime_up)},
-                )
-                snap = await pending.get()
-
-        tasks.append(asyncio.create_task(label_loop(), name="labels"))
+        follow = labeller.follow(pending, rm.snapshot, cfg.protocol)
+        tasks.append(asyncio.create_task(follow, name="labels"))
     log.info(
         "serving resources=%s plugin_dir=%s",
         ",".join(sorted(manager.endpoints)),

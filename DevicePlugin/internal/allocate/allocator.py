@@ -23,7 +23,6 @@ from typing import Protocol as TypingProtocol
 import grpc
 
 from lj_runtimekit.deviceplugin.internal.allocate.resolve import (
-    BIND_PHASE_ALLOCATED,
     DoneKey,
     Waiting,
     device_containers,
@@ -50,6 +49,7 @@ from lj_runtimekit.deviceplugin.internal.rm.resources import (
 from lj_runtimekit.deviceplugin.pkg.configpb import api_pb2
 from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg.protocol import (
+    BIND_PHASE_ALLOCATED,
     AssignmentError,
     DeviceShare,
     Protocol,
@@ -73,8 +73,6 @@ _PASSED_THROUGH = {
     grpc.StatusCode.NOT_FOUND,
     grpc.StatusCode.ALREADY_EXISTS,
 }
-
-__all__ = ["BIND_PHASE_ALLOCATED", "Allocator", "Held", "PodRecorder"]
 
 
 class PodRecorder(TypingProtocol):

@@ -25,13 +25,15 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import ContainerInfo, PodInfo
-from lj_runtimekit.proto.pkg.protocol import AssignmentError, DeviceShare, decode_assignment
+from lj_runtimekit.proto.pkg.protocol import (
+    BIND_PHASE_ALLOCATED,
+    AssignmentError,
+    DeviceShare,
+    decode_assignment,
+)
 
 DoneKey = tuple[str, str, str]
 """(pod uid, container name, resource name): what the kubelet already got."""
-
-BIND_PHASE_ALLOCATED = "allocated"
-"""`annotations.bind_phase` once every device container of the pod is allocated."""
 
 
 @dataclass(frozen=True)

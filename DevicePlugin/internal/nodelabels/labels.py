@@ -11,10 +11,16 @@ import asyncio
 import logging
 import re
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
 from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi
+
+if TYPE_CHECKING:
+    from lj_runtimekit.deviceplugin.internal.rm.manager import Snapshot
+import contextlib
+
 from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg.protocol import DeviceLink, MigSlot, NodeDevice, Protocol
 from lj_runtimekit.proto.pkg.protocol.inventory import (
@@ -102,6 +108,32 @@ class NodeLabeller:
         self.node_name = node_name
         self._attempts = attempts
         self._applied: Mapping[str, str | None] | None = None
+
+    async def follow(
+        self,
+        snapshots: asyncio.Queue[Snapshot],
+        first: Snapshot,
+        protocol: Protocol,
+        retry_max_s: float = 30.0,
+    ) -> None:
+        """Keep the node's labels and inventory annotation written for the newest snapshot:
+        a refused write is retried with exponential backoff (capped at `retry_max_s`) until
+        it lands or a newer snapshot replaces it. Runs until cancelled."""
+        snap = first
+        delay = 0.2
+        inventory_key = protocol.annotations.node_devices
+        while True:
+            written = await self.apply(
+                node_labels(snap.devices, snap.runtime_version, protocol),
+                {inventory_key: node_inventory(snap.devices, snap.runtime_up)},
+            )
+            if written:
+                delay = 0.2
+                snap = await snapshots.get()
+                continue
+            with contextlib.suppress(TimeoutError):
+                snap = await asyncio.wait_for(snapshots.get(), delay)
+            delay = min(delay * 2, retry_max_s)
 
     async def apply(
         self, labels: Mapping[str, str | None], annotations: Mapping[str, str] | None = None

@@ -24,6 +24,7 @@ from lj_runtimekit.proto.pkg.protocol import (
     PodAssignment,
     Protocol,
     decode_assignment,
+    pod_shares,
 )
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
 from lj_runtimekit.schedulerframework.internal.framework.types import KubeObject, PodInfo
@@ -31,8 +32,11 @@ from lj_runtimekit.schedulerframework.internal.framework.types import KubeObject
 log = logging.getLogger(__name__)
 
 
-def flatten(assignment: PodAssignment) -> tuple[DeviceShare, ...]:
-    return tuple(share for _, shares in sorted(assignment.items()) for share in shares)
+def held_shares(pod: PodInfo, assignment: PodAssignment) -> tuple[DeviceShare, ...]:
+    """What the pod holds on its node: its init containers' devices overlap its app
+    containers' (the kubelet hands them over), so they are counted once."""
+    reuse = {c.name for c in pod.containers if c.init and not c.sidecar}
+    return pod_shares(assignment, reuse)
 
 
 class RankedBuckets:
@@ -251,7 +255,7 @@ class Cache:
         state.devices_text = text
         if text:
             try:
-                shares = flatten(decode_assignment(text))
+                shares = held_shares(state.pod, decode_assignment(text))
             except AssignmentError as exc:
                 log.warning(
                     "pod device annotation unreadable, devices not accounted: %s",

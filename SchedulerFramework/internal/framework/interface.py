@@ -174,6 +174,11 @@ class Handle(Protocol):
         """GET an API path as JSON; None when it does not exist or there is no API client."""
         ...
 
+    def node_in_admission(self, node_name: str) -> bool:
+        """Whether a device pod bound to the node still waits for its admission (the node's
+        next device pod is bound only after it)."""
+        ...
+
 
 PluginFactory = Callable[[Mapping[str, Any], Handle], Plugin]
 """`New(args, handle)`: validates typed args and builds the plugin."""

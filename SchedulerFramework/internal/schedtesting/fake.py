@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lj_runtimekit.proto.pkg.protocol import (
+    BIND_PHASE_ALLOCATED,
     DeviceLink,
     NodeDevice,
     encode_inventory,
@@ -90,6 +91,9 @@ class FakeCluster:
         self.pods: dict[str, dict[str, Any]] = {}
         self._uid = itertools.count(1)
         self.fail_binds = 0
+        self.admit = True
+        """Play the node's kubelet and Device Plugin: a bound device pod is admitted at once
+        (bind phase allocated, Running). False leaves bound pods in admission."""
         self.scheduler = self._new_scheduler()
 
     def _new_scheduler(self) -> Scheduler:
@@ -113,7 +117,18 @@ class FakeCluster:
         obj["spec"]["nodeName"] = node
         obj["metadata"].setdefault("annotations", {}).update(annotations)
         self.scheduler.on_pod("MODIFIED", copy.deepcopy(obj))
+        if self.admit:
+            self.admit_pod(pod.uid)
         return SUCCESS
+
+    def admit_pod(self, uid: str, phase: str = "Running") -> None:
+        """The node admits a bound pod: the Device Plugin's record, then the kubelet's phase."""
+        obj = self.pods[uid]
+        a = PROTOCOL.annotations
+        if phase == "Running" and a.assigned_devices in obj["metadata"]["annotations"]:
+            obj["metadata"]["annotations"][a.bind_phase] = BIND_PHASE_ALLOCATED
+        obj["status"]["phase"] = phase
+        self.scheduler.on_pod("MODIFIED", copy.deepcopy(obj))
 
     def add_node(
         self,
@@ -200,8 +215,9 @@ class FakeCluster:
 
     # -- driving -----------------------------------------------------------------------------
 
-    def schedule(self, max_cycles: int = 10000) -> int:
-        """Runs scheduling cycles until the active queue is empty; waits for the binds."""
+    def schedule(self, max_cycles: int = 10000, wait_binds: bool = True) -> int:
+        """Runs scheduling cycles until the active queue is empty; waits for the binds
+        (`wait_binds=False`: bindings may stay queued behind a pod in admission)."""
         n = 0
         while n < max_cycles:
             qp = self.scheduler.queue.pop(timeout_s=0)
@@ -209,8 +225,9 @@ class FakeCluster:
                 break
             self.scheduler.schedule_one(qp)
             n += 1
-            self.scheduler.wait_binds()
-        assert self.scheduler.wait_binds()
+            if wait_binds:
+                self.scheduler.wait_binds()
+        assert not wait_binds or self.scheduler.wait_binds()
         return n
 
     def restart(self) -> None:

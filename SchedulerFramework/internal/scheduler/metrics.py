@@ -48,3 +48,13 @@ BIND_SECONDS = Histogram(
 )
 PENDING = Gauge("lj_scheduler_pending_pods", "Pods in the scheduling queue by queue.", ["queue"])
 LEADER = Gauge("lj_scheduler_leader", "1 while this replica holds the leader lease.")
+ADMISSION_SECONDS = Histogram(
+    "lj_scheduler_admission_duration_seconds",
+    "From a device pod's binding to its admission outcome on the node (allocated, running,"
+    " failed or deleted): how long the node stays closed to the next device pod.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+)
+ADMISSION_QUEUED = Gauge(
+    "lj_scheduler_admission_queued_bindings",
+    "Device pod bindings waiting for their node's previous device pod to be admitted.",
+)

@@ -43,6 +43,10 @@ from lj_runtimekit.schedulerframework.internal.kube.client import Kube, KubeErro
 from lj_runtimekit.schedulerframework.internal.plugins.registry import REGISTRY
 from lj_runtimekit.schedulerframework.internal.queue.queue import QueuedPod, SchedulingQueue
 from lj_runtimekit.schedulerframework.internal.scheduler import metrics
+from lj_runtimekit.schedulerframework.internal.scheduler.admission import (
+    AdmissionGate,
+    in_admission,
+)
 from lj_runtimekit.schedulerframework.internal.scheduler.events import EventRecorder
 
 log = logging.getLogger(__name__)
@@ -198,6 +202,7 @@ class Scheduler:
         self._binds_in_flight = 0
         self._idle = threading.Condition()
         self._waiting: dict[str, _WaitingPod] = {}
+        self.admission: AdmissionGate[Callable[[], None]] = AdmissionGate()
         self._timers = _Timers()
         self._waiting_lock = threading.Lock()
         self._node_signatures: dict[str, tuple[object, ...]] = {}
@@ -259,6 +264,9 @@ class Scheduler:
                 candidates = list(nodes.values())
             return [n for n in candidates if n.present and fwk.run_filters(state, pod, n).ok]
 
+    def node_in_admission(self, node_name: str) -> bool:
+        return bool(self.admission.holders(node_name))
+
     def get_json(self, path: str) -> dict[str, Any] | None:
         if self.kube is None:
             return None
@@ -313,6 +321,7 @@ class Scheduler:
         self.queue.move_all_to_active_or_backoff()
 
     def on_pod(self, etype: str, obj: KubeObject) -> None:
+        self._follow_admission(etype, obj)
         if etype != "DELETED" and self._unchanged_bound_pod(obj):
             return  # e.g. a status update of a running pod: nothing to account
         pod = parse_pod(obj)
@@ -340,6 +349,25 @@ class Scheduler:
         if pod.uid in self._cache.pods:
             return  # assumed: its binding is in flight
         self.queue.add(pod)
+
+    def _follow_admission(self, etype: str, obj: KubeObject) -> None:
+        """Open a node again once its device pod's admission is settled (or the pod gone);
+        note pods in admission bound before this process started."""
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid", ""))
+        a = self._protocol.annotations
+        if etype != "DELETED" and in_admission(obj, a.assigned_devices, a.bind_phase):
+            self.admission.hold(str((obj.get("spec") or {}).get("nodeName")), uid)
+            return
+        # A pod deleted while its binding waits for the node is bound after all and fails
+        # there ("not found"), which frees the node for the next one.
+        self._admitted(uid)
+
+    def _admitted(self, uid: str) -> None:
+        """`uid` left admission: bind the next device pod waiting for its node."""
+        following = self.admission.leave(uid)
+        if following is not None:
+            following()
 
     def _unchanged_bound_pod(self, obj: KubeObject) -> bool:
         spec = obj.get("spec") or {}
@@ -453,6 +481,14 @@ class Scheduler:
         self._bind_slots.acquire()  # backpressure: bounded binds in flight
         with self._idle:
             self._binds_in_flight += 1
+        assigned = self._protocol.annotations.assigned_devices
+        if assigned in binding.state.binding_annotations and not self.admission.enter(
+            binding.node, binding.queued.pod.uid, lambda: self._start_bind(binding)
+        ):
+            return  # the node's previous device pod is still in admission: bound after it
+        self._start_bind(binding)
+
+    def _start_bind(self, binding: _Binding) -> None:
         try:
             self._pool.submit(self._bind, binding)
         except RuntimeError:  # pool shut down
@@ -512,6 +548,7 @@ class Scheduler:
                 return
             self.bind_failures += 1
             self._forget(b)
+            self._admitted(pod.uid)
             log.warning(
                 "binding failed: %s", status.message(), extra={"pod": pod.key, "node": b.node}
             )

@@ -1,11 +1,14 @@
 """Protocol constants shared by the Device Plugin, Scheduler Framework and Exporter."""
 
 from lj_runtimekit.proto.pkg.protocol.assignment import (
+    BIND_PHASE_ALLOCATED,
+    BIND_PHASE_ALLOCATING,
     AssignmentError,
     DeviceShare,
     PodAssignment,
     decode_assignment,
     encode_assignment,
+    pod_shares,
 )
 from lj_runtimekit.proto.pkg.protocol.constants import (
     DEFAULTS,
@@ -26,6 +29,8 @@ from lj_runtimekit.proto.pkg.protocol.inventory import (
 )
 
 __all__ = [
+    "BIND_PHASE_ALLOCATED",
+    "BIND_PHASE_ALLOCATING",
     "DEFAULTS",
     "Annotations",
     "AssignmentError",
@@ -43,5 +48,6 @@ __all__ = [
     "decode_inventory",
     "encode_assignment",
     "encode_inventory",
+    "pod_shares",
     "load_protocol",
 ]

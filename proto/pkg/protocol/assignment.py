@@ -12,7 +12,7 @@ Encoding: a JSON object, container name -> list of device shares; a share is
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 
@@ -34,8 +34,50 @@ class DeviceShare:
         return self.core_percent == 0 and self.memory_percent == 0
 
 
+BIND_PHASE_ALLOCATING = "allocating"
+"""`annotations.bind_phase` written by the scheduler with the assignment, before binding."""
+BIND_PHASE_ALLOCATED = "allocated"
+"""`annotations.bind_phase` written by the Device Plugin once every device container of the
+pod is allocated: the pod's admission is settled (docs/protocol.md)."""
+
 PodAssignment = Mapping[str, tuple[DeviceShare, ...]]
 """Container name -> the device shares it gets."""
+
+
+def pod_shares(
+    assignment: PodAssignment, run_to_completion: Collection[str] = ()
+) -> tuple[DeviceShare, ...]:
+    """What the whole pod holds on the node, per device.
+
+    `run_to_completion` names the pod's init containers that end before the app
+    containers start (not sidecars): the kubelet hands their devices to the app
+    containers again, so per device the pod holds the larger of its init
+    containers' use and the sum of the other containers' use. A device (or MIG
+    instance) given whole is listed once.
+    """
+    whole: dict[str, None] = {}
+    app: dict[str, list[int]] = {}
+    init: dict[str, list[int]] = {}
+    for container, shares in sorted(assignment.items()):
+        for share in shares:
+            if share.whole:
+                whole[share.device_id] = None
+                continue
+            if container in run_to_completion:
+                use = init.setdefault(share.device_id, [0, 0])
+                use[0] = max(use[0], share.core_percent)
+                use[1] = max(use[1], share.memory_percent)
+            else:
+                use = app.setdefault(share.device_id, [0, 0])
+                use[0] += share.core_percent
+                use[1] += share.memory_percent
+    out = [DeviceShare(d) for d in whole]
+    for device in sorted(app.keys() | init.keys()):
+        if device in whole:
+            continue
+        a, i = app.get(device, [0, 0]), init.get(device, [0, 0])
+        out.append(DeviceShare(device, max(a[0], i[0]), max(a[1], i[1])))
+    return tuple(out)
 
 
 def encode_assignment(assignment: PodAssignment) -> str:

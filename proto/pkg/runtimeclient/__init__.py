@@ -18,11 +18,11 @@ from lj_runtimekit.proto.pkg.runtimeclient.shares import (
 __all__ = [
     "DEFAULT_SOCKET_DIR",
     "DEFAULT_SOCKET_NAME",
+    "WHOLE_PERCENT",
     "RetryPolicy",
     "RuntimeCallError",
     "RuntimeClient",
     "RuntimeUnavailableError",
-    "WHOLE_PERCENT",
     "from_request",
     "normalize",
     "to_request",

@@ -41,15 +41,36 @@ def assign(
     policy: str,
     chooser: SetChooser | None = None,
 ) -> dict[str, tuple[DeviceShare, ...]] | None:
-    """Devices for every container of the pod on this node, or None when they do not fit."""
+    """Devices for every container of the pod on this node, or None when they do not fit.
+
+    Init containers that run to completion get the pod's own devices, as the kubelet's
+    device manager hands them to the app containers again: whole devices and MIG instances
+    from the app containers' (more only when they ask for more), and when an init container
+    asks for a slice, every slice of the pod is placed on one device.
+    """
     choose = chooser or choose_in_order
     taken: set[str] = set()
     slice_used: dict[str, tuple[int, int]] = {}
     mig_taken: set[str] = set()
+    pod_whole: dict[str, list[str]] = {}
+    pod_mig: dict[str, list[str]] = {}
     out: dict[str, tuple[DeviceShare, ...]] = {}
-    order = sorted(request.asks, key=lambda a: (0 if a.whole else 1 if a.mig else 2, -a.whole))
+    slices_together = any(a.reuse and a.is_slice for a in request.asks)
+    if slices_together:
+        placed = _slices_on_one_device(devices, request.asks, policy)
+        if placed is None:
+            return None
+        for container, shares in placed.items():
+            out[container] = shares
+            slice_used[shares[0].device_id] = (1, 1)  # the device is no longer wholly free
+    order = sorted(
+        request.asks, key=lambda a: (a.reuse, 0 if a.whole else 1 if a.mig else 2, -a.whole)
+    )
     for ask in order:
         if ask.whole:
+            own = pod_whole.setdefault(ask.kind, [])
+            reused = own[: ask.whole] if ask.reuse else []
+            need = ask.whole - len(reused)
             free = [
                 d
                 for d in devices.devices
@@ -58,42 +79,83 @@ def assign(
                 and d.id not in taken
                 and d.id not in slice_used
             ]
-            if len(free) < ask.whole:
+            if len(free) < need:
                 return None
-            chosen = choose(free, ask.whole, policy)
-            taken.update(d.id for d in chosen)
-            out[ask.container] = tuple(DeviceShare(d.id) for d in chosen)
+            chosen = [d.id for d in choose(free, need, policy)] if need else []
+            taken.update(chosen)
+            own.extend(chosen)
+            out[ask.container] = tuple(DeviceShare(d) for d in [*reused, *chosen])
         elif ask.mig:
             shares: list[DeviceShare] = []
             for profile, count in ask.mig:
-                for _ in range(count):
+                own = pod_mig.setdefault(profile, [])
+                reused = own[:count] if ask.reuse else []
+                shares.extend(DeviceShare(m) for m in reused)
+                for _ in range(count - len(reused)):
                     mig = _pick_mig(devices, profile, policy, mig_taken)
                     if mig is None:
                         return None
                     mig_taken.add(mig)
+                    own.append(mig)
                     shares.append(DeviceShare(mig))
             out[ask.container] = tuple(shares)
-        else:
-            best: DeviceState | None = None
-            best_key: tuple[int, int] | None = None
-            for d in devices.devices:
-                if d.kind != ask.kind or not d.sliceable or d.id in taken:
-                    continue
-                extra_core, extra_mem = slice_used.get(d.id, (0, 0))
-                core_free = d.core_free - extra_core
-                mem_free = d.memory_free - extra_mem
-                if core_free < ask.core or mem_free < ask.memory:
-                    continue
-                room = core_free + mem_free
-                key = (room, d.index) if policy == "binpack" else (-room, d.index)
-                if best_key is None or key < best_key:
-                    best, best_key = d, key
+        elif not slices_together:
+            best = _best_slice_device(
+                devices, ask.kind, ask.core, ask.memory, policy, taken, slice_used
+            )
             if best is None:
                 return None
             c, m = slice_used.get(best.id, (0, 0))
             slice_used[best.id] = (c + ask.core, m + ask.memory)
             out[ask.container] = (DeviceShare(best.id, ask.core, ask.memory),)
     return out
+
+
+def _best_slice_device(
+    devices: NodeDevices,
+    kind: str,
+    core: int,
+    memory: int,
+    policy: str,
+    taken: set[str],
+    slice_used: dict[str, tuple[int, int]],
+) -> DeviceState | None:
+    """The sliceable device with room for (core, memory): tightest (binpack) or roomiest."""
+    best: DeviceState | None = None
+    best_key: tuple[int, int] | None = None
+    for d in devices.devices:
+        if d.kind != kind or not d.sliceable or d.id in taken:
+            continue
+        extra_core, extra_mem = slice_used.get(d.id, (0, 0))
+        core_free = d.core_free - extra_core
+        mem_free = d.memory_free - extra_mem
+        if core_free < core or mem_free < memory:
+            continue
+        room = core_free + mem_free
+        key = (room, d.index) if policy == "binpack" else (-room, d.index)
+        if best_key is None or key < best_key:
+            best, best_key = d, key
+    return best
+
+
+def _slices_on_one_device(
+    devices: NodeDevices, asks: Sequence[ContainerAsk], policy: str
+) -> dict[str, tuple[DeviceShare, ...]] | None:
+    """Every slice ask of the pod on one device: the larger of the init containers' ask and
+    the others' sum must fit (the kubelet hands an init container's units on)."""
+    sliced = [a for a in asks if a.is_slice]
+    core = max(
+        max((a.core for a in sliced if a.reuse), default=0),
+        sum(a.core for a in sliced if not a.reuse),
+    )
+    memory = max(
+        max((a.memory for a in sliced if a.reuse), default=0),
+        sum(a.memory for a in sliced if not a.reuse),
+    )
+    best = _best_slice_device(devices, sliced[0].kind, core, memory, policy, set(), {})
+    if best is None:
+        return None
+    return {a.container: (DeviceShare(best.id, a.core, a.memory),) for a in sliced}
 
 
 def fits_one_slice(devices: NodeDevices, ask: ContainerAsk) -> bool:

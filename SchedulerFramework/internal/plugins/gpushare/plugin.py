@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lj_runtimekit.proto.pkg.protocol import encode_assignment
-from lj_runtimekit.schedulerframework.internal.cache.cache import flatten
+from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATING, encode_assignment
+from lj_runtimekit.schedulerframework.internal.cache.cache import held_shares
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
 from lj_runtimekit.schedulerframework.internal.framework.args import (
     ArgsError,
@@ -52,7 +52,6 @@ REQUEST_KEY = "GpuShare/request"
 CYCLE_KEY = "GpuShare/cycle"
 CHOOSER_KEY = "DeviceTopology/chooser"
 """CycleState key under which DeviceTopology offers its device set chooser."""
-BIND_PHASE_ALLOCATING = "allocating"
 
 
 @dataclass(frozen=True)
@@ -216,6 +215,10 @@ class GpuShare:
         return f"Insufficient devices ({r.gpu}, slices or MIG instances)"
 
     def score(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> int:
+        """Binpack or spread by device use; a node with a device pod still in admission
+        scores lowest, so concurrent pods spread instead of queueing for one node."""
+        if self.handle.node_in_admission(node.name):
+            return 0
         c = self._cycle(state)
         if c.whole_kind:
             total = node.devices.whole_capacity(c.whole_kind)
@@ -224,8 +227,8 @@ class GpuShare:
             used, total = node.devices.used_units()
         if total <= 0:
             return 0
-        packed = used * MAX_NODE_SCORE // total
-        return packed if c.policy == "binpack" else MAX_NODE_SCORE - packed
+        packed = used * (MAX_NODE_SCORE - 1) // total
+        return 1 + (packed if c.policy == "binpack" else MAX_NODE_SCORE - 1 - packed)
 
     # -- Reserve --------------------------------------------------------------------------
 
@@ -244,7 +247,7 @@ class GpuShare:
             result = assign(node.devices, req, policy, choose)
             if result is None:
                 return unschedulable(self._shortage(req))
-            cache.reserve_devices(pod.uid, node_name, flatten(result))
+            cache.reserve_devices(pod.uid, node_name, held_shares(pod, result))
             text = encode_assignment(result)
             cache.mark_devices_text(pod.uid, text)
         a = self.protocol.annotations

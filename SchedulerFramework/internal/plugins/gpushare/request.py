@@ -28,6 +28,9 @@ class ContainerAsk:
     core: int = 0
     memory: int = 0
     mig: tuple[tuple[str, int], ...] = ()
+    reuse: bool = False
+    """An init container that runs to completion: the kubelet hands its devices to the app
+    containers again, so it is placed on the pod's own devices."""
 
     @property
     def is_slice(self) -> bool:
@@ -43,11 +46,15 @@ class DeviceRequest:
 
     @cached_property
     def whole_total(self) -> Mapping[str, int]:
-        """Whole devices asked per kind, over every container."""
+        """Whole devices the pod holds per kind: the app containers' (and sidecars') sum, or
+        an init container's ask when larger (init containers reuse the pod's devices)."""
         out: dict[str, int] = {}
         for a in self.asks:
-            if a.whole:
+            if a.whole and not a.reuse:
                 out[a.kind] = out.get(a.kind, 0) + a.whole
+        for a in self.asks:
+            if a.whole and a.reuse:
+                out[a.kind] = max(out.get(a.kind, 0), a.whole)
         return MappingProxyType(out)
 
     @cached_property
@@ -104,13 +111,14 @@ def parse_device_request(pod: PodInfo, protocol: Protocol) -> DeviceRequest | No
             )
         if len(whole) > 1:
             raise RequestError(f"{where} asks for whole devices of several kinds {sorted(whole)}")
+        reuse = c.init and not c.sidecar
         if whole:
             ((kind, count),) = whole.items()
-            asks.append(ContainerAsk(c.name, kind=kind, whole=count))
+            asks.append(ContainerAsk(c.name, kind=kind, whole=count, reuse=reuse))
         elif sliced:
-            asks.append(ContainerAsk(c.name, kind="gpu", core=core, memory=memory))
+            asks.append(ContainerAsk(c.name, kind="gpu", core=core, memory=memory, reuse=reuse))
         elif migs:
-            asks.append(ContainerAsk(c.name, kind="gpu", mig=tuple(sorted(migs))))
+            asks.append(ContainerAsk(c.name, kind="gpu", mig=tuple(sorted(migs)), reuse=reuse))
     if not asks:
         return None
     override = pod.annotations.get(protocol.annotations.gpu_policy)

@@ -1,0 +1,83 @@
+"""One device pod in admission per node (FakeCluster plays the API server and the node)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATING
+from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
+    GPU,
+    PROTOCOL,
+    FakeCluster,
+)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_a_node_takes_the_next_device_pod_only_after_the_previous_is_admitted(
+    cluster: FakeCluster,
+) -> None:
+    cluster.admit = False
+    cluster.add_node("only")
+    first = cluster.add_pod("first", {GPU: "1"})
+    second = cluster.add_pod("second", {GPU: "1"})
+    cpu = cluster.add_pod("cpu", {"cpu": "1"})
+    cluster.schedule(wait_binds=False)
+    wait_until(lambda: cluster.node_of(first) == "only" and cluster.node_of(cpu) == "only")
+    ann = cluster.pods[first]["metadata"]["annotations"]
+    assert ann[PROTOCOL.annotations.bind_phase] == BIND_PHASE_ALLOCATING
+    # The second device pod is placed (its devices reserved) but not bound yet.
+    assert cluster.assignment(second) == ""
+    assert cluster.scheduler.admission.queued() == 1
+    assert cluster.scheduler.admission.holders("only") == {first}
+    cluster.admit_pod(first)
+    wait_until(lambda: cluster.node_of(second) == "only")
+    assert cluster.scheduler.admission.holders("only") == {second}
+    # A rejection (Failed) settles the admission too; so does a deletion.
+    cluster.admit_pod(second, phase="Failed")
+    assert cluster.scheduler.admission.holders("only") == set()
+    third = cluster.add_pod("third", {GPU: "1"})
+    cluster.schedule(wait_binds=False)
+    wait_until(lambda: cluster.node_of(third) == "only")
+    cluster.delete_pod(third)
+    assert cluster.scheduler.admission.holders("only") == set()
+
+
+def test_pods_in_admission_are_rebuilt_after_a_restart(cluster: FakeCluster) -> None:
+    cluster.admit = False
+    cluster.add_node("only")
+    first = cluster.add_pod("first", {GPU: "1"})
+    cluster.schedule(wait_binds=False)
+    wait_until(lambda: cluster.node_of(first) == "only")
+    cluster.restart()
+    assert cluster.scheduler.admission.holders("only") == {first}
+    second = cluster.add_pod("second", {GPU: "1"})
+    cluster.schedule(wait_binds=False)
+    assert cluster.node_of(second) == ""
+    cluster.admit_pod(first)
+    wait_until(lambda: cluster.node_of(second) == "only")
+
+
+def test_concurrent_device_pods_spread_over_nodes_not_in_admission(cluster: FakeCluster) -> None:
+    """Binpack would stack both pods on one node; the second would then wait for the first's
+    admission. A node in admission scores lowest, so the second goes elsewhere."""
+    cluster.admit = False
+    cluster.add_node("a")
+    cluster.add_node("b")
+    first = cluster.add_pod("first", {GPU: "1"})
+    cluster.schedule(wait_binds=False)
+    second = cluster.add_pod("second", {GPU: "1"})
+    cluster.schedule(wait_binds=False)
+    wait_until(lambda: bool(cluster.node_of(first)) and bool(cluster.node_of(second)))
+    assert cluster.node_of(first) != cluster.node_of(second)
+    cluster.admit_pod(first)
+    cluster.admit_pod(second)
+    third = cluster.add_pod("third", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.node_of(third) in ("a", "b")  # binpack again once both are admitted
