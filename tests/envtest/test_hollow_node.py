@@ -36,18 +36,25 @@ pytestmark = pytest.mark.controlplane
 
 
 class ExamplePlugin(api_pb2_grpc.DevicePluginServicer):
-    """Two healthy devices; Allocate answers with the devices and a call number in the
-    environment, records each request, and fails while `fail_allocate` is set."""
+    """Healthy devices; asks for GetPreferredAllocation (prefers the last available
+    device) and PreStartContainer. Allocate answers with the devices and a call number
+    in the environment and fails while `fail_allocate` is set. Records every call."""
+
+    options = api_pb2.DevicePluginOptions(
+        pre_start_required=True, get_preferred_allocation_available=True
+    )
 
     def __init__(self, devices: tuple[str, ...]) -> None:
         self.devices = devices
         self.allocations: list[list[str]] = []
+        self.preferred: list[tuple[list[str], int]] = []
+        self.pre_starts: list[list[str]] = []
         self.fail_allocate = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
     def GetDevicePluginOptions(self, request: Any, context: Any) -> Any:
-        return api_pb2.DevicePluginOptions()
+        return self.options
 
     def ListAndWatch(self, request: Any, context: Any) -> Iterator[Any]:
         yield api_pb2.ListAndWatchResponse(
@@ -57,7 +64,19 @@ class ExamplePlugin(api_pb2_grpc.DevicePluginServicer):
             pass
 
     def GetPreferredAllocation(self, request: Any, context: Any) -> Any:
-        return api_pb2.PreferredAllocationResponse()
+        responses = []
+        with self._lock:
+            for c in request.container_requests:
+                available = sorted(c.available_deviceIDs)
+                self.preferred.append((available, c.allocation_size))
+                chosen = [*c.must_include_deviceIDs]
+                chosen += [d for d in reversed(available) if d not in chosen]
+                responses.append(
+                    api_pb2.ContainerPreferredAllocationResponse(
+                        deviceIDs=chosen[: c.allocation_size]
+                    )
+                )
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
     def Allocate(self, request: Any, context: Any) -> Any:
         responses = []
@@ -74,6 +93,8 @@ class ExamplePlugin(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: Any, context: Any) -> Any:
+        with self._lock:
+            self.pre_starts.append(list(request.devices_ids))
         return api_pb2.PreStartContainerResponse()
 
     def stop(self) -> None:
@@ -92,7 +113,7 @@ def serve_and_register(plugin: ExamplePlugin, node: HollowNode) -> grpc.Server:
                 version="v1beta1",
                 endpoint="example.sock",
                 resource_name=RESOURCE,
-                options=api_pb2.DevicePluginOptions(),
+                options=plugin.options,
             ),
             timeout=10,
         )
@@ -229,8 +250,9 @@ def test_device_plugin_against_the_real_kubelet(
         )
         assert core.read_node(node).status.capacity[RESOURCE] == "2"
 
-        # Admission: Allocate for the init container, then for the app container,
-        # which reuses the init container's device.
+        # Admission: GetPreferredAllocation and Allocate for the init container, then
+        # Allocate for the app container, which reuses the init container's device;
+        # PreStartContainer before each container starts.
         core.create_namespaced_pod(namespace, device_pod("reuse", node, init=True))
         wait_for(
             lambda: pod_phase(core, namespace, "reuse")[0] == "Running",
@@ -240,9 +262,10 @@ def test_device_plugin_against_the_real_kubelet(
         )
         assert len(plugin.allocations) == 2, plugin.allocations
         first, second = plugin.allocations
-        assert len(first) == 1
-        assert first[0] in DEVICES
+        assert first == ["dev-1"], "the kubelet did not take the preferred device"
         assert second == first, "the app container did not get the init container's device"
+        assert plugin.preferred == [(list(DEVICES), 1)]
+        assert plugin.pre_starts == [first, first]
         statuses = core.read_namespaced_pod_status("reuse", namespace).status
         assert statuses.init_container_statuses[0].state.terminated.exit_code == 0
 
