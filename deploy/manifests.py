@@ -232,12 +232,13 @@ def _leases(name: str) -> list[Obj]:
 def _rules(component: Component) -> list[Obj]:
     """Cluster-wide rules: only what the component's code calls."""
     if component.name == "device-plugin":
-        # Node labels and inventory annotation; the node's pods by spec.nodeName (the
-        # kubelet /pods fallback: Allocate finds its pod by identity), the allocation
-        # record annotation on that pod.
+        # Node labels and inventory annotation; the node's pods by spec.nodeName (one
+        # list + watch when the kubelet /pods is off, and a list read when the kubelet's
+        # copy shows several pods waiting for devices), the allocation record annotation
+        # on that pod.
         return [
             _rule([""], ["nodes"], ["get", "patch"]),
-            _rule([""], ["pods"], ["list", "patch"]),
+            _rule([""], ["pods"], ["list", "watch", "patch"]),
         ]
     if component.name == "scheduler-framework":
         return [

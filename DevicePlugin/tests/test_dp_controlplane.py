@@ -115,4 +115,4 @@ async def test_labels_records_and_api_fallback(
         record = decode_assignment(pod["metadata"]["annotations"][ANN.allocated_devices])
         assert record == assignment
         log = bed.plugin.log()
-        assert log.count("listing the node's pods from the API server instead") == 1
+        assert log.count("reading the node's pods from the API server instead") == 1
