@@ -147,6 +147,9 @@ class HollowNode:
                 else []
             ),
             f"--v={self.verbosity}",
+            # The control plane's die_with_parent, done by the binary itself: prctl
+            # between fork and exec (Process) is unsafe while gRPC threads run here.
+            *(["--die-with-parent"] if self.control_plane.config.die_with_parent else []),
         ]
 
     def start(self) -> HollowNode:
@@ -164,10 +167,7 @@ class HollowNode:
             self.port = free_port_on(self.address)
             self.read_only_port = free_port_on(self.address) if self._want_read_only_port else 0
         self._process = Process(
-            f"{BINARY} {self.name}",
-            self.argv(),
-            self.log_path,
-            self.control_plane.config.die_with_parent,
+            f"{BINARY} {self.name}", self.argv(), self.log_path, die_with_parent=False
         )
         self._process.start()
         try:

@@ -18,6 +18,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -49,8 +51,23 @@ type options struct {
 	execPrefix   string
 }
 
+// --die-with-parent: SIGKILL when the process (thread) that started us exits,
+// so a killed test run leaves no node behind. Set here rather than by the
+// launcher between fork and exec, which is unsafe in a process running gRPC
+// threads (a test's device plugin). In init: the main goroutine is still on
+// the main thread, whose parent-death signal counts.
+func init() {
+	if slices.Contains(os.Args[1:], "--die-with-parent") {
+		_, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0)
+		if errno != 0 || os.Getppid() == 1 { // failed, or the parent is already gone
+			os.Exit(1)
+		}
+	}
+}
+
 func main() {
 	o := options{nodeLabels: map[string]string{}}
+	var dieWithParent bool
 	fs := pflag.NewFlagSet("lj-hollow-node", pflag.ExitOnError)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the API server (the node registers itself with it)")
 	fs.StringVar(&o.nodeName, "node-name", "hollow-node", "name of the Node")
@@ -62,6 +79,7 @@ func main() {
 	fs.Var(cliflag.NewMapStringString(&o.nodeLabels), "node-labels", "labels the Node registers with (key=value,...)")
 	fs.IntVar(&o.maxPods, "max-pods", 110, "pods the node admits at most")
 	fs.StringVar(&o.execPrefix, "exec-command-prefix", "", "containers whose command[0] starts with this are run as local processes (environment from the pod spec and the device plugin's Allocate), their exit code ends the container; logs in <root-dir>/exec-logs. Others run forever in the fake runtime. Empty: none")
+	fs.BoolVar(&dieWithParent, "die-with-parent", false, "exit (SIGKILL) when the parent process exits (Linux; exactly this spelling)")
 	verflag.AddFlags(fs)
 	logs.AddFlags(fs) // -v, --vmodule, ...
 	_ = fs.Parse(os.Args[1:])
