@@ -46,7 +46,7 @@ done
 # pkg/configpb re-exports their stubs from lj-runtimekit-proto (one set of
 # stubs for the whole workspace).
 declare -A uses=(
-  [DevicePlugin]="k8s/deviceplugin/v1beta1/api.proto lingjun/runtime/v1/runtime.proto"
+  [DevicePlugin]="k8s/deviceplugin/v1beta1/api.proto k8s/podresources/v1/podresources.proto lingjun/runtime/v1/runtime.proto"
   [Exporter]="lingjun/runtime/v1/runtime.proto"
   [Controller]="lingjun/runtime/v1/runtime.proto"
   [SchedulerFramework]=""
@@ -66,12 +66,11 @@ for component in "${!uses[@]}"; do
       ln -s "../../../proto/$f" "$want/api/proto/$(basename "$f")"
     done
     echo
-    printf '__all__ = ['
-    sep=""
+    # One name per line with a trailing comma: what ruff format keeps as it is.
+    echo '__all__ = ['
     for f in "${files[@]}"; do
       base=$(basename "$f" .proto)
-      printf '%s"%s_pb2", "%s_pb2_grpc"' "$sep" "$base" "$base"
-      sep=", "
+      printf '    "%s_pb2",\n    "%s_pb2_grpc",\n' "$base" "$base"
     done
     echo ']'
   } >"$want/pkg/configpb/__init__.py"

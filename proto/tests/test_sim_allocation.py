@@ -71,6 +71,37 @@ def test_slices_sum_to_at_most_100(mig: tuple[NodeState, Allocator]) -> None:
     assert "whole but it carries slices of a/c, c/c" in error.message
 
 
+def test_core_only_and_memory_only_slices_hold_only_what_they_name(
+    mig: tuple[NodeState, Allocator],
+) -> None:
+    state, allocator = mig
+    gpu = state.devices[0].id
+    allocator.allocate(_ask("a/c", (gpu, 30, 0)))
+    allocator.allocate(_ask("b/c", (gpu, 0, 100)))
+    allocator.allocate(_ask("c/c", (gpu, 70, 0)))
+    error = _refused(allocator, _ask("d/c", (gpu, 1, 0)))
+    assert "only 0% is free" in error.message
+
+
+def test_init_containers_overlap_their_own_pod_only(mig: tuple[NodeState, Allocator]) -> None:
+    """The kubelet hands an init container's devices to the pod's app containers: they may
+    overlap; other pods see the larger of the pod's init and app use."""
+    state, allocator = mig
+    whole, sliced = state.devices[0].id, state.devices[1].id
+    init = _ask("p/init", (whole, 100, 100), (sliced, 60, 20))
+    allocator.allocate(AllocationRequest(**{**init.__dict__, "init_container": True}))
+    allocator.allocate(_ask("p/main", (whole, 100, 100)))
+    allocator.allocate(_ask("p/side", (sliced, 30, 50)))
+    error = _refused(allocator, _ask("p/second", (whole, 100, 100)))
+    assert "held whole by p/main" in error.message  # app containers never share a device
+    # Pod p holds max(init, app) on the sliced device: 60 % core, 50 % memory.
+    allocator.allocate(_ask("q/c", (sliced, 40, 50)))
+    error = _refused(allocator, _ask("r/c", (sliced, 1, 1)))
+    assert "only 0% is free" in error.message
+    error = _refused(allocator, _ask("r/c", (whole, 100, 100)))
+    assert "held whole by" in error.message
+
+
 def test_whole_device_is_not_given_twice_nor_sliced(mig: tuple[NodeState, Allocator]) -> None:
     state, allocator = mig
     gpu = state.devices[0].id
@@ -96,7 +127,7 @@ def test_same_request_is_idempotent_other_is_refused(mig: tuple[NodeState, Alloc
     ("grants", "code", "message"),
     [
         ([("GPU-x", 100, 100)], INVALID, "container k/c asks for unknown device GPU-x"),
-        ([(0, 0, 50)], INVALID, "asks for 0% core of device {d0}; a slice must be 1..100"),
+        ([(0, 0, 0)], INVALID, "asks for a slice of device {d0} with 0% core and memory"),
         ([(0, 50, 200)], INVALID, "asks for 200% memory of device {d0}"),
         ([(0, 10, 10), (0, 10, 10)], INVALID, "asks for device {d0} more than once"),
         ([(6, 100, 100)], PRECONDITION, "device {d6} asked for by container k/c is in MIG mode"),

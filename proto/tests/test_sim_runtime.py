@@ -156,7 +156,9 @@ async def test_allocate_release_list(runtime: Runtime) -> None:
 
     listed = await runtime.allocation.ListAllocations(pb.ListAllocationsRequest())
     assert [a.container_key for a in listed.allocations] == ["uid-1/main"]
-    assert list(listed.allocations[0].devices) == list(request.devices)
+    (held,) = listed.allocations[0].devices
+    assert (held.device_id, held.core_percent, held.memory_percent) == (devices[0].id, 50, 25)
+    assert held.slice  # listed as what it is, whatever the request's reading was
 
     released = await runtime.allocation.Release(pb.ReleaseRequest(container_key="uid-1/main"))
     assert released.released

@@ -2,4 +2,7 @@
 
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 
-__all__ = ["runtime_pb2", "runtime_pb2_grpc"]
+__all__ = [
+    "runtime_pb2",
+    "runtime_pb2_grpc",
+]

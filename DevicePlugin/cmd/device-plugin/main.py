@@ -24,6 +24,10 @@ from lj_runtimekit.deviceplugin.internal.plugin.manager import PluginManager
 from lj_runtimekit.deviceplugin.internal.plugin.server import EndpointError
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods, PodLookupError
 from lj_runtimekit.deviceplugin.internal.podlookup.watch import PodWatch
+from lj_runtimekit.deviceplugin.internal.podresources.check import (
+    DEFAULT_SOCKET as DEFAULT_POD_RESOURCES_SOCKET,
+)
+from lj_runtimekit.deviceplugin.internal.podresources.check import PodResourcesClient
 from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, RuntimeAccess, Snapshot
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError, evaluate
@@ -92,6 +96,13 @@ def _parser() -> argparse.ArgumentParser:
         f" pods only (env LJ_DP_KUBELET_PODS_URL, default {DEFAULT_PODS_URL})",
     )
     p.add_argument(
+        "--pod-resources-socket",
+        default=env("LJ_DP_POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET),
+        help="kubelet PodResources socket, to cross-check the kubelet's record of each"
+        " container's devices against the allocations every clean-up round; empty: off"
+        f" (env LJ_DP_POD_RESOURCES_SOCKET, default {DEFAULT_POD_RESOURCES_SOCKET})",
+    )
+    p.add_argument(
         "--kubeconfig",
         default=env("KUBECONFIG"),
         help="kubeconfig for API server access (env KUBECONFIG; in-cluster config when unset)",
@@ -150,6 +161,7 @@ class Config:
     protocol: Protocol
     node_name: str
     kubelet_pods_url: str
+    pod_resources_socket: str
     api: KubeApi | None
     label_node: bool
     release_grace_s: float
@@ -190,6 +202,7 @@ def _config(args: argparse.Namespace) -> Config:
         protocol=protocol,
         node_name=args.node_name,
         kubelet_pods_url=args.kubelet_pods_url,
+        pod_resources_socket=args.pod_resources_socket,
         api=api,
         label_node=args.label_node,
         release_grace_s=args.release_grace,
@@ -249,6 +262,9 @@ async def _serve(cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: Resour
         recorder=recorder,
         node_name=cfg.node_name,
         release_grace_s=cfg.release_grace_s,
+        pod_resources=(
+            PodResourcesClient(cfg.pod_resources_socket) if cfg.pod_resources_socket else None
+        ),
     )
     try:
         await allocator.rebuild()

@@ -38,6 +38,11 @@ from lj_runtimekit.deviceplugin.internal.podlookup.lookup import (
     PodInfo,
     PodLookupError,
 )
+from lj_runtimekit.deviceplugin.internal.podresources.check import (
+    Difference,
+    PodResourcesClient,
+    compare,
+)
 from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, RuntimeAccess
 from lj_runtimekit.deviceplugin.internal.rm.resources import (
     SLICE_UNITS,
@@ -137,6 +142,7 @@ class Allocator:
         recorder: PodRecorder | None = None,
         node_name: str = "",
         release_grace_s: float = 60.0,
+        pod_resources: PodResourcesClient | None = None,
     ) -> None:
         self._rm = rm
         self._runtime = runtime
@@ -147,6 +153,10 @@ class Allocator:
         self._release_grace_s = release_grace_s
         self._lock = asyncio.Lock()
         self.ledger: dict[str, Held] = {}
+        self._pod_resources = pod_resources
+        self.differences: list[Difference] = []
+        """The last cross-check's differences between the kubelet's record and the ledger."""
+        self._reported: set[tuple[str, str, str]] = set()
         self._whole_of: tuple[object, dict[str, str]] = (None, {})
         """(snapshot, device or MIG instance ID -> resource) of the last snapshot."""
 
@@ -762,6 +772,34 @@ class Allocator:
                 fresh = await self._fresh()
                 if fresh is not None:
                     await self._release_finished(fresh, fresh=True)
+            await self.cross_check(pods)
+
+    async def cross_check(self, pods: Sequence[PodInfo]) -> list[Difference]:
+        """Compare the kubelet's PodResources record with the ledger; log each new
+        difference once (a difference means a device may be held by two pods)."""
+        client = self._pod_resources
+        if client is None or not client.available:
+            return []
+        try:
+            listed = await client.list()
+        except grpc.aio.AioRpcError as exc:
+            log.warning(
+                "pod resources not read socket=%s reason=%r", client.socket_path, exc.details()
+            )
+            return []
+        res = self._protocol.resources
+        served = {(h.pod_uid, h.container): h.shares for h in self.ledger.values()}
+        self.differences = compare(
+            listed, pods, served, self._rm.resources(), self._resource_of, res.core, res.memory
+        )
+        keys = set()
+        for diff in self.differences:
+            key = (diff.pod, diff.container, diff.resource)
+            keys.add(key)
+            if key not in self._reported:
+                log.warning("kubelet record differs from the allocation: %s", diff)
+        self._reported = keys
+        return self.differences
 
     async def run_collector(self, stop: asyncio.Event, interval_s: float) -> None:
         """Call `collect` every `interval_s` until `stop`."""

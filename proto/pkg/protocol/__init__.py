@@ -48,6 +48,6 @@ __all__ = [
     "decode_inventory",
     "encode_assignment",
     "encode_inventory",
-    "pod_shares",
     "load_protocol",
+    "pod_shares",
 ]

@@ -60,9 +60,9 @@ def assign(
         placed = _slices_on_one_device(devices, request.asks, policy)
         if placed is None:
             return None
-        for container, shares in placed.items():
-            out[container] = shares
-            slice_used[shares[0].device_id] = (1, 1)  # the device is no longer wholly free
+        for container, placed_shares in placed.items():
+            out[container] = placed_shares
+            slice_used[placed_shares[0].device_id] = (1, 1)  # no longer wholly free
     order = sorted(
         request.asks, key=lambda a: (a.reuse, 0 if a.whole else 1 if a.mig else 2, -a.whole)
     )
