@@ -74,6 +74,7 @@ class HollowNode:
         max_pods: int = 110,
         read_only_port: bool = True,
         exec_command_prefix: str | None = None,
+        exec_path_map: dict[str, str] | None = None,
         verbosity: int = 2,
         ready_timeout_s: float = 60.0,
     ) -> None:
@@ -87,6 +88,7 @@ class HollowNode:
         self.log_path = self.state_dir / "hollow-node.log"
         self.max_pods = max_pods
         self.exec_command_prefix = exec_command_prefix
+        self.exec_path_map = dict(exec_path_map or {})
         self.verbosity = verbosity
         self.ready_timeout_s = ready_timeout_s
         self.port = 0
@@ -146,6 +148,11 @@ class HollowNode:
                 if self.exec_command_prefix
                 else []
             ),
+            *(
+                ["--exec-path-map=" + ",".join(f"{k}={v}" for k, v in self.exec_path_map.items())]
+                if self.exec_path_map
+                else []
+            ),
             f"--v={self.verbosity}",
             # The control plane's die_with_parent, done by the binary itself: prctl
             # between fork and exec (Process) is unsafe while gRPC threads run here.
@@ -157,15 +164,7 @@ class HollowNode:
         answers); HollowNodeError with the log tail when it does not."""
         if self._process is not None and self._process.running():
             return self
-        find_tools((BINARY,))  # ToolsMissingError before anything is written
-        for path in (self.registration_socket, self.pod_resources_socket):
-            if len(str(path)) > _MAX_SOCKET_PATH:
-                raise HollowNodeError(f"socket path too long for a unix socket: {path}")
-        self.root_dir.mkdir(parents=True, exist_ok=True)
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
-        if not self.port:  # kept across restarts: the Node's daemon endpoint stays valid
-            self.port = free_port_on(self.address)
-            self.read_only_port = free_port_on(self.address) if self._want_read_only_port else 0
+        self.prepare()
         self._process = Process(
             f"{BINARY} {self.name}", self.argv(), self.log_path, die_with_parent=False
         )
@@ -177,20 +176,31 @@ class HollowNode:
             raise HollowNodeError(f"hollow node {self.name} did not become Ready: {exc}") from None
         return self
 
+    def prepare(self) -> list[str]:
+        """Checks the binary and socket paths, makes the directories, picks the ports (once:
+        kept across restarts, so the Node's daemon endpoint stays valid); the command line.
+        A bed that manages its processes itself (the sandbox) runs that command."""
+        find_tools((BINARY,))  # ToolsMissingError before anything is written
+        for path in (self.registration_socket, self.pod_resources_socket):
+            if len(str(path)) > _MAX_SOCKET_PATH:
+                raise HollowNodeError(f"socket path too long for a unix socket: {path}")
+        self.root_dir.mkdir(parents=True, exist_ok=True)
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port_on(self.address)
+            self.read_only_port = free_port_on(self.address) if self._want_read_only_port else 0
+        return self.argv()
+
+    def serving(self) -> bool:
+        """The registration socket exists and the kubelet server answers /healthz."""
+        return self.registration_socket.exists() and self._healthz()
+
     def wait_ready(self, timeout_s: float) -> None:
         """Waits until the Node is Ready (untainted) and, if on, the read-only port answers."""
 
         def ready() -> bool:
             self.check_running()
-            try:
-                node = self._core().read_node(self.name)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return False
-                raise
-            if not node_ready(node):
-                return False
-            return not self.read_only_port or self._healthz()
+            return self.node_ready()
 
         wait_for(
             ready,
@@ -199,8 +209,21 @@ class HollowNode:
             describe=lambda: str(self._core().read_node(self.name).status.conditions),
         )
 
+    def node_ready(self) -> bool:
+        """The Node is registered and Ready (untainted), and the read-only port (if on)
+        answers."""
+        try:
+            node = self._core().read_node(self.name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        if not node_ready(node):
+            return False
+        return not self.read_only_port or self._healthz()
+
     def _healthz(self) -> bool:
-        url = f"http://{self.address}:{self.read_only_port}/healthz"
+        url = f"http://{self.address}:{self.read_only_port or self.port}/healthz"
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 return bool(resp.status == 200)

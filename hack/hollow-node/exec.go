@@ -30,15 +30,27 @@ type execRuntime struct {
 	fake   *apitest.FakeRuntimeService // the state behind the CRI server
 	prefix string
 	logDir string
+	paths  map[string]string // host path prefix -> this node's directory
 
 	mu      sync.Mutex
 	configs map[string]*runtimeapi.ContainerConfig
 	procs   map[string]*os.Process
 }
 
-func newExecRuntime(client internalapi.RuntimeService, fake *apitest.FakeRuntimeService, prefix, logDir string) *execRuntime {
-	return &execRuntime{RuntimeService: client, fake: fake, prefix: prefix, logDir: logDir,
+func newExecRuntime(client internalapi.RuntimeService, fake *apitest.FakeRuntimeService, prefix, logDir string, paths map[string]string) *execRuntime {
+	return &execRuntime{RuntimeService: client, fake: fake, prefix: prefix, logDir: logDir, paths: paths,
 		configs: map[string]*runtimeapi.ContainerConfig{}, procs: map[string]*os.Process{}}
+}
+
+// mapPath replaces a host path prefix (--exec-path-map) inside one argument or
+// value: "--socket-dir=/run/x/" becomes "--socket-dir=<node dir>/".
+func (r *execRuntime) mapPath(s string) string {
+	for host, local := range r.paths {
+		if i := strings.Index(s, host); i >= 0 {
+			return s[:i] + local + s[i+len(host):]
+		}
+	}
+	return s
 }
 
 func (r *execRuntime) CreateContainer(ctx context.Context, podSandboxID string, config *runtimeapi.ContainerConfig, sandboxConfig *runtimeapi.PodSandboxConfig) (string, error) {
@@ -63,11 +75,14 @@ func (r *execRuntime) StartContainer(ctx context.Context, id string) error {
 		return nil
 	}
 	argv := append(append([]string{}, config.Command...), config.Args...)
+	for i := range argv {
+		argv[i] = r.mapPath(argv[i])
+	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = config.WorkingDir
 	cmd.Env = os.Environ()
 	for _, kv := range config.Envs {
-		cmd.Env = append(cmd.Env, kv.Key+"="+kv.Value)
+		cmd.Env = append(cmd.Env, kv.Key+"="+r.mapPath(kv.Value))
 	}
 	logPath := filepath.Join(r.logDir, id+".log")
 	if log, err := os.Create(logPath); err == nil {

@@ -49,6 +49,7 @@ type options struct {
 	nodeLabels   map[string]string
 	maxPods      int
 	execPrefix   string
+	execPathMap  map[string]string
 }
 
 // --die-with-parent: SIGKILL when the process (thread) that started us exits,
@@ -66,7 +67,7 @@ func init() {
 }
 
 func main() {
-	o := options{nodeLabels: map[string]string{}}
+	o := options{nodeLabels: map[string]string{}, execPathMap: map[string]string{}}
 	var dieWithParent bool
 	fs := pflag.NewFlagSet("lj-hollow-node", pflag.ExitOnError)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the API server (the node registers itself with it)")
@@ -79,6 +80,7 @@ func main() {
 	fs.Var(cliflag.NewMapStringString(&o.nodeLabels), "node-labels", "labels the Node registers with (key=value,...)")
 	fs.IntVar(&o.maxPods, "max-pods", 110, "pods the node admits at most")
 	fs.StringVar(&o.execPrefix, "exec-command-prefix", "", "containers whose command[0] starts with this are run as local processes (environment from the pod spec and the device plugin's Allocate), their exit code ends the container; logs in <root-dir>/exec-logs. Others run forever in the fake runtime. Empty: none")
+	fs.Var(cliflag.NewMapStringString(&o.execPathMap), "exec-path-map", "for containers run by --exec-command-prefix: HOST=LOCAL,... replaces the prefix HOST of every argument and environment value by LOCAL (a pod's hostPath, e.g. the Runtime socket directory, onto this node's directory)")
 	fs.BoolVar(&dieWithParent, "die-with-parent", false, "exit (SIGKILL) when the parent process exits (Linux; exactly this spelling)")
 	verflag.AddFlags(fs)
 	logs.AddFlags(fs) // -v, --vmodule, ...
@@ -195,7 +197,7 @@ func run(ctx context.Context, o *options) error {
 		if err := os.MkdirAll(logDir, 0o750); err != nil {
 			return err
 		}
-		runtimeService = newExecRuntime(runtimeService, fakeRuntime.RuntimeService, o.execPrefix, logDir)
+		runtimeService = newExecRuntime(runtimeService, fakeRuntime.RuntimeService, o.execPrefix, logDir, o.execPathMap)
 	}
 
 	kubemark.NewHollowKubelet(f, c, client, heartbeatClient,

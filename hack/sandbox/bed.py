@@ -1,12 +1,16 @@
-"""The sandbox bed: control plane + KWOK, N Lingjun nodes and every Runtime Kit component.
+"""The sandbox bed: control plane, N Lingjun nodes running the real kubelet, every component.
 
     with Sandbox(SandboxConfig(nodes=4)) as bed:
         bed.nodes[0].exporter_url ...
 
 Per node (as the DaemonSets and the kubelet would run there): a Runtime
-simulator (`lj-runtime-sim`, example nodes cycling TDM, MIG, PPU), the kubelet
-shim (`lj-sandbox-kubelet`), the Device Plugin (`lj-device-plugin`) and the
-Exporter (`lj-exporter`), each a subprocess in its own session with its own
+simulator (`lj-runtime-sim`, example nodes cycling TDM, MIG, PPU), a hollow
+node (`lj-hollow-node`: the kubelet's own code with its real device manager,
+PodResources API and read-only `/pods`, on its own loopback address; it
+registers the Node; containers run in a fake runtime, except the Controller's
+Job Agent, which it runs as a local process with the Runtime socket directory
+mapped onto the node's simulator), the Device Plugin (`lj-device-plugin`) and
+the Exporter (`lj-exporter`), each a subprocess in its own session with its own
 directories, port, NODE_NAME and kubeconfig. Once: the Scheduler Framework
 (`lj-scheduler`) and the Controller (`lj-controller`). Every process can be
 killed and restarted (`Component.restart`), which is what the end-to-end tests
@@ -34,19 +38,21 @@ import grpc
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
-from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig, GpuNodeSpec, gpu_node_manifest
+from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig
 from lj_runtimekit.envtest.controlplane import free_port
-from lj_runtimekit.envtest.nodes import node_ready
+from lj_runtimekit.envtest.hollownode import HollowNode
 from lj_runtimekit.envtest.process import Process, ProcessExitedError, log_tail
 from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES
 from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
 from lj_runtimekit.proto.pkg.protocol import Protocol, load_protocol
-from lj_runtimekit.sandbox.stages import sandbox_stages
 
 DEFAULT_STATE_DIR = Path("/tmp/lj-sandbox")
 NODE_KINDS = ("tdm-8gpu", "mig-8gpu", "ppu-16")
 HOST_SOCKET_DIR = "/run/amp/eKitC/xdm/sockets"
-"""The Runtime socket directory the Controller's Jobs mount (mapped per node by the shim)."""
+"""The Runtime socket directory the Controller's Jobs mount (mapped per node by the hollow
+node onto its simulator's directory)."""
+JOB_AGENT = "lj-job-agent"
+"""Containers the hollow nodes run for real (the Controller's Job Agent)."""
 JOB_SERVICE_ACCOUNT = "lj-runtimekit-job-agent"
 SYSTEM_NAMESPACE = "kube-system"
 STATE_FILE = "sandbox.json"
@@ -77,6 +83,10 @@ class SandboxConfig:
     exporter_interval_s: float = 2.0
     controller: bool = True
     scheduler: bool = True
+    kubelet_read_only_port: bool = True
+    """False: the kubelets keep port 10255's /pods closed; the Device Plugin then reads the
+    node's pods from one API server watch, the Exporter from the API server."""
+    release_grace_s: float = 1.0
     keep_state: bool = False
     start_timeout_s: float = 120.0
 
@@ -167,7 +177,7 @@ class NodeHandle:
     name: str
     kind: str
     dir: Path
-    pods_port: int
+    hollow: HollowNode
     exporter_port: int
     components: dict[str, Component] = field(default_factory=dict)
 
@@ -177,11 +187,17 @@ class NodeHandle:
 
     @property
     def plugin_dir(self) -> Path:
-        return self.dir / "dp"
+        return self.hollow.plugin_dir
 
     @property
     def pods_url(self) -> str:
-        return f"http://127.0.0.1:{self.pods_port}/pods"
+        """The kubelet's read-only /pods ("" when the bed keeps that port closed)."""
+        return self.hollow.pods_url if self.hollow.read_only_port else ""
+
+    @property
+    def pod_resources_socket(self) -> Path:
+        """The kubelet's PodResources API socket."""
+        return self.hollow.pod_resources_socket
 
     @property
     def metrics_url(self) -> str:
@@ -320,15 +336,14 @@ class Sandbox:
         self.log_dir.mkdir(parents=True)
         cp_dir = self.state_dir / "cp"
         with self.step(
-            "start the control plane (etcd, kube-apiserver, controller-manager,"
-            " kube-scheduler, KWOK)",
+            "start the control plane (etcd, kube-apiserver, controller-manager, kube-scheduler)",
             cp_dir / "logs",
         ):
             self.cp = ControlPlane(
-                ControlPlaneConfig(state_dir=cp_dir, keep_state=True, kwok_stages=sandbox_stages())
+                ControlPlaneConfig(state_dir=cp_dir, keep_state=True, kwok=False)
             ).start()
         self._write_state()
-        with self.step(f"create {cfg.nodes} KWOK Lingjun nodes"):
+        with self.step(f"prepare {cfg.nodes} Lingjun nodes"):
             self._create_nodes()
         with self.step("start a Runtime simulator per node"):
             for node in self.nodes:
@@ -336,7 +351,7 @@ class Sandbox:
             for node in self.nodes:
                 node.sim.wait_ready(cfg.start_timeout_s)
         self._write_state()
-        with self.step("start the kubelet shim, Device Plugin and Exporter per node"):
+        with self.step("start the kubelet (hollow node), Device Plugin and Exporter per node"):
             for node in self.nodes:
                 self._add_node_agents(node)
                 node.kubelet.start()
@@ -358,12 +373,23 @@ class Sandbox:
                     comp.wait_ready(cfg.start_timeout_s)
         self._write_state()
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Process:
-        """A component process; `env` is set for it alone (env(1) execs the command)."""
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        die_with_parent: bool = True,
+    ) -> Process:
+        """A component process; `env` is set for it alone (env(1) execs the command).
+        `die_with_parent=False` for a binary that sets its parent-death signal itself."""
         prefix = ["/usr/bin/env", *(f"{k}={v}" for k, v in (env or {}).items())] if env else []
-        return Process(name, [*prefix, *argv], self.log_dir / f"{name}.log")
+        log = self.log_dir / f"{name}.log"
+        return Process(name, [*prefix, *argv], log, die_with_parent=die_with_parent)
 
     def _create_nodes(self) -> None:
+        """The cluster objects the nodes' workloads need, and a handle per node (each
+        node's kubelet registers its Node when it starts)."""
         assert self.cp is not None
         kinds = list(self.config.kinds)
         with self.cp.api_client() as api:
@@ -376,27 +402,27 @@ class Sandbox:
                 node_api.create_runtime_class(
                     {"metadata": {"name": "lj-runtime"}, "handler": "lj-runtime"}
                 )
-            for i in range(self.config.nodes):
-                kind = kinds[i % len(kinds)]
-                name = f"lj-{kind.split('-')[0]}-{i}"
-                node = NodeHandle(
-                    name=name,
-                    kind=kind,
-                    dir=self.state_dir / name,
-                    pods_port=free_port(),
-                    exporter_port=free_port(),
-                )
-                node.sim_dir.mkdir(parents=True)
-                node.plugin_dir.mkdir(parents=True)
-                spec = GpuNodeSpec(name=name, gpus=0, enable=False, labels={"lj-sandbox": "true"})
-                core.create_node(gpu_node_manifest(spec))
-                self.nodes.append(node)
-            deadline = time.monotonic() + self.config.start_timeout_s
-            for node in self.nodes:
-                while not node_ready(core.read_node(node.name)):
-                    if time.monotonic() > deadline:
-                        raise SandboxError(f"node {node.name} not Ready (KWOK running?)")
-                    time.sleep(0.2)
+        for i in range(self.config.nodes):
+            kind = kinds[i % len(kinds)]
+            name = f"lj-{kind.split('-')[0]}-{i}"
+            node_dir = self.state_dir / name
+            node_dir.mkdir(parents=True)
+            hollow = HollowNode(
+                self.cp,
+                name,
+                address=f"127.0.0.{2 + i}",
+                labels={"lj-sandbox": "true"},
+                state_dir=node_dir / "kubelet",
+                read_only_port=self.config.kubelet_read_only_port,
+                exec_command_prefix=JOB_AGENT,
+                exec_path_map={HOST_SOCKET_DIR: str(node_dir / "rt")},
+                ready_timeout_s=self.config.start_timeout_s,
+            )
+            node = NodeHandle(
+                name=name, kind=kind, dir=node_dir, hollow=hollow, exporter_port=free_port()
+            )
+            node.sim_dir.mkdir(parents=True)
+            self.nodes.append(node)
 
     def _start_sim(self, node: NodeHandle) -> None:
         argv = [
@@ -424,19 +450,8 @@ class Sandbox:
         env = {"NODE_NAME": node.name, "KUBECONFIG": kubeconfig}
         kubelet = Component(
             f"{node.name}/kubelet",
-            self._spawn(
-                f"{node.name}-kubelet",
-                [
-                    _bin("lj-sandbox-kubelet"),
-                    f"--node-name={node.name}",
-                    f"--plugin-dir={node.plugin_dir}",
-                    f"--pods-port={node.pods_port}",
-                    f"--kubeconfig={kubeconfig}",
-                    f"--host-path={HOST_SOCKET_DIR}={node.sim_dir}",
-                ],
-                env,
-            ),
-            ready=lambda: (node.plugin_dir / "kubelet.sock").exists() and _http_ok(node.pods_url),
+            self._spawn(f"{node.name}-kubelet", node.hollow.prepare(), die_with_parent=False),
+            ready=lambda: node.hollow.serving() and node.hollow.node_ready(),
         )
         plugin = Component(
             f"{node.name}/device-plugin",
@@ -447,10 +462,11 @@ class Sandbox:
                     f"--plugin-dir={node.plugin_dir}",
                     f"--runtime-socket-dir={node.sim_dir}",
                     f"--kubelet-pods-url={node.pods_url}",
+                    f"--pod-resources-socket={node.pod_resources_socket}",
                     f"--node-name={node.name}",
                     f"--kubeconfig={kubeconfig}",
                     "--label-node=true",
-                    "--release-grace=1",
+                    f"--release-grace={self.config.release_grace_s:g}",
                     "--collect-interval=2",
                     "--log-format=text",
                 ],
@@ -464,7 +480,8 @@ class Sandbox:
                 [
                     _bin("lj-exporter"),
                     f"--runtime-socket-dir={node.sim_dir}",
-                    f"--kubelet-pods-url={node.pods_url}",
+                    # With port 10255 closed: a URL that refuses, so the API server serves.
+                    f"--kubelet-pods-url={node.pods_url or 'http://127.0.0.1:9/pods'}",
                     f"--node-name={node.name}",
                     f"--kubeconfig={kubeconfig}",
                     f"--collection-interval={self.config.exporter_interval_s}",
@@ -512,7 +529,7 @@ class Sandbox:
                         raise SandboxError(
                             f"node {node.name} has {sorted(have)} of {sorted(want)},"
                             f" inventory annotation {'present' if inventory else 'absent'};"
-                            f" see {node.plugin.log_path} and {node.kubelet.log_path}"
+                            f" see {node.plugin.log_path} and {node.hollow.log_path}"
                         )
                     time.sleep(0.3)
 
@@ -573,6 +590,7 @@ class Sandbox:
                     "runtime_socket_dir": str(n.sim_dir),
                     "plugin_dir": str(n.plugin_dir),
                     "pods_url": n.pods_url,
+                    "pod_resources_socket": str(n.pod_resources_socket),
                     "metrics_url": n.metrics_url,
                 }
                 for n in self.nodes

@@ -75,12 +75,22 @@ def run_demo(bed: Sandbox) -> str:
             listed = workload.wait_pods(
                 api, DEMO_NAMESPACE, [p["metadata"]["name"] for p in pods], timeout_s=120
             )
-        with bed.step("read placements (scheduler annotation, Device Plugin record, Runtime)"):
+        with bed.step(
+            "read placements (scheduler annotation, Device Plugin record, Runtime, kubelet)"
+        ):
             runtime = workload.runtime_allocations(bed.nodes)
             merged = {uid: c for per_node in runtime.values() for uid, c in per_node.items()}
-            rows = workload.placements(listed, protocol, merged)
+            kubelet = workload.kubelet_records(bed.nodes, protocol)
+            rows = workload.placements(listed, protocol, merged, kubelet)
             table = workload.placement_table(rows, workload.node_device_index(api, protocol))
+            problems = workload.invariant_violations(rows, runtime, protocol)
         print("\n" + table + "\n", flush=True)
+        _say(
+            "ledgers agree for every pod (scheduler, Device Plugin, Runtime, the kubelet's"
+            " PodResources)"
+            if not problems
+            else "LEDGER MISMATCH:\n  " + "\n  ".join(problems)
+        )
         gang = [r for r in rows if r.name.startswith("train-")]
         placed = sum(1 for r in gang if r.phase == "Running")
         _say(

@@ -14,19 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2, podresources_pb2_grpc
 from lj_runtimekit.proto.pkg.protocol import (
     AssignmentError,
     DeviceShare,
     Protocol,
     decode_assignment,
+    pod_shares,
 )
 from lj_runtimekit.proto.pkg.protocol.inventory import InventoryError, decode_inventory
 from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient, from_request
 from lj_runtimekit.sandbox.bed import SYSTEM_NAMESPACE, NodeHandle, Sandbox
-from lj_runtimekit.sandbox.stages import ADMITTED_ANNOTATION
 
 SCHEDULER_NAME = "lj-scheduler"
 STATE_ANNOTATION = "lj-runtimekit.io/feature-state"
@@ -262,10 +264,13 @@ class Placement:
     allocated: dict[str, tuple[DeviceShare, ...]] | None
     """Device Plugin: annotations.allocated_devices."""
     kubelet_ids: dict[str, dict[str, list[str]]] | None
-    """Kubelet shim: device IDs given per container and resource."""
+    """The kubelet's device manager (PodResources List): device IDs per container and
+    resource; None when the kubelet does not list the pod."""
     runtime: dict[str, tuple[DeviceShare, ...]] = field(default_factory=dict)
     """Runtime simulator: ListAllocations of the node, per container."""
     uid: str = ""
+    run_to_completion: frozenset[str] = frozenset()
+    """Init containers that end before the app containers (their devices go on to them)."""
 
 
 def _decode(text: str | None) -> dict[str, tuple[DeviceShare, ...]] | None:
@@ -277,10 +282,18 @@ def _decode(text: str | None) -> dict[str, tuple[DeviceShare, ...]] | None:
         return None
 
 
+KubeletRecords = dict[tuple[str, str], dict[str, dict[str, list[str]]]]
+"""(namespace, pod name) -> container -> resource -> device IDs, as the kubelet records."""
+
+
 def placements(
-    pods: Iterable[Mapping[str, Any]], protocol: Protocol, runtime: Mapping[str, Any] | None = None
+    pods: Iterable[Mapping[str, Any]],
+    protocol: Protocol,
+    runtime: Mapping[str, Any] | None = None,
+    kubelet: KubeletRecords | None = None,
 ) -> list[Placement]:
-    """Placement rows for pods; `runtime` maps pod uid -> container -> shares."""
+    """Placement rows for pods; `runtime` maps pod uid -> container -> shares, `kubelet` is
+    the nodes' PodResources records."""
     ann = protocol.annotations
     out = []
     for pod in pods:
@@ -292,7 +305,6 @@ def placements(
                 reason = cond.get("message") or cond.get("reason") or ""
         if status.get("message") and status.get("phase") == "Failed":
             reason = f"{reason}: {status['message']}"
-        checkpoint = annotations.get(ADMITTED_ANNOTATION)
         out.append(
             Placement(
                 namespace=meta["namespace"],
@@ -306,13 +318,18 @@ def placements(
                         for k, v in ((c.get("resources") or {}).get("limits") or {}).items()
                         if "/" in k
                     }
-                    for c in spec.get("containers") or ()
+                    for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]
                 },
                 assigned=_decode(annotations.get(ann.assigned_devices)),
                 allocated=_decode(annotations.get(ann.allocated_devices)),
-                kubelet_ids=json.loads(checkpoint) if checkpoint else None,
+                kubelet_ids=(kubelet or {}).get((meta["namespace"], meta["name"])),
                 runtime=dict((runtime or {}).get(meta.get("uid", ""), {})),
                 uid=str(meta.get("uid", "")),
+                run_to_completion=frozenset(
+                    str(c.get("name"))
+                    for c in spec.get("initContainers") or ()
+                    if c.get("restartPolicy") != "Always"
+                ),
             )
         )
     return out
@@ -339,6 +356,29 @@ def runtime_allocations(
                 from_request(d) for d in a.devices
             )
         out[node.name] = per_pod
+    return out
+
+
+def kubelet_records(nodes: Sequence[NodeHandle], protocol: Protocol) -> KubeletRecords:
+    """Every node's kubelet record of the device IDs each container got (PodResources List),
+    for the Runtime Kit's resources."""
+    res = protocol.resources
+    ours = (res.gpu, res.core, res.memory, res.ppu, res.amd, res.mig(""))
+    out: KubeletRecords = {}
+    for node in nodes:
+        with grpc.insecure_channel(f"unix:{node.pod_resources_socket}") as channel:
+            stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
+            listed = stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=10)
+        for pod in listed.pod_resources:
+            containers = out.setdefault((pod.namespace, pod.name), {})
+            for c in pod.containers:
+                ids: dict[str, list[str]] = {}
+                # One entry per device (each with its topology), or several per entry.
+                for d in c.devices:
+                    if d.resource_name.startswith(ours):
+                        ids.setdefault(d.resource_name, []).extend(d.device_ids)
+                if ids:
+                    containers[c.name] = ids
     return out
 
 
@@ -468,65 +508,116 @@ def _holdings_violations(source: str, holders: Iterable[tuple[str, str, DeviceSh
     return out
 
 
+def _pod_holdings(rows: Sequence[Placement], pick: Any) -> list[tuple[str, str, DeviceShare]]:
+    """(node, pod, share) per device a pod holds, init containers' devices counted once."""
+    out = []
+    for r in rows:
+        shares = pick(r)
+        if r.node and shares:
+            out += [(r.node, r.name, s) for s in pod_shares(shares, r.run_to_completion)]
+    return out
+
+
 def invariant_violations(
     rows: Sequence[Placement],
     runtime: Mapping[str, Mapping[str, Mapping[str, tuple[DeviceShare, ...]]]],
+    protocol: Protocol | None = None,
 ) -> list[str]:
-    """DESIGN section 4 over the scheduler's annotations, the Device Plugin's records and
-    the Runtime's allocations (node -> pod uid -> container -> shares), plus agreement of
-    the three for every admitted (Running) pod. Empty when everything holds."""
+    """The sharing invariant (docs/protocol.md) over the scheduler's annotations, the Device
+    Plugin's records and the Runtime's allocations (node -> pod uid -> container ->
+    shares), per pod; and for every admitted (Running) pod, the ledgers agree: the Runtime
+    holds exactly what the plugin recorded per container, the plugin's devices are the
+    scheduler's for the pod, and (with `protocol`, when the kubelet's record is read) the
+    kubelet gave each container exactly those device IDs. Empty when everything holds."""
     active = [r for r in rows if r.phase not in ("Succeeded", "Failed")]
-    out = _holdings_violations(
-        "scheduler",
-        (
-            (r.node, f"{r.name}/{c}", s)
-            for r in active
-            if r.node
-            for c, shares in (r.assigned or {}).items()
-            for s in shares
-        ),
-    )
-    out += _holdings_violations(
-        "device plugin",
-        (
-            (r.node, f"{r.name}/{c}", s)
-            for r in active
-            for c, shares in (r.allocated or {}).items()
-            for s in shares
-        ),
-    )
-    out += _holdings_violations(
-        "runtime",
-        (
-            (node, f"{uid}/{c}", s)
-            for node, pods in runtime.items()
-            for uid, containers in pods.items()
-            for c, shares in containers.items()
-            for s in shares
-        ),
-    )
+    out = _holdings_violations("scheduler", _pod_holdings(active, lambda r: r.assigned))
+    out += _holdings_violations("device plugin", _pod_holdings(active, lambda r: r.allocated))
+    by_uid = {r.uid: r for r in rows}
+    runtime_rows = []
+    for node, pods in runtime.items():
+        for uid, containers in pods.items():
+            row = by_uid.get(uid)
+            reuse = row.run_to_completion if row else frozenset()
+            runtime_rows += [(node, uid, s) for s in pod_shares(containers, reuse)]
+    out += _holdings_violations("runtime", runtime_rows)
     for r in active:
         if r.phase != "Running" or r.assigned is None:
             continue
-        for container, shares in r.assigned.items():
-            allocated = (r.allocated or {}).get(container, ())
-            held = r.runtime.get(container, ())
-            if not _norm(shares) == _norm(allocated) == _norm(held):
+        out += ledger_mismatches(r, protocol)
+    return out
+
+
+def ledger_mismatches(r: Placement, protocol: Protocol | None = None) -> list[str]:
+    """Where a Running pod's scheduler assignment, Device Plugin record, Runtime
+    allocation and (with `protocol`) kubelet record disagree."""
+    out = []
+    allocated = r.allocated or {}
+    assigned_pod = _norm(pod_shares(r.assigned or {}, r.run_to_completion))
+    allocated_pod = _norm(pod_shares(allocated, r.run_to_completion))
+    if assigned_pod != allocated_pod:
+        out.append(
+            f"{r.namespace}/{r.name}: scheduler {assigned_pod}, device plugin {allocated_pod}"
+        )
+    for container in sorted(set(allocated) | set(r.runtime)):
+        mine, held = _norm(allocated.get(container, ())), _norm(r.runtime.get(container, ()))
+        if mine != held:
+            out.append(
+                f"{r.namespace}/{r.name} container {container}: device plugin {mine},"
+                f" Runtime {held}"
+            )
+    if protocol is not None and r.kubelet_ids is not None:
+        for container in sorted(set(allocated) | set(r.kubelet_ids)):
+            want = _kubelet_view(
+                allocated.get(container, ()), r.requests.get(container, {}), protocol
+            )
+            got = _kubelet_view_ids(r.kubelet_ids.get(container, {}), protocol)
+            if want != got:
                 out.append(
-                    f"{r.namespace}/{r.name} container {container}: scheduler {_norm(shares)},"
-                    f" device plugin {_norm(allocated)}, Runtime {_norm(held)}"
+                    f"{r.namespace}/{r.name} container {container}: device plugin {want},"
+                    f" kubelet {got}"
                 )
     return out
+
+
+def _kubelet_view(
+    shares: Iterable[DeviceShare], requests: Mapping[str, int], protocol: Protocol
+) -> dict[str, list[str]]:
+    """What the kubelet must record for a container given its served shares: whole IDs, and
+    for a slice `<count> units of <device>` per core/memory resource it asks for."""
+    res = protocol.resources
+    out: dict[str, list[str]] = {}
+    for s in shares:
+        if s.whole:
+            out.setdefault("whole", []).append(s.device_id)
+            continue
+        for name, pct in ((res.core, s.core_percent), (res.memory, s.memory_percent)):
+            if requests.get(name, 0) > 0:
+                out[name] = [f"{pct} units of {s.device_id}"]
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _kubelet_view_ids(ids: Mapping[str, list[str]], protocol: Protocol) -> dict[str, list[str]]:
+    res = protocol.resources
+    out: dict[str, list[str]] = {}
+    for resource, devices in ids.items():
+        if resource in (res.core, res.memory):
+            parents = sorted({d.rpartition("::")[0] for d in devices})
+            out[resource] = [f"{len(devices)} units of {','.join(parents)}"]
+        else:
+            out.setdefault("whole", []).extend(devices)
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def observe(
     bed: Sandbox, api: k8s_client.ApiClient, namespaces: Sequence[str]
 ) -> tuple[list[Placement], dict[str, dict[str, dict[str, tuple[DeviceShare, ...]]]]]:
-    """Placements of the namespaces' pods with the Runtime's view, and that view."""
+    """Placements of the namespaces' pods with the Runtime's and the kubelets' views, and
+    the Runtime's view."""
     runtime = runtime_allocations(bed.nodes)
     merged = {uid: c for per_node in runtime.values() for uid, c in per_node.items()}
     pods = [p for ns in namespaces for p in list_pods(api, ns)]
-    return placements(pods, bed.protocol, merged), runtime
+    kubelet = kubelet_records(bed.nodes, bed.protocol)
+    return placements(pods, bed.protocol, merged, kubelet), runtime
 
 
 def runtime_namespaces(nodes: Sequence[NodeHandle]) -> set[str]:

@@ -86,9 +86,11 @@ def compare(
         limits = {c.name: c.limits for c in pod.containers}
         for c in entry.containers:
             shares = served.get((pod.uid, c.name), ())
-            kubelet = {
-                d.resource_name: list(d.device_ids) for d in c.devices if d.resource_name in ours
-            }
+            kubelet: dict[str, list[str]] = {}
+            # The kubelet lists one entry per device (each with its topology).
+            for d in c.devices:
+                if d.resource_name in ours:
+                    kubelet.setdefault(d.resource_name, []).extend(d.device_ids)
             asked = limits.get(c.name, {})
             implied = {r for s in shares for r in resources_of(s) if asked.get(r, 0) > 0}
             for resource in sorted(kubelet.keys() | implied):

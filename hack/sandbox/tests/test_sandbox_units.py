@@ -1,4 +1,4 @@
-"""Pure logic of the sandbox: KWOK stage gating, placement table, flags, leftovers."""
+"""Pure logic of the sandbox: placement table, ledgers, leftovers."""
 
 from __future__ import annotations
 
@@ -7,24 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import yaml
-
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
 from lj_runtimekit.sandbox.bed import STATE_FILE, cleanup_leftovers
-from lj_runtimekit.sandbox.stages import ADMITTED_ANNOTATION, sandbox_stages
-from lj_runtimekit.sandbox.workload import placement_table, placements
+from lj_runtimekit.sandbox.workload import invariant_violations, placement_table, placements
 
 P = load_protocol()
-
-
-def test_pod_ready_waits_for_admission_and_other_stages_are_kept() -> None:
-    docs = {d["metadata"]["name"]: d for d in yaml.safe_load_all(sandbox_stages())}
-    assert {"pod-ready", "pod-complete", "pod-fail", "pod-delete"} <= set(docs)
-    keys = [e["key"] for e in docs["pod-ready"]["spec"]["selector"]["matchExpressions"]]
-    assert f'.metadata.annotations["{ADMITTED_ANNOTATION}"]' in keys
-    complete = docs["pod-complete"]["spec"]["selector"]["matchExpressions"]
-    assert all(ADMITTED_ANNOTATION not in e["key"] for e in complete)
 
 
 def _pod(name: str, assigned: str, allocated: str, phase: str = "Running") -> dict[str, object]:
@@ -36,7 +23,6 @@ def _pod(name: str, assigned: str, allocated: str, phase: str = "Running") -> di
             "annotations": {
                 P.annotations.assigned_devices: assigned,
                 P.annotations.allocated_devices: allocated,
-                ADMITTED_ANNOTATION: json.dumps({"main": {P.resources.core: ["u1"]}}),
             },
         },
         "spec": {
@@ -75,24 +61,25 @@ def test_leftover_cleanup_never_kills_a_process_that_is_not_ours(tmp_path: Path)
         stranger.wait()
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--plugin-dir=/tmp/x", "--pods-port=1"], "--node-name"),
-        (
-            ["--node-name=n", "--plugin-dir=/tmp/x", "--pods-port=1", "--kubeconfig=/nope"],
-            "not a file",
-        ),
-    ],
-)
-def test_kubelet_shim_flag_mistakes_are_one_line(args: list[str], message: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "lj_runtimekit.sandbox.kubelet", *args],
-        capture_output=True,
-        text=True,
-        env={"PATH": "/usr/bin:/bin"},
-        timeout=60,
-    )
-    assert result.returncode == 1
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr
+def test_init_container_reuse_is_no_violation_and_a_kubelet_difference_is() -> None:
+    """An init container and the app container on the same GPU (the kubelet's reuse) hold
+    it once; a kubelet record other than the served devices is a ledger mismatch."""
+    ann = encode_assignment({"prep": (DeviceShare("GPU-a"),), "main": (DeviceShare("GPU-a"),)})
+    pod = _pod("reuse", ann, ann)
+    pod["spec"]["initContainers"] = [  # type: ignore[index]
+        {"name": "prep", "resources": {"limits": {P.resources.gpu: "1"}}}
+    ]
+    runtime = {"uid-reuse": {"prep": (DeviceShare("GPU-a"),), "main": (DeviceShare("GPU-a"),)}}
+    kubelet = {
+        ("ns", "reuse"): {
+            "prep": {P.resources.gpu: ["GPU-a"]},
+            "main": {P.resources.gpu: ["GPU-a"]},
+        }
+    }
+    rows = placements([pod], P, runtime, kubelet)
+    assert invariant_violations(rows, {"n1": runtime}, P) == []
+    kubelet[("ns", "reuse")]["main"] = {P.resources.gpu: ["GPU-b"]}
+    rows = placements([pod], P, runtime, kubelet)
+    (problem,) = invariant_violations(rows, {"n1": runtime}, P)
+    assert "container main" in problem
+    assert "kubelet" in problem
