@@ -24,8 +24,11 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/trace/noop"
+	v1 "k8s.io/api/core/v1"
 	clientset "k8s.io/client-go/kubernetes"
+	typedv1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/logs"
 	"k8s.io/component-base/version"
@@ -34,6 +37,7 @@ import (
 	remote "k8s.io/cri-client/pkg"
 	fakeremote "k8s.io/cri-client/pkg/fake"
 	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
 	"k8s.io/kubernetes/pkg/kubemark"
 )
@@ -200,9 +204,17 @@ func run(ctx context.Context, o *options) error {
 		runtimeService = newExecRuntime(runtimeService, fakeRuntime.RuntimeService, o.execPrefix, logDir, o.execPathMap)
 	}
 
-	kubemark.NewHollowKubelet(f, c, client, heartbeatClient,
+	hollow := kubemark.NewHollowKubelet(f, c, client, heartbeatClient,
 		&cadvisortest.Fake{NodeName: o.nodeName},
 		fakeRuntime.ImageService, runtimeService, containerManager,
-	).Run(ctx) // blocks
+	)
+	// kubemark drops events (a fake recorder); the kubelet's events are part of what
+	// is tested here (an admission failure is an UnexpectedAdmissionError event on the
+	// pod), so they go to the API server as the kubelet's do.
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedv1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	hollow.KubeletDeps.Recorder = broadcaster.NewRecorder(
+		legacyscheme.Scheme, v1.EventSource{Component: "kubelet", Host: o.nodeName})
+	hollow.Run(ctx) // blocks
 	return nil
 }

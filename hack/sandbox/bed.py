@@ -225,6 +225,12 @@ class NodeHandle:
         with grpc.insecure_channel(f"unix:{self.sim_dir / 'sim-admin.sock'}") as channel:
             yield admin_pb2_grpc.SimulatorAdminStub(channel)
 
+    def fail_allocations(self, skip: int, count: int) -> None:
+        """This node's Runtime serves the next `skip` Allocate calls, then fails `count`."""
+        with self.admin() as stub:
+            request = admin_pb2.FailAllocationsRequest(skip=skip, count=count)
+            stub.FailAllocations(request, timeout=5)
+
     def set_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
         """Mark a device of this node's simulator healthy or unhealthy."""
         with self.admin() as stub:

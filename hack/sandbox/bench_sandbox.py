@@ -79,7 +79,8 @@ def run(nodes: int, pods: int) -> dict[str, float]:
 
             workload.wait_until("Device Plugin records", consistent, 60)
             rows, runtime = workload.observe(bed, api, [ns])
-            out["invariant_violations"] = float(len(workload.invariant_violations(rows, runtime)))
+            problems = workload.invariant_violations(rows, runtime, bed.protocol)
+            out["invariant_violations"] = float(len(problems))
     return out
 
 

@@ -117,8 +117,11 @@ def pod_manifest(
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
     node_selector: Mapping[str, str] | None = None,
+    init_containers: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """A workload pod for the Runtime Kit scheduler: container -> extended resource limits."""
+    """A workload pod for the Runtime Kit scheduler: container -> extended resource limits.
+    Init containers run `lj-job-agent --version`, which the bed's kubelets really run (so
+    they finish and the app containers start)."""
     spec: dict[str, Any] = {
         "schedulerName": SCHEDULER_NAME,
         "runtimeClassName": "lj-runtime",
@@ -136,6 +139,16 @@ def pod_manifest(
     }
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
+    if init_containers:
+        spec["initContainers"] = [
+            {
+                "name": cname,
+                "image": "registry.example/cuda-sample:12",
+                "command": ["lj-job-agent", "--version"],
+                "resources": {"limits": {k: str(v) for k, v in limits.items()}},
+            }
+            for cname, limits in init_containers.items()
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -521,14 +534,14 @@ def _pod_holdings(rows: Sequence[Placement], pick: Any) -> list[tuple[str, str, 
 def invariant_violations(
     rows: Sequence[Placement],
     runtime: Mapping[str, Mapping[str, Mapping[str, tuple[DeviceShare, ...]]]],
-    protocol: Protocol | None = None,
+    protocol: Protocol,
 ) -> list[str]:
     """The sharing invariant (docs/protocol.md) over the scheduler's annotations, the Device
     Plugin's records and the Runtime's allocations (node -> pod uid -> container ->
     shares), per pod; and for every admitted (Running) pod, the ledgers agree: the Runtime
     holds exactly what the plugin recorded per container, the plugin's devices are the
-    scheduler's for the pod, and (with `protocol`, when the kubelet's record is read) the
-    kubelet gave each container exactly those device IDs. Empty when everything holds."""
+    scheduler's for the pod, and (when the kubelet's record was read) the kubelet gave each
+    container exactly those device IDs. Empty when everything holds."""
     active = [r for r in rows if r.phase not in ("Succeeded", "Failed")]
     out = _holdings_violations("scheduler", _pod_holdings(active, lambda r: r.assigned))
     out += _holdings_violations("device plugin", _pod_holdings(active, lambda r: r.allocated))

@@ -17,7 +17,11 @@ from lj_runtimekit.sandbox import Sandbox, SandboxConfig, workload
 _NAMESPACES = itertools.count(1)
 
 
-def _bed(kinds: tuple[str, ...], session: pytest.Session) -> Iterator[Sandbox]:
+def make_bed(
+    kinds: tuple[str, ...], session: pytest.Session, *, read_only_port: bool = True
+) -> Iterator[Sandbox]:
+    """A started sandbox with its nodes enabled (logs kept when a test of it failed);
+    `read_only_port=False`: the kubelets keep /pods closed (the API server serves)."""
     try:
         find_tools()
     except ToolsMissingError as exc:
@@ -25,7 +29,9 @@ def _bed(kinds: tuple[str, ...], session: pytest.Session) -> Iterator[Sandbox]:
             pytest.fail(f"{exc} (run `make k8s-tools`)")
         pytest.skip(str(exc))
     state = Path(tempfile.mkdtemp(prefix="lje2e", dir="/tmp"))
-    config = SandboxConfig(nodes=len(kinds), kinds=kinds, state_dir=state)
+    config = SandboxConfig(
+        nodes=len(kinds), kinds=kinds, state_dir=state, kubelet_read_only_port=read_only_port
+    )
     bed = Sandbox(config, progress=lambda m: print(f"[bed] {m}", flush=True))
     with bed:
         with bed.api_client() as api:
@@ -43,7 +49,7 @@ def _bed(kinds: tuple[str, ...], session: pytest.Session) -> Iterator[Sandbox]:
 def bed(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
     """A started sandbox with its nodes enabled; kinds from the module's BED_KINDS."""
     kinds = getattr(request.module, "BED_KINDS", ("tdm-8gpu", "mig-8gpu"))
-    yield from _bed(tuple(kinds), request.session)
+    yield from make_bed(tuple(kinds), request.session)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ def _consistent(bed: Sandbox, api: k8s_client.ApiClient, ns: str, names: list[st
         rows, runtime = workload.observe(bed, api, [ns])
         mine = [r for r in rows if r.name in names]
         not_running = [(r.name, r.phase, r.reason) for r in mine if r.phase != "Running"]
-        violations = workload.invariant_violations(rows, runtime)
+        violations = workload.invariant_violations(rows, runtime, bed.protocol)
         missing_record = [r.name for r in mine if r.allocated is None]
         ok = len(mine) == len(names) and not not_running and not violations and not missing_record
         return ok, f"not running {not_running}; violations {violations}; no record {missing_record}"
@@ -86,7 +86,7 @@ def test_whole_slice_and_mig_pods_run_with_metrics(
     assert all(s.whole for s in rows["whole"].assigned["main"])
     (share,) = rows["slice"].assigned["main"]
     assert (share.core_percent, share.memory_percent) == (40, 30)
-    # The kubelet shim gave each container device IDs of the plugin (its checkpoint).
+    # The kubelet's device manager recorded exactly the assigned devices (PodResources).
     assert rows["whole"].kubelet_ids == {
         "main": {res.gpu: rows["whole"].kubelet_ids["main"][res.gpu]}
     }
@@ -121,7 +121,7 @@ def test_invariant_holds_across_layers_for_a_burst(
     workload.create_pods(api, ns, pods)
     _consistent(bed, api, ns, [p["metadata"]["name"] for p in pods])
     rows, runtime = workload.observe(bed, api, [ns])
-    assert workload.invariant_violations(rows, runtime) == []
+    assert workload.invariant_violations(rows, runtime, bed.protocol) == []
     # Three 30% slices at most on one device; never a slice on a whole device.
     per_device: dict[str, int] = {}
     for row in rows:
@@ -152,7 +152,7 @@ def test_admission_failure_fails_the_pod_with_the_plugins_message(
     (row,) = workload.observe(bed, api, [ns])[0]
     assert row.reason.startswith("UnexpectedAdmissionError")
     assert "annotation" in row.reason, row.reason
-    assert "schedule the pod" in row.reason, row.reason
+    assert "was not placed by the Runtime Kit scheduler" in row.reason, row.reason
     events = k8s_client.CoreV1Api(api).list_namespaced_event(ns).items
     assert any(e.reason == "UnexpectedAdmissionError" and e.type == "Warning" for e in events)
 

@@ -64,6 +64,15 @@ class SimulatorAdmin(admin_pb2_grpc.SimulatorAdminServicer):
         self._faults.set_latency(request.latency_ms)
         return admin_pb2.AdminResponse(message=f"latency {request.latency_ms} ms")
 
+    async def FailAllocations(
+        self, request: admin_pb2.FailAllocationsRequest, context: Context
+    ) -> admin_pb2.AdminResponse:
+        """Serve `skip` Allocate calls, then fail `count`."""
+        self._faults.fail_allocations(request.skip, request.count)
+        return admin_pb2.AdminResponse(
+            message=f"Allocate: {request.skip} served, then {request.count} fail"
+        )
+
     async def SetErrorRate(
         self, request: admin_pb2.SetErrorRateRequest, context: Context
     ) -> admin_pb2.AdminResponse:

@@ -202,6 +202,11 @@ class SimulatorProcess:
         request = admin_pb2.SetErrorRateRequest(error_rate=error_rate)
         return self._stub().SetErrorRate(request).message
 
+    def fail_allocations(self, skip: int, count: int) -> str:
+        """Serve the next `skip` Allocate calls, then fail `count` (INTERNAL)."""
+        request = admin_pb2.FailAllocationsRequest(skip=skip, count=count)
+        return self._stub().FailAllocations(request).message
+
     def set_version(self, version: str) -> str:
         """Change the Runtime version reported from now on."""
         return self._stub().SetVersion(admin_pb2.SetVersionRequest(version=version)).message

@@ -24,25 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n5lj_runtimekit/proto/lingjun/runtimesim/v1/admin.proto\x12\x15lingjun.runtimesim.v1\"L\n\x16SetDeviceHealthRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\'\n\x14RestartSocketRequest\x12\x0f\n\x07\x64own_ms\x18\x01 \x01(\r\"\'\n\x11SetLatencyRequest\x12\x12\n\nlatency_ms\x18\x01 \x01(\r\")\n\x13SetErrorRateRequest\x12\x12\n\nerror_rate\x18\x01 \x01(\x01\"$\n\x11SetVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\" \n\rAdminResponse\x12\x0f\n\x07message\x18\x01 \x01(\t2\x84\x04\n\x0eSimulatorAdmin\x12h\n\x0fSetDeviceHealth\x12-.lingjun.runtimesim.v1.SetDeviceHealthRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x12\x64\n\rRestartSocket\x12+.lingjun.runtimesim.v1.RestartSocketRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x12^\n\nSetLatency\x12(.lingjun.runtimesim.v1.SetLatencyRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x12\x62\n\x0cSetErrorRate\x12*.lingjun.runtimesim.v1.SetErrorRateRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x12^\n\nSetVersion\x12(.lingjun.runtimesim.v1.SetVersionRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n5lj_runtimekit/proto/lingjun/runtimesim/v1/admin.proto\x12\x15lingjun.runtimesim.v1\"5\n\x16\x46\x61ilAllocationsRequest\x12\x0c\n\x04skip\x18\x01 \x01(\r\x12\r\n\x05\x63ount\x18\x02 \x01(\r\"L\n\x16SetDeviceHealthRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0f\n\x07healthy\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\'\n\x14RestartSocketRequest\x12\x0f\n\x07\x64own_ms\x18\x01 \x01(\r\"\'\n\x11SetLatencyRequest\x12\x12\n\nlatency_ms\x18\x01 \x01(\r\")\n\x13SetErrorRateRequest\x12\x12\n\nerror_rate\x18\x01 \x01(\x01\"$\n\x11SetVersionRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\" \n\rAdminResponse\x12\x0f\n\x07message\x18\x01 \x01(\t2\xee\x04\n\x0eSimulatorAdmin\x12h\n\x0fSetDeviceHealth\x12-.lingjun.runtimesim.v1.SetDeviceHealthRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x12\x64\n\rRestartSocket\x12+.lingjun.runtimesim.v1.RestartSocketRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x12^\n\nSetLatency\x12(.lingjun.runtimesim.v1.SetLatencyRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x12\x62\n\x0cSetErrorRate\x12*.lingjun.runtimesim.v1.SetErrorRateRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x12^\n\nSetVersion\x12(.lingjun.runtimesim.v1.SetVersionRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x12h\n\x0f\x46\x61ilAllocations\x12-.lingjun.runtimesim.v1.FailAllocationsRequest\x1a$.lingjun.runtimesim.v1.AdminResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lj_runtimekit.proto.lingjun.runtimesim.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SETDEVICEHEALTHREQUEST']._serialized_start=80
-  _globals['_SETDEVICEHEALTHREQUEST']._serialized_end=156
-  _globals['_RESTARTSOCKETREQUEST']._serialized_start=158
-  _globals['_RESTARTSOCKETREQUEST']._serialized_end=197
-  _globals['_SETLATENCYREQUEST']._serialized_start=199
-  _globals['_SETLATENCYREQUEST']._serialized_end=238
-  _globals['_SETERRORRATEREQUEST']._serialized_start=240
-  _globals['_SETERRORRATEREQUEST']._serialized_end=281
-  _globals['_SETVERSIONREQUEST']._serialized_start=283
-  _globals['_SETVERSIONREQUEST']._serialized_end=319
-  _globals['_ADMINRESPONSE']._serialized_start=321
-  _globals['_ADMINRESPONSE']._serialized_end=353
-  _globals['_SIMULATORADMIN']._serialized_start=356
-  _globals['_SIMULATORADMIN']._serialized_end=872
+  _globals['_FAILALLOCATIONSREQUEST']._serialized_start=80
+  _globals['_FAILALLOCATIONSREQUEST']._serialized_end=133
+  _globals['_SETDEVICEHEALTHREQUEST']._serialized_start=135
+  _globals['_SETDEVICEHEALTHREQUEST']._serialized_end=211
+  _globals['_RESTARTSOCKETREQUEST']._serialized_start=213
+  _globals['_RESTARTSOCKETREQUEST']._serialized_end=252
+  _globals['_SETLATENCYREQUEST']._serialized_start=254
+  _globals['_SETLATENCYREQUEST']._serialized_end=293
+  _globals['_SETERRORRATEREQUEST']._serialized_start=295
+  _globals['_SETERRORRATEREQUEST']._serialized_end=336
+  _globals['_SETVERSIONREQUEST']._serialized_start=338
+  _globals['_SETVERSIONREQUEST']._serialized_end=374
+  _globals['_ADMINRESPONSE']._serialized_start=376
+  _globals['_ADMINRESPONSE']._serialized_end=408
+  _globals['_SIMULATORADMIN']._serialized_start=411
+  _globals['_SIMULATORADMIN']._serialized_end=1033
 # @@protoc_insertion_point(module_scope)

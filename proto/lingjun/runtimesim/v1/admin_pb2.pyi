@@ -20,6 +20,32 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class FailAllocationsRequest(_message.Message):
+    """FailAllocationsRequest plans failing Allocate calls."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SKIP_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    skip: _builtins.int
+    """Allocate calls served before the failures start."""
+    count: _builtins.int
+    """Allocate calls that fail after those; 0 cancels a plan."""
+    def __init__(
+        self,
+        *,
+        skip: _builtins.int = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "skip", b"skip"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailAllocationsRequest: _TypeAlias = FailAllocationsRequest  # noqa: Y015
+
+@_typing.final
 class SetDeviceHealthRequest(_message.Message):
     """SetDeviceHealthRequest names a device and its new health."""
 

@@ -60,6 +60,11 @@ class SimulatorAdminStub:
                 request_serializer=lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.SetVersionRequest.SerializeToString,
                 response_deserializer=lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.AdminResponse.FromString,
                 _registered_method=True)
+        self.FailAllocations = channel.unary_unary(
+                '/lingjun.runtimesim.v1.SimulatorAdmin/FailAllocations',
+                request_serializer=lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.FailAllocationsRequest.SerializeToString,
+                response_deserializer=lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.AdminResponse.FromString,
+                _registered_method=True)
 
 
 class SimulatorAdminServicer:
@@ -101,6 +106,14 @@ class SimulatorAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FailAllocations(self, request, context):
+        """FailAllocations serves the next `skip` Allocate calls, then fails `count`
+        with INTERNAL (not retried by clients): a deterministic Runtime error burst.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SimulatorAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +140,11 @@ def add_SimulatorAdminServicer_to_server(servicer, server):
             'SetVersion': grpc.unary_unary_rpc_method_handler(
                     servicer.SetVersion,
                     request_deserializer=lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.SetVersionRequest.FromString,
+                    response_serializer=lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.AdminResponse.SerializeToString,
+            ),
+            'FailAllocations': grpc.unary_unary_rpc_method_handler(
+                    servicer.FailAllocations,
+                    request_deserializer=lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.FailAllocationsRequest.FromString,
                     response_serializer=lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.AdminResponse.SerializeToString,
             ),
     }
@@ -265,6 +283,33 @@ class SimulatorAdmin:
             target,
             '/lingjun.runtimesim.v1.SimulatorAdmin/SetVersion',
             lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.SetVersionRequest.SerializeToString,
+            lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.AdminResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FailAllocations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lingjun.runtimesim.v1.SimulatorAdmin/FailAllocations',
+            lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.FailAllocationsRequest.SerializeToString,
             lj__runtimekit_dot_proto_dot_lingjun_dot_runtimesim_dot_v1_dot_admin__pb2.AdminResponse.FromString,
             options,
             channel_credentials,

@@ -46,6 +46,10 @@ class SimulatorAdminStub:
     """SetErrorRate makes a share of Runtime RPCs fail with UNAVAILABLE."""
     SetVersion: _grpc.UnaryUnaryMultiCallable[_admin_pb2.SetVersionRequest, _admin_pb2.AdminResponse]
     """SetVersion changes the Runtime version reported from now on."""
+    FailAllocations: _grpc.UnaryUnaryMultiCallable[_admin_pb2.FailAllocationsRequest, _admin_pb2.AdminResponse]
+    """FailAllocations serves the next `skip` Allocate calls, then fails `count`
+    with INTERNAL (not retried by clients): a deterministic Runtime error burst.
+    """
 
 @_typing.type_check_only
 class SimulatorAdminAsyncStub(SimulatorAdminStub):
@@ -62,6 +66,10 @@ class SimulatorAdminAsyncStub(SimulatorAdminStub):
     """SetErrorRate makes a share of Runtime RPCs fail with UNAVAILABLE."""
     SetVersion: _aio.UnaryUnaryMultiCallable[_admin_pb2.SetVersionRequest, _admin_pb2.AdminResponse]  # type: ignore[assignment]
     """SetVersion changes the Runtime version reported from now on."""
+    FailAllocations: _aio.UnaryUnaryMultiCallable[_admin_pb2.FailAllocationsRequest, _admin_pb2.AdminResponse]  # type: ignore[assignment]
+    """FailAllocations serves the next `skip` Allocate calls, then fails `count`
+    with INTERNAL (not retried by clients): a deterministic Runtime error burst.
+    """
 
 class SimulatorAdminServicer(metaclass=_abc_1.ABCMeta):
     """SimulatorAdmin injects faults into a running simulator."""
@@ -105,5 +113,15 @@ class SimulatorAdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.AdminResponse, _abc.Awaitable[_admin_pb2.AdminResponse]]:
         """SetVersion changes the Runtime version reported from now on."""
+
+    @_abc_1.abstractmethod
+    def FailAllocations(
+        self,
+        request: _admin_pb2.FailAllocationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.AdminResponse, _abc.Awaitable[_admin_pb2.AdminResponse]]:
+        """FailAllocations serves the next `skip` Allocate calls, then fails `count`
+        with INTERNAL (not retried by clients): a deterministic Runtime error burst.
+        """
 
 def add_SimulatorAdminServicer_to_server(servicer: SimulatorAdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

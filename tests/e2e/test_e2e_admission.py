@@ -1,0 +1,213 @@
+"""The admission protocol on the real kubelet (docs/protocol.md): every device pod gets
+exactly its own devices under ordinary churn, with port 10255 on and off.
+
+Each test checks the four ledgers at the end: the scheduler's assignment, the Device
+Plugin's record, the Runtime's allocations and the kubelet's own record (PodResources).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s_client
+
+from lj_runtimekit.sandbox import Sandbox, workload
+from lj_runtimekit.sandbox.workload import pod_manifest
+
+from .conftest import make_bed
+
+pytestmark = [pytest.mark.e2e, pytest.mark.controlplane]
+
+BED_KINDS = ("tdm-8gpu",)
+
+
+@pytest.fixture(scope="module", params=["kubelet-pods", "api-watch"])
+def bed(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    """One node; its Device Plugin reads the kubelet's /pods, or (port 10255 closed) one
+    API server watch of the node's pods."""
+    yield from make_bed(BED_KINDS, request.session, read_only_port=request.param == "kubelet-pods")
+
+
+def _pinned(bed: Sandbox, name: str, containers: dict[str, dict[str, int]], **kw: Any) -> Any:
+    return pod_manifest(
+        name, containers, node_selector={"kubernetes.io/hostname": bed.nodes[0].name}, **kw
+    )
+
+
+def _phases(api: k8s_client.ApiClient, ns: str) -> dict[str, tuple[str, str]]:
+    """Pod name -> (phase, "reason: message")."""
+    out = {}
+    for p in workload.list_pods(api, ns):
+        status = p.get("status") or {}
+        why = f"{status.get('reason', '')}: {status.get('message', '')}"
+        out[p["metadata"]["name"]] = (status.get("phase", ""), why)
+    return out
+
+
+def _wait_phase(
+    api: k8s_client.ApiClient, ns: str, want: dict[str, str], timeout_s: float = 90
+) -> dict[str, tuple[str, str]]:
+    def check() -> tuple[bool, str]:
+        got = _phases(api, ns)
+        ok = all(got.get(name, ("", ""))[0] == phase for name, phase in want.items())
+        return ok, str({n: got.get(n) for n in want})
+
+    workload.wait_until(f"pods {want}", check, timeout_s)
+    return _phases(api, ns)
+
+
+def _ledgers(bed: Sandbox, api: k8s_client.ApiClient, ns: str) -> list[workload.Placement]:
+    """The namespace's rows once the four ledgers agree (and the invariant holds)."""
+    found: list[workload.Placement] = []
+
+    def check() -> tuple[bool, str]:
+        rows, runtime = workload.observe(bed, api, [ns])
+        problems = workload.invariant_violations(rows, runtime, bed.protocol)
+        unrecorded = [r.name for r in rows if r.phase == "Running" and r.allocated is None]
+        found[:] = rows
+        return not problems and not unrecorded, f"{problems} unrecorded {unrecorded}"
+
+    workload.wait_until("scheduler, Device Plugin, Runtime and kubelet agree", check, 60)
+    return found
+
+
+def _whole_holders(rows: list[workload.Placement]) -> dict[str, set[str]]:
+    """Whole device -> the running pods the kubelet gave it to."""
+    out: dict[str, set[str]] = {}
+    for r in rows:
+        if r.phase != "Running":
+            continue
+        for ids in (r.kubelet_ids or {}).values():
+            for devices in ids.values():
+                for d in devices:
+                    if "::" not in d:
+                        out.setdefault(d, set()).add(r.name)
+    return out
+
+
+def test_a_rejected_pod_never_lends_its_devices(
+    bed: Sandbox, api: k8s_client.ApiClient, ns: str
+) -> None:
+    """The Runtime fails the first Allocate: the kubelet rejects that pod, which stays in
+    its pod list for a moment; the next pods get their own devices, never the rejected
+    pod's under its name, and no GPU ends up with two running pods."""
+    res = bed.protocol.resources
+    bed.nodes[0].fail_allocations(0, 1)
+    workload.create_pods(api, ns, [_pinned(bed, "rejected", {"main": {res.gpu: 1}})])
+    phases = _wait_phase(api, ns, {"rejected": "Failed"})
+    assert "UnexpectedAdmissionError" in phases["rejected"][1]
+    assert "simulated Runtime failure" in phases["rejected"][1]
+    pods = [_pinned(bed, f"next-{i}", {"main": {res.gpu: 1}}) for i in range(3)]
+    pods.append(_pinned(bed, "slice", {"main": {res.core: 30, res.memory: 30}}))
+    workload.create_pods(api, ns, pods)
+    _wait_phase(api, ns, {p["metadata"]["name"]: "Running" for p in pods})
+    rows = _ledgers(bed, api, ns)
+    assert all(len(names) == 1 for names in _whole_holders(rows).values())
+    rejected = next(r for r in rows if r.name == "rejected")
+    assert rejected.runtime == {}  # nothing held in its name
+
+
+def test_a_partly_allocated_pod_is_rejected_and_its_share_released(
+    bed: Sandbox, api: k8s_client.ApiClient, ns: str
+) -> None:
+    """The first container's Allocate succeeds, the second's fails: the pod is rejected,
+    the first container's share is released, and the next pod is served its own."""
+    res = bed.protocol.resources
+    bed.nodes[0].fail_allocations(1, 1)
+    pod = _pinned(bed, "partial", {"a": {res.gpu: 1}, "b": {res.gpu: 1}})
+    workload.create_pods(api, ns, [pod])
+    _wait_phase(api, ns, {"partial": "Failed"})
+    workload.wait_until(
+        "the rejected pod's Runtime allocation released",
+        lambda: (
+            not any(r.runtime for r in workload.observe(bed, api, [ns])[0] if r.name == "partial")
+        ),
+        30,
+    )
+    after = _pinned(bed, "after", {"a": {res.gpu: 1}, "b": {res.gpu: 1}})
+    workload.create_pods(api, ns, [after])
+    _wait_phase(api, ns, {"after": "Running"})
+    rows = _ledgers(bed, api, ns)
+    assert all(len(names) == 1 for names in _whole_holders(rows).values())
+
+
+def test_init_containers_devices_go_on_to_the_app_containers(
+    bed: Sandbox, api: k8s_client.ApiClient, ns: str
+) -> None:
+    """The kubelet's device manager hands init containers' devices to the app containers
+    (its reuse rule, without asking the plugin's preference): each container gets exactly
+    what the kubelet recorded, the Runtime agrees, and the pod holds its devices once."""
+    res = bed.protocol.resources
+    pods = [
+        _pinned(
+            bed,
+            "init-whole",
+            {"a": {res.gpu: 1}, "b": {res.gpu: 1}},
+            init_containers={"prep": {res.gpu: 2}},
+        ),
+        _pinned(
+            bed,
+            "init-slice",
+            {"main": {res.core: 50, res.memory: 20}},
+            init_containers={"prep": {res.core: 30, res.memory: 40}},
+        ),
+    ]
+    workload.create_pods(api, ns, pods)
+    _wait_phase(api, ns, {"init-whole": "Running", "init-slice": "Running"})
+    rows = {r.name: r for r in _ledgers(bed, api, ns)}
+    whole = rows["init-whole"].kubelet_ids or {}
+    apps = {*whole["a"][res.gpu], *whole["b"][res.gpu]}
+    assert apps == set(whole["prep"][res.gpu])  # the kubelet reused the init devices
+    assert len(apps) == 2
+    sliced = rows["init-slice"].runtime
+    assert {s.device_id for shares in sliced.values() for s in shares} == {
+        sliced["main"][0].device_id
+    }
+
+
+def test_core_only_and_memory_only_slices_hold_only_what_they_ask(
+    bed: Sandbox, api: k8s_client.ApiClient, ns: str
+) -> None:
+    """A core-only slice holds 0 % memory (scheduler, plugin and Runtime agree), so a
+    memory-only pod fits beside it on the same GPU."""
+    res = bed.protocol.resources
+    pods = [
+        _pinned(bed, "core-only", {"main": {res.core: 100}}),
+        _pinned(bed, "memory-only", {"main": {res.memory: 100}}),
+    ]
+    workload.create_pods(api, ns, pods)
+    _wait_phase(api, ns, {"core-only": "Running", "memory-only": "Running"})
+    rows = {r.name: r for r in _ledgers(bed, api, ns)}
+    (core,) = rows["core-only"].runtime["main"]
+    (memory,) = rows["memory-only"].runtime["main"]
+    assert (core.core_percent, core.memory_percent) == (100, 0)
+    assert (memory.core_percent, memory.memory_percent) == (0, 100)
+    assert core.device_id == memory.device_id  # binpack: both on the tightest GPU
+
+
+def test_deleted_pods_and_an_empty_node_leave_nothing_held(
+    bed: Sandbox, api: k8s_client.ApiClient, ns: str
+) -> None:
+    """Pods deleted around their admission release exactly their own devices; once the
+    node's last pod is gone (the kubelet lists `"items": null`) the Runtime holds nothing,
+    and the kubelet's record never differed from the plugin's."""
+    res = bed.protocol.resources
+    core = k8s_client.CoreV1Api(api)
+    pods = [_pinned(bed, f"churn-{i}", {"main": {res.gpu: 1}}) for i in range(4)]
+    workload.create_pods(api, ns, pods)
+    core.delete_namespaced_pod("churn-1", ns, grace_period_seconds=0)
+    _wait_phase(api, ns, {"churn-0": "Running", "churn-2": "Running", "churn-3": "Running"})
+    _ledgers(bed, api, ns)
+    for name in ("churn-0", "churn-2", "churn-3"):
+        core.delete_namespaced_pod(name, ns)
+    node = bed.nodes[0]
+    workload.wait_until(
+        "the node's Runtime holds nothing once its pods are gone",
+        lambda: not workload.runtime_allocations([node])[node.name],
+        60,
+    )
+    log = node.plugin.log_path.read_text()
+    assert "did not answer a PodList" not in log
+    assert "kubelet record differs" not in log
