@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -168,3 +169,27 @@ async def test_plugin_restart_never_hands_out_an_assignment_twice(make_bed: BedF
             await bed.kubelet.allocate(GPU, [[bed.gpu(6)]])
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "no pod on node" in (err.value.details() or "")
+
+
+async def test_a_pod_being_deleted_keeps_its_devices_until_its_containers_are_gone(
+    make_bed: BedFactory,
+) -> None:
+    """deletionTimestamp set, containers still in their grace period: the Runtime share
+    stays; once the pod is terminal (or gone from the list) it is released."""
+    async with make_bed() as bed:
+        pod = bed.pod({"main": {GPU: 1}}, {"main": [DeviceShare(bed.gpu(1))]})
+        await bed.kubelet.admit(pod)
+        pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        pod["status"] = {"phase": "Running"}
+        bed.pods.put(pod)
+        # Several clean-up rounds (every 0.5 s, release grace 0) pass: still held.
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            assert len(await bed.allocations()) == 1, bed.fail("released while running")
+            await asyncio.sleep(0.2)
+        pod["status"] = {"phase": "Succeeded"}
+        bed.pods.put(pod)
+        deadline = time.monotonic() + 10
+        while await bed.allocations():
+            assert time.monotonic() < deadline, bed.fail("not released once terminal")
+            await asyncio.sleep(0.1)

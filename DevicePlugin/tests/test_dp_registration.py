@@ -91,6 +91,19 @@ def test_runtime_too_old_refuses_to_start(workdir: Path) -> None:
         assert "Traceback" not in log
 
 
+def test_no_pod_source_refuses_to_start(workdir: Path) -> None:
+    """The kubelet's /pods does not answer and there is no API access: no Allocate could be
+    answered, so the plugin advertises nothing and exits with one line."""
+    (workdir / "dp").mkdir()
+    with SimulatorProcess(workdir / "rt", EXAMPLE_NODES / "tdm-8gpu.yaml"):
+        plugin = PluginProcess(workdir / "dp", workdir / "rt", "http://127.0.0.1:9/pods").start()
+        assert plugin.wait(30) == 1
+        log = plugin.log()
+        assert "cannot start: cannot list the node's pods" in log
+        assert "Traceback" not in log
+        assert not list((workdir / "dp").glob("lj-*.sock"))
+
+
 async def test_kubelet_restart_reregisters_within_two_seconds(make_bed: BedFactory) -> None:
     async with make_bed() as bed:
         before = len(bed.kubelet.registrations)
@@ -122,6 +135,7 @@ async def test_sigterm_removes_own_sockets(make_bed: BedFactory) -> None:
         (["--label-node=true"], "--label-node needs API server access"),
         (["--protocol=/nonexistent/protocol.yaml"], "cannot read protocol file"),
         (["--kubelet-pods-url=ftp://x/pods"], "is not an http(s) URL"),
+        (["--kubelet-pods-url="], "no source for the node's pods"),
     ],
 )
 def test_operator_mistakes_exit_1_with_one_line(

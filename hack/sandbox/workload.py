@@ -579,7 +579,9 @@ def ledger_mismatches(r: Placement, protocol: Protocol | None = None) -> list[st
                 f" Runtime {held}"
             )
     if protocol is not None and r.kubelet_ids is not None:
-        for container in sorted(set(allocated) | set(r.kubelet_ids)):
+        # The kubelet stops listing an init container once it has run to completion.
+        listed = set(allocated) - (r.run_to_completion - set(r.kubelet_ids))
+        for container in sorted(listed | set(r.kubelet_ids)):
             want = _kubelet_view(
                 allocated.get(container, ()), r.requests.get(container, {}), protocol
             )
