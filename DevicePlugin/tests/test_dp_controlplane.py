@@ -116,3 +116,35 @@ async def test_labels_records_and_api_fallback(
         assert record == assignment
         log = bed.plugin.log()
         assert log.count("reading the node's pods from the API server instead") == 1
+
+
+@pytest.mark.controlplane
+async def test_labels_are_retried_until_written(
+    control_plane: Any,
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: Any,
+    workdir: Path,
+) -> None:
+    """The label write fails (the Node does not exist yet): it is retried with backoff and
+    lands once the Node is there, with no device event in between."""
+    core = k8s_client.CoreV1Api(api_client)
+    name = f"{namespace}-late"
+    args = [
+        "--label-node=true",
+        f"--kubeconfig={control_plane.kubeconfig_path}",
+        f"--node-name={name}",
+    ]
+    async with node_bed(workdir, "tdm-8gpu", plugin_args=args) as bed:
+        deadline = time.monotonic() + 30
+        while "node labels not written" not in bed.plugin.log():
+            assert time.monotonic() < deadline, bed.fail("the label write never failed")
+            await asyncio.sleep(0.2)
+        node_factory.create(name)
+        count = PROTOCOL.labels.device_count
+        deadline = time.monotonic() + 60
+        while (core.read_node(name).metadata.labels or {}).get(count) != "8":
+            assert time.monotonic() < deadline, bed.fail("labels never written")
+            await asyncio.sleep(0.2)
+        annotations = core.read_node(name).metadata.annotations or {}
+        assert ANN.node_devices in annotations
