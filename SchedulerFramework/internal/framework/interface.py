@@ -174,8 +174,8 @@ class Handle(Protocol):
         """GET an API path as JSON; None when it does not exist or there is no API client."""
         ...
 
-    def node_in_admission(self, node_name: str) -> bool:
-        """Whether a device pod bound to the node still waits for its admission (the node's
+    def nodes_in_admission(self) -> frozenset[str]:
+        """The nodes where a device pod bound there still waits for its admission (a node's
         next device pod is bound only after it)."""
         ...
 

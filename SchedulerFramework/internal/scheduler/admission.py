@@ -116,6 +116,11 @@ class AdmissionGate(Generic[T]):
                         return entry[1]
         return None
 
+    def busy_nodes(self) -> frozenset[str]:
+        """The nodes with a device pod in admission."""
+        with self._lock:
+            return frozenset(self._holders)
+
     def holders(self, node: str) -> set[str]:
         """The pods in admission on `node`."""
         with self._lock:

@@ -264,8 +264,8 @@ class Scheduler:
                 candidates = list(nodes.values())
             return [n for n in candidates if n.present and fwk.run_filters(state, pod, n).ok]
 
-    def node_in_admission(self, node_name: str) -> bool:
-        return bool(self.admission.holders(node_name))
+    def nodes_in_admission(self) -> frozenset[str]:
+        return self.admission.busy_nodes()
 
     def get_json(self, path: str) -> dict[str, Any] | None:
         if self.kube is None:
