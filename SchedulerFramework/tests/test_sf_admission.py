@@ -64,20 +64,17 @@ def test_pods_in_admission_are_rebuilt_after_a_restart(cluster: FakeCluster) -> 
     wait_until(lambda: cluster.node_of(second) == "only")
 
 
-def test_concurrent_device_pods_spread_over_nodes_not_in_admission(cluster: FakeCluster) -> None:
-    """Binpack would stack both pods on one node; the second would then wait for the first's
-    admission. A node in admission scores lowest, so the second goes elsewhere."""
+def test_binpack_is_kept_and_bindings_queue_per_node(cluster: FakeCluster) -> None:
+    """Admission does not change placement: binpack stacks both pods on one node, the
+    second binding waits for the first pod's admission, then binds."""
     cluster.admit = False
     cluster.add_node("a")
     cluster.add_node("b")
     first = cluster.add_pod("first", {GPU: "1"})
-    cluster.schedule(wait_binds=False)
     second = cluster.add_pod("second", {GPU: "1"})
     cluster.schedule(wait_binds=False)
-    wait_until(lambda: bool(cluster.node_of(first)) and bool(cluster.node_of(second)))
-    assert cluster.node_of(first) != cluster.node_of(second)
+    wait_until(lambda: bool(cluster.node_of(first)))
+    assert cluster.node_of(second) == ""
+    assert cluster.scheduler.admission.queued() == 1
     cluster.admit_pod(first)
-    cluster.admit_pod(second)
-    third = cluster.add_pod("third", {GPU: "1"})
-    cluster.schedule()
-    assert cluster.node_of(third) in ("a", "b")  # binpack again once both are admitted
+    wait_until(lambda: cluster.node_of(second) == cluster.node_of(first))

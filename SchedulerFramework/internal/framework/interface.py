@@ -174,11 +174,6 @@ class Handle(Protocol):
         """GET an API path as JSON; None when it does not exist or there is no API client."""
         ...
 
-    def nodes_in_admission(self) -> frozenset[str]:
-        """The nodes where a device pod bound there still waits for its admission (a node's
-        next device pod is bound only after it)."""
-        ...
-
 
 PluginFactory = Callable[[Mapping[str, Any], Handle], Plugin]
 """`New(args, handle)`: validates typed args and builds the plugin."""

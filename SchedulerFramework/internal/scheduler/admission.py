@@ -9,11 +9,14 @@ Failed: a kubelet that rejected the pod marks it Failed), or the pod's
 deletion. The Device Plugin then serves exactly that pod (docs/protocol.md).
 
 Bindings for a node that is busy wait here, first come first served, without
-holding a binding worker. The holders are rebuilt from the pods after a
-restart (a bound pod whose bind phase is still `allocating` holds its node),
-so a new scheduler never binds beside a pod still in admission. There is no
-timer: a node whose kubelet never answers stays closed to device pods, which
-is right, as nothing could be admitted there.
+holding a binding worker or a bind slot. Placement is not changed by it
+(binpack still fills the fullest node): while the scheduling loop assigns pods
+faster than nodes admit them, many nodes have a queue and drain side by side.
+The holders are rebuilt from the pods after a restart (a bound pod whose bind
+phase is still `allocating` holds its node), so a new scheduler never binds
+beside a pod still in admission. There is no timer: a node whose kubelet never
+answers stays closed to device pods, which is right, as nothing could be
+admitted there.
 """
 
 from __future__ import annotations
@@ -115,11 +118,6 @@ class AdmissionGate(Generic[T]):
                             del self._queued[node]
                         return entry[1]
         return None
-
-    def busy_nodes(self) -> frozenset[str]:
-        """The nodes with a device pod in admission."""
-        with self._lock:
-            return frozenset(self._holders)
 
     def holders(self, node: str) -> set[str]:
         """The pods in admission on `node`."""

@@ -74,6 +74,8 @@ class _Binding:
     state: CycleState
     queued: QueuedPod
     node: str
+    slot: bool = False
+    """Holds one of the bounded bind slots (the scheduling loop's backpressure)."""
 
 
 class _Timers:
@@ -263,9 +265,6 @@ class Scheduler:
             else:
                 candidates = list(nodes.values())
             return [n for n in candidates if n.present and fwk.run_filters(state, pod, n).ok]
-
-    def nodes_in_admission(self) -> frozenset[str]:
-        return self.admission.busy_nodes()
 
     def get_json(self, path: str) -> dict[str, Any] | None:
         if self.kube is None:
@@ -478,25 +477,30 @@ class Scheduler:
     # -- binding cycle --------------------------------------------------------------------
 
     def _submit(self, binding: _Binding) -> None:
-        self._bind_slots.acquire()  # backpressure: bounded binds in flight
         with self._idle:
             self._binds_in_flight += 1
         assigned = self._protocol.annotations.assigned_devices
         if assigned in binding.state.binding_annotations and not self.admission.enter(
             binding.node, binding.queued.pod.uid, lambda: self._start_bind(binding)
         ):
-            return  # the node's previous device pod is still in admission: bound after it
+            # The node's previous device pod is still in admission: bound after it. A
+            # waiting binding holds no bind slot, so it never stalls the scheduling loop.
+            return
+        self._bind_slots.acquire()  # backpressure: bounded binds in flight
+        binding.slot = True
         self._start_bind(binding)
 
     def _start_bind(self, binding: _Binding) -> None:
         try:
             self._pool.submit(self._bind, binding)
         except RuntimeError:  # pool shut down
-            self._bind_done()
+            self._bind_done(binding)
             self._forget(binding)
 
-    def _bind_done(self) -> None:
-        self._bind_slots.release()
+    def _bind_done(self, binding: _Binding) -> None:
+        if binding.slot:
+            binding.slot = False
+            self._bind_slots.release()
         with self._idle:
             self._binds_in_flight -= 1
             self._idle.notify_all()
@@ -558,7 +562,7 @@ class Scheduler:
             else:
                 self.queue.requeue_backoff(b.queued)
         finally:
-            self._bind_done()
+            self._bind_done(b)
 
     def stop(self) -> None:
         self.queue.close()

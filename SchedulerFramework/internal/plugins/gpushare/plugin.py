@@ -95,9 +95,6 @@ class _Cycle:
     whole_count: int = 0
     single_slice: ContainerAsk | None = None
     """Set when the pod is one container asking for one slice (a scan instead of `assign`)."""
-    busy: frozenset[str] = frozenset()
-    """Nodes with a device pod in admission (this cycle's snapshot): ranked last, scored
-    lowest, so concurrent pods spread instead of queueing for one node."""
 
 
 def device_request(pod: PodInfo, handle: Handle) -> DeviceRequest | None:
@@ -138,7 +135,6 @@ class GpuShare:
         self._check_runtime_class(pod)
         policy = req.policy_override or self.args.policy
         cache = self.handle.cache
-        busy = self.handle.nodes_in_admission()
         for kind, total in req.whole_total.items():
             largest = cache.max_whole_capacity(kind)
             if total > largest:
@@ -149,14 +145,12 @@ class GpuShare:
         if req.only_whole:
             kind = req.asks[0].kind
             total = req.whole_total[kind]
-            state.write(CYCLE_KEY, _Cycle(req, policy, kind, total, busy=busy))
-            names = _free_first(
-                cache.nodes_with_free(kind, total, ascending=policy == "binpack"), busy
-            )
+            state.write(CYCLE_KEY, _Cycle(req, policy, kind, total))
+            names = cache.nodes_with_free(kind, total, ascending=policy == "binpack")
             reason = f"Insufficient {self.resource_of[kind]}"
             return PreFilterResult(names, reason, self.args.ranked_nodes_to_score), SUCCESS
         single = req.asks[0] if len(req.asks) == 1 and req.only_slices else None
-        state.write(CYCLE_KEY, _Cycle(req, policy, single_slice=single, busy=busy))
+        state.write(CYCLE_KEY, _Cycle(req, policy, single_slice=single))
         profiles = req.mig_profiles()
         if profiles:
             missing = sorted(p for p in profiles if not cache.mig_nodes.get(p))
@@ -169,9 +163,7 @@ class GpuShare:
                 return PreFilterResult(nodes, "node(s) had no free MIG instance asked for"), SUCCESS
         if req.only_slices:
             smallest = min(a.core for a in req.asks)
-            names = _free_first(
-                cache.nodes_with_slice_room(smallest, ascending=policy == "binpack"), busy
-            )
+            names = cache.nodes_with_slice_room(smallest, ascending=policy == "binpack")
             reason = "node(s) had no GPU with the asked core and memory percentage free"
             return PreFilterResult(names, reason, self.args.ranked_nodes_to_score), SUCCESS
         return None, SUCCESS
@@ -223,11 +215,7 @@ class GpuShare:
         return f"Insufficient devices ({r.gpu}, slices or MIG instances)"
 
     def score(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> int:
-        """Binpack or spread by device use; a node with a device pod still in admission
-        scores lowest, so concurrent pods spread instead of queueing for one node."""
         c = self._cycle(state)
-        if node.name in c.busy:
-            return 0
         if c.whole_kind:
             total = node.devices.whole_capacity(c.whole_kind)
             used = total - self.handle.cache.free_whole(c.whole_kind, node.name)
@@ -235,8 +223,8 @@ class GpuShare:
             used, total = node.devices.used_units()
         if total <= 0:
             return 0
-        packed = used * (MAX_NODE_SCORE - 1) // total
-        return 1 + (packed if c.policy == "binpack" else MAX_NODE_SCORE - 1 - packed)
+        packed = used * MAX_NODE_SCORE // total
+        return packed if c.policy == "binpack" else MAX_NODE_SCORE - packed
 
     # -- Reserve --------------------------------------------------------------------------
 
@@ -272,13 +260,6 @@ class GpuShare:
         a = self.protocol.annotations
         for key in (a.assigned_devices, a.assume_time, a.bind_phase):
             state.binding_annotations.pop(key, None)
-
-
-def _free_first(names: list[str], busy: frozenset[str]) -> list[str]:
-    """Ranked node names with the nodes in admission moved to the end (order kept)."""
-    if not busy:
-        return names
-    return [n for n in names if n not in busy] + [n for n in names if n in busy]
 
 
 def new(args: Args, handle: Handle) -> GpuShare:
