@@ -47,7 +47,7 @@ from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig,
 from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
 from lj_runtimekit.envtest.process import Process
 from lj_runtimekit.proto.pkg.protocol import decode_assignment, load_protocol
-from lj_runtimekit.schedulerframework.internal.kube.client import Kube
+from lj_runtimekit.schedulerframework.internal.kube.client import Kube, load_api_client
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gang import run_gang_bench  # type: ignore[import-not-found]  # a script beside this one
@@ -84,16 +84,52 @@ def create_pods(kube: Kube, ns: str, scheduler: str, n: int, limits: dict[str, s
 
 
 class BindWatch:
-    """Records when each pod of a namespace gets a node (from a watch)."""
+    """Records when each pod of a namespace gets a node (from a watch), and plays the
+    nodes' Device Plugins for lj-scheduler's pods: a pod bound with an assignment gets
+    what the plugin writes once its containers are allocated (`allocated_devices` = the
+    assignment, `bind_phase: allocated`), one merge patch per pod, as the plugin does.
+    That ends the pod's admission on its node (docs/protocol.md), so the node's next
+    device pod is bound; KWOK making the pod Running would too, but later."""
 
-    def __init__(self, kube: Kube, ns: str) -> None:
+    def __init__(self, kube: Kube, ns: str, plugins: Kube | None = None) -> None:
         self.kube = kube
+        self.plugins = plugins or kube
+        """The Device Plugins' own API connections (a pool as large as their writers)."""
         self.path = f"/api/v1/namespaces/{ns}/pods"
         self.times: dict[str, float] = {}
         self.stop = threading.Event()
+        self._allocating: set[str] = set()
+        # One Device Plugin per node writes its own records: many writers at once.
+        self._plugins = ThreadPoolExecutor(64, thread_name_prefix="device-plugin")
         _, self.rv = kube.list_all(self.path)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+
+    def _allocate(self, obj: dict[str, Any]) -> None:
+        """What a node's Device Plugin records after serving the pod's Allocate calls."""
+        a = P.annotations
+        annotations = obj["metadata"].get("annotations") or {}
+        name = obj["metadata"]["name"]
+        if a.assigned_devices not in annotations or annotations.get(a.bind_phase) != "allocating":
+            return
+        if name in self._allocating:
+            return
+        self._allocating.add(name)
+        body = {
+            "metadata": {
+                "annotations": {
+                    a.allocated_devices: annotations[a.assigned_devices],
+                    a.bind_phase: "allocated",
+                }
+            }
+        }
+        self._plugins.submit(
+            self.plugins.request,
+            "PATCH",
+            f"{self.path}/{name}",
+            body=body,
+            content_type="application/merge-patch+json",
+        )
 
     def _run(self) -> None:
         rv = self.rv
@@ -103,6 +139,7 @@ class BindWatch:
                     rv = obj["metadata"].get("resourceVersion", rv)
                     if obj.get("spec", {}).get("nodeName"):
                         self.times.setdefault(obj["metadata"]["name"], time.monotonic())
+                        self._allocate(obj)
                     if self.stop.is_set():
                         return
             except Exception as exc:  # the stream broke: resume from the last version
@@ -117,6 +154,7 @@ class BindWatch:
                 raise TimeoutError(f"only {len(self.times)}/{n} pods bound in {timeout_s:.0f}s")
             time.sleep(0.1)
         self.stop.set()
+        self._plugins.shutdown(wait=False)
         ts = sorted(self.times.values())
         return (len(ts) - 1) / (ts[-1] - ts[0])
 
@@ -229,7 +267,7 @@ def run_lj(
     """
     make_namespace(kube, ns)
     create_pods(kube, ns, "lj-bench", n, limits)
-    watch = BindWatch(kube, ns)
+    watch = BindWatch(kube, ns, Kube(load_api_client(str(cp.kubeconfig_path), pool_size=64)))
     port = free_port()
     with (work / f"lj-scheduler-{ns}.log").open("wb") as out:
         lj = subprocess.Popen(
@@ -350,6 +388,7 @@ def run_whole_rounds(
         ("filter_score", "lj_scheduler_filter_score_duration_seconds"),
         ("filter_score_cpu", "lj_scheduler_filter_score_cpu_seconds"),
         ("bind", "lj_scheduler_binding_duration_seconds"),
+        ("admission", "lj_scheduler_admission_duration_seconds"),
     ):
         p50, p99 = histogram_quantiles(text, metric, (0.5, 0.99))
         out[f"{key}_p50_ms"] = p50
