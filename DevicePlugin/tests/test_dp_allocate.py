@@ -97,9 +97,11 @@ async def test_kubelet_devices_outside_the_assignment_are_refused(make_bed: BedF
         bed.pod({"main": {CORE: 30, MEMORY: 20}}, {"main": [share]}, name="sliced")
         units = [f"{bed.gpu(5)}::{i}" for i in range(30)]
         assert await bed.allocations() == []
+        # The refused pod is rejected by the kubelet, though still listed Pending: the
+        # sliced pod is the one waiting, and units of another device are refused too.
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await bed.kubelet.allocate(CORE, [units])
-        assert "cannot tell which pod" in (err.value.details() or "")
+        assert f"the scheduler assigned it a slice of {bed.gpu(3)}" in (err.value.details() or "")
         assert await bed.allocations() == []
 
 

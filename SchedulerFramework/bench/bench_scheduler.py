@@ -46,7 +46,11 @@ import yaml
 from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig, free_port
 from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
 from lj_runtimekit.envtest.process import Process
-from lj_runtimekit.proto.pkg.protocol import decode_assignment, load_protocol
+from lj_runtimekit.proto.pkg.protocol import (
+    ADMISSION_KUBELET_ORDER,
+    decode_assignment,
+    load_protocol,
+)
 from lj_runtimekit.schedulerframework.internal.kube.client import Kube, load_api_client
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -88,8 +92,9 @@ class BindWatch:
     nodes' Device Plugins for lj-scheduler's pods: a pod bound with an assignment gets
     what the plugin writes once its containers are allocated (`allocated_devices` = the
     assignment, `bind_phase: allocated`), one merge patch per pod, as the plugin does.
-    That ends the pod's admission on its node (docs/protocol.md), so the node's next
-    device pod is bound; KWOK making the pod Running would too, but later."""
+    That ends the pod's admission on its node (docs/protocol.md); the nodes announce the
+    plugin's default mode, `kubelet-order` (see `announce_admission`), so the scheduler
+    does not wait for it between two pods of one node."""
 
     def __init__(self, kube: Kube, ns: str, plugins: Kube | None = None) -> None:
         self.kube = kube
@@ -157,6 +162,22 @@ class BindWatch:
         self._plugins.shutdown(wait=False)
         ts = sorted(self.times.values())
         return (len(ts) - 1) / (ts[-1] - ts[0])
+
+
+def announce_admission(kube: Kube, names: list[str]) -> None:
+    """What each node's Device Plugin writes at start when it reads the kubelet's own pod
+    list (the default): `annotations.node_admission: kubelet-order`."""
+
+    def one(name: str) -> None:
+        body = {
+            "metadata": {"annotations": {P.annotations.node_admission: ADMISSION_KUBELET_ORDER}}
+        }
+        kube.request(
+            "PATCH", f"/api/v1/nodes/{name}", body=body, content_type="application/merge-patch+json"
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, names))
 
 
 def make_namespace(kube: Kube, ns: str) -> None:
@@ -418,6 +439,7 @@ def main() -> int:
             list(pool.map(lambda s: factory.create_many([s]), specs))
         # the node lifecycle controller lifts the not-ready taint once KWOK reports Ready
         factory.wait_ready([s.name for s in specs], timeout_s=600)
+        announce_admission(kube, [s.name for s in specs])
         log("nodes ready")
 
         lj_cfg = work / "lj-scheduler.yaml"

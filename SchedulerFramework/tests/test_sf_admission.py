@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATING
+from lj_runtimekit.proto.pkg.protocol import ADMISSION_KUBELET_ORDER, BIND_PHASE_ALLOCATING
 from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
     GPU,
     PROTOCOL,
@@ -78,3 +78,18 @@ def test_binpack_is_kept_and_bindings_queue_per_node(cluster: FakeCluster) -> No
     assert cluster.scheduler.admission.queued() == 1
     cluster.admit_pod(first)
     wait_until(lambda: cluster.node_of(second) == cluster.node_of(first))
+
+
+def test_a_node_whose_plugin_reads_the_kubelets_pods_takes_device_pods_at_once(
+    cluster: FakeCluster,
+) -> None:
+    """A Device Plugin reading the kubelet's own pod list sees a pod only as the kubelet
+    starts admitting it, one at a time: its node (`kubelet-order`) is not held."""
+    cluster.admit = False
+    mode = {PROTOCOL.annotations.node_admission: ADMISSION_KUBELET_ORDER}
+    cluster.add_node("fast", annotations=mode)
+    first = cluster.add_pod("first", {GPU: "1"})
+    second = cluster.add_pod("second", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.node_of(first) == cluster.node_of(second) == "fast"
+    assert cluster.scheduler.admission.queued() == 0

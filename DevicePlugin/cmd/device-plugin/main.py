@@ -32,7 +32,13 @@ from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, Runt
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError, evaluate
 from lj_runtimekit.proto.pkg.flags import FlagParser, boolean
-from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError, load_protocol
+from lj_runtimekit.proto.pkg.protocol import (
+    ADMISSION_KUBELET_ORDER,
+    ADMISSION_SERIAL,
+    Protocol,
+    ProtocolError,
+    load_protocol,
+)
 from lj_runtimekit.proto.pkg.runtimeclient import (
     DEFAULT_SOCKET_DIR,
     DEFAULT_SOCKET_NAME,
@@ -290,7 +296,10 @@ async def _serve(cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: Resour
         labeller = NodeLabeller(cfg.api, cfg.node_name)
         pending: asyncio.Queue[Snapshot] = asyncio.Queue()
         rm.add_listener(pending.put_nowait)
-        follow = labeller.follow(pending, rm.snapshot, cfg.protocol)
+        # With the kubelet's own pod list a pod shows up as the kubelet starts admitting
+        # it, one at a time: the scheduler need not wait between this node's device pods.
+        admission = ADMISSION_KUBELET_ORDER if cfg.kubelet_pods_url else ADMISSION_SERIAL
+        follow = labeller.follow(pending, rm.snapshot, cfg.protocol, admission)
         tasks.append(asyncio.create_task(follow, name="labels"))
     log.info(
         "serving resources=%s plugin_dir=%s",

@@ -153,6 +153,9 @@ class Allocator:
         self._release_grace_s = release_grace_s
         self._lock = asyncio.Lock()
         self.ledger: dict[str, Held] = {}
+        self._refused: dict[str, None] = {}
+        """Pods a call was refused for: the kubelet rejects such a pod at once, though its
+        pod list still shows it Pending for a moment (oldest first, bounded)."""
         self._pod_resources = pod_resources
         self.differences: list[Difference] = []
         """The last cross-check's differences between the kubelet's record and the ledger."""
@@ -262,7 +265,14 @@ class Allocator:
     def _waiting(self, pods: Sequence[PodInfo], done: set[DoneKey]) -> list[Waiting]:
         served = self._rm.resources()
         ann = self._protocol.annotations
-        return waiting_pods(pods, served.__contains__, done, ann.assigned_devices, ann.bind_phase)
+        listed = [p for p in pods if p.uid not in self._refused]
+        return waiting_pods(listed, served.__contains__, done, ann.assigned_devices, ann.bind_phase)
+
+    def _refuse(self, pod: PodInfo) -> None:
+        """Remember that a call for `pod` failed: the kubelet has rejected it."""
+        self._refused[pod.uid] = None
+        while len(self._refused) > 10000:
+            self._refused.pop(next(iter(self._refused)))
 
     async def _list(self) -> list[PodInfo]:
         try:
@@ -469,12 +479,15 @@ class Allocator:
             repeated = await self._repeated(info, ids, pods, {x.pod.uid for x in waiting})
             if repeated is not None:
                 return repeated
+            if len(waiting) == 1:
+                self._refuse(waiting[0].pod)
             raise
         pod = w.pod
         held = self.ledger.get(f"{pod.uid}/{container.name}")
         if held is not None:
             mine = tuple(s for s in held.shares if info.name in self._resource_of(s))
             if mine and set(mine) != set(part):
+                self._refuse(pod)
                 raise AllocationError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"pod {pod.ref} container {container.name} holds {_describe(mine)} for"
@@ -490,7 +503,11 @@ class Allocator:
                 if info.name not in self._resource_of(s)
             )
             shares = (*part, *others)
-        response = await self._runtime_allocate(pod, container, shares)
+        try:
+            response = await self._runtime_allocate(pod, container, shares)
+        except AllocationError:
+            self._refuse(pod)
+            raise
         if held is None or held.shares != shares:
             called = held.called if held is not None else set()
             held = Held(

@@ -114,9 +114,11 @@ class NodeLabeller:
         snapshots: asyncio.Queue[Snapshot],
         first: Snapshot,
         protocol: Protocol,
+        admission: str,
         retry_max_s: float = 30.0,
     ) -> None:
-        """Keep the node's labels and inventory annotation written for the newest snapshot:
+        """Keep the node's labels, inventory annotation and admission mode (`admission`,
+        the value of `annotations.node_admission`) written for the newest snapshot:
         a refused write is retried with exponential backoff (capped at `retry_max_s`) until
         it lands or a newer snapshot replaces it. Runs until cancelled."""
         snap = first
@@ -125,7 +127,10 @@ class NodeLabeller:
         while True:
             written = await self.apply(
                 node_labels(snap.devices, snap.runtime_version, protocol),
-                {inventory_key: node_inventory(snap.devices, snap.runtime_up)},
+                {
+                    inventory_key: node_inventory(snap.devices, snap.runtime_up),
+                    protocol.annotations.node_admission: admission,
+                },
             )
             if written:
                 delay = 0.2

@@ -6,7 +6,12 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lj_runtimekit.proto.pkg.protocol import InventoryError, Protocol, decode_inventory
+from lj_runtimekit.proto.pkg.protocol import (
+    ADMISSION_KUBELET_ORDER,
+    InventoryError,
+    Protocol,
+    decode_inventory,
+)
 from lj_runtimekit.schedulerframework.internal.cache.devices import (
     NodeDevices,
     devices_from_capacity,
@@ -47,6 +52,7 @@ class NodeInfo:
         "obj",
         "pods",
         "requested",
+        "serial_admission",
         "soft_taints",
         "taints",
         "unschedulable",
@@ -67,6 +73,9 @@ class NodeInfo:
         self.devices = NodeDevices([], from_inventory=False)
         self.inventory_error = ""
         self.device_source: tuple[object, ...] = ()
+        self.serial_admission = True
+        """The node's Device Plugin needs its device pods bound one at a time (it says
+        otherwise in `annotations.node_admission`; docs/protocol.md)."""
 
     @property
     def present(self) -> bool:
@@ -95,7 +104,10 @@ class NodeInfo:
             except QuantityError:
                 log.warning("node has an unparsable allocatable %s=%r", name, value)
         self.allocatable = alloc
-        self._update_devices(meta.get("annotations") or {}, protocol)
+        annotations = meta.get("annotations") or {}
+        mode = annotations.get(protocol.annotations.node_admission)
+        self.serial_admission = mode != ADMISSION_KUBELET_ORDER
+        self._update_devices(annotations, protocol)
 
     def _update_devices(self, annotations: Mapping[str, str], protocol: Protocol) -> None:
         text = annotations.get(protocol.annotations.node_devices)

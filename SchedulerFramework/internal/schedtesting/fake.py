@@ -141,12 +141,13 @@ class FakeCluster:
         extra: Mapping[str, str] | None = None,
         cpu: str = "96",
         pods: str = "110",
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         alloc = {"cpu": cpu, "memory": "768Gi", "pods": pods}
         if gpus:
             alloc.update({GPU: str(gpus), CORE: str(100 * gpus), MEM: str(100 * gpus)})
         alloc.update(extra or {})
-        ann = {}
+        ann = dict(annotations or {})
         if inventory is not None:
             ann[PROTOCOL.annotations.node_devices] = encode_inventory(inventory)
         obj = {

@@ -356,7 +356,9 @@ class Scheduler:
         uid = str(meta.get("uid", ""))
         a = self._protocol.annotations
         if etype != "DELETED" and in_admission(obj, a.assigned_devices, a.bind_phase):
-            self.admission.hold(str((obj.get("spec") or {}).get("nodeName")), uid)
+            node = str((obj.get("spec") or {}).get("nodeName"))
+            if self._serial_admission(node):
+                self.admission.hold(node, uid)
             return
         # A pod deleted while its binding waits for the node is bound after all and fails
         # there ("not found"), which frees the node for the next one.
@@ -480,8 +482,12 @@ class Scheduler:
         with self._idle:
             self._binds_in_flight += 1
         assigned = self._protocol.annotations.assigned_devices
-        if assigned in binding.state.binding_annotations and not self.admission.enter(
-            binding.node, binding.queued.pod.uid, lambda: self._start_bind(binding)
+        if (
+            assigned in binding.state.binding_annotations
+            and self._serial_admission(binding.node)
+            and not self.admission.enter(
+                binding.node, binding.queued.pod.uid, lambda: self._start_bind(binding)
+            )
         ):
             # The node's previous device pod is still in admission: bound after it. A
             # waiting binding holds no bind slot, so it never stalls the scheduling loop.
@@ -489,6 +495,12 @@ class Scheduler:
         self._bind_slots.acquire()  # backpressure: bounded binds in flight
         binding.slot = True
         self._start_bind(binding)
+
+    def _serial_admission(self, node_name: str) -> bool:
+        """Whether the node's device pods are bound one at a time (docs/protocol.md)."""
+        with self._cache.lock:
+            node = self._cache.nodes.get(node_name)
+            return node is None or node.serial_admission
 
     def _start_bind(self, binding: _Binding) -> None:
         try:

@@ -1,6 +1,8 @@
 """Protocol constants shared by the Device Plugin, Scheduler Framework and Exporter."""
 
 from lj_runtimekit.proto.pkg.protocol.assignment import (
+    ADMISSION_KUBELET_ORDER,
+    ADMISSION_SERIAL,
     BIND_PHASE_ALLOCATED,
     BIND_PHASE_ALLOCATING,
     AssignmentError,
@@ -29,6 +31,8 @@ from lj_runtimekit.proto.pkg.protocol.inventory import (
 )
 
 __all__ = [
+    "ADMISSION_KUBELET_ORDER",
+    "ADMISSION_SERIAL",
     "BIND_PHASE_ALLOCATED",
     "BIND_PHASE_ALLOCATING",
     "DEFAULTS",

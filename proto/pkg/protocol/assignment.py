@@ -40,6 +40,14 @@ BIND_PHASE_ALLOCATED = "allocated"
 """`annotations.bind_phase` written by the Device Plugin once every device container of the
 pod is allocated: the pod's admission is settled (docs/protocol.md)."""
 
+ADMISSION_SERIAL = "serial"
+"""`annotations.node_admission`: the node's Device Plugin sees every pod bound to the node
+(API server pod source), so the scheduler binds one device pod at a time there."""
+ADMISSION_KUBELET_ORDER = "kubelet-order"
+"""`annotations.node_admission`: the node's Device Plugin reads the kubelet's own pod list,
+where a pod appears as the kubelet starts admitting it, one pod at a time; device pods may
+be bound there without waiting for each other (docs/protocol.md)."""
+
 PodAssignment = Mapping[str, tuple[DeviceShare, ...]]
 """Container name -> the device shares it gets."""
 

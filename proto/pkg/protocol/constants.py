@@ -39,6 +39,7 @@ DEFAULTS: Mapping[str, str] = MappingProxyType(
         "annotations.gang_timeout_seconds": "lingjun.com/gang-timeout-seconds",
         "annotations.gang_topology": "lingjun.com/gang-topology",
         "annotations.node_devices": "lingjun.com/node-devices",
+        "annotations.node_admission": "lingjun.com/device-admission",
     }
 )
 
@@ -149,6 +150,9 @@ class Annotations:
     gang_topology: str
     node_devices: str
     """Node annotation: the device inventory the Device Plugin publishes (inventory.py)."""
+    node_admission: str
+    """Node annotation: how the node's Device Plugin tells which pod the kubelet admits
+    (`ADMISSION_KUBELET_ORDER` or `ADMISSION_SERIAL`; absent means serial)."""
 
 
 @dataclass(frozen=True)
