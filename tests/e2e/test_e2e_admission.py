@@ -90,23 +90,35 @@ def _whole_holders(rows: list[workload.Placement]) -> dict[str, set[str]]:
 def test_a_rejected_pod_never_lends_its_devices(
     bed: Sandbox, api: k8s_client.ApiClient, ns: str
 ) -> None:
-    """The Runtime fails the first Allocate: the kubelet rejects that pod, which stays in
-    its pod list for a moment; the next pods get their own devices, never the rejected
-    pod's under its name, and no GPU ends up with two running pods."""
+    """Four pods at once; the Runtime fails the first Allocate: the kubelet rejects that
+    pod, which it still lists as Pending for a moment, while it admits the next ones.
+    Those get their own devices, never the rejected pod's under its name, and no GPU
+    ends up with two running pods."""
     res = bed.protocol.resources
     bed.nodes[0].fail_allocations(0, 1)
-    workload.create_pods(api, ns, [_pinned(bed, "rejected", {"main": {res.gpu: 1}})])
-    phases = _wait_phase(api, ns, {"rejected": "Failed"})
-    assert "UnexpectedAdmissionError" in phases["rejected"][1]
-    assert "simulated Runtime failure" in phases["rejected"][1]
-    pods = [_pinned(bed, f"next-{i}", {"main": {res.gpu: 1}}) for i in range(3)]
-    pods.append(_pinned(bed, "slice", {"main": {res.core: 30, res.memory: 30}}))
+    pods = [_pinned(bed, f"p{i}", {"main": {res.gpu: 1}}) for i in range(4)]
     workload.create_pods(api, ns, pods)
-    _wait_phase(api, ns, {p["metadata"]["name"]: "Running" for p in pods})
+
+    def settled() -> tuple[bool, str]:
+        got = _phases(api, ns)
+        failed = [n for n, (phase, _) in got.items() if phase == "Failed"]
+        running = [n for n, (phase, _) in got.items() if phase == "Running"]
+        return len(failed) == 1 and len(running) == 3, str(got)
+
+    workload.wait_until("one pod rejected, three running", settled, 90)
+    phases = _phases(api, ns)
+    (rejected,) = [n for n, (phase, _) in phases.items() if phase == "Failed"]
+    assert "UnexpectedAdmissionError" in phases[rejected][1]
+    assert "simulated Runtime failure" in phases[rejected][1]
     rows = _ledgers(bed, api, ns)
     assert all(len(names) == 1 for names in _whole_holders(rows).values())
-    rejected = next(r for r in rows if r.name == "rejected")
-    assert rejected.runtime == {}  # nothing held in its name
+    assert next(r for r in rows if r.name == rejected).runtime == {}  # nothing in its name
+    more = [_pinned(bed, f"next-{i}", {"main": {res.gpu: 1}}) for i in range(2)]
+    more.append(_pinned(bed, "slice", {"main": {res.core: 30, res.memory: 30}}))
+    workload.create_pods(api, ns, more)
+    _wait_phase(api, ns, {p["metadata"]["name"]: "Running" for p in more})
+    rows = _ledgers(bed, api, ns)
+    assert all(len(names) == 1 for names in _whole_holders(rows).values())
 
 
 def test_a_partly_allocated_pod_is_rejected_and_its_share_released(
