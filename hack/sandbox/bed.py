@@ -83,6 +83,8 @@ class SandboxConfig:
     exporter_interval_s: float = 2.0
     controller: bool = True
     scheduler: bool = True
+    exporter: bool = True
+    """False: no Exporter per node (benchmarks that only need the admission path)."""
     kubelet_read_only_port: bool = True
     """False: the kubelets keep port 10255's /pods closed; the Device Plugin then reads the
     node's pods from one API server watch, the Exporter from the API server."""
@@ -365,10 +367,12 @@ class Sandbox:
                 node.kubelet.wait_ready(cfg.start_timeout_s)
             for node in self.nodes:
                 node.plugin.start()
-                node.exporter.start()
+                if cfg.exporter:
+                    node.exporter.start()
             for node in self.nodes:
                 node.plugin.wait_ready(cfg.start_timeout_s)
-                node.exporter.wait_ready(cfg.start_timeout_s)
+                if cfg.exporter:
+                    node.exporter.wait_ready(cfg.start_timeout_s)
         self._write_state()
         with self.step("wait for device plugin registration and node capacity"):
             self._wait_capacity()
@@ -499,7 +503,9 @@ class Sandbox:
             ),
             ready=lambda: _http_ok(f"http://127.0.0.1:{node.exporter_port}/healthz"),
         )
-        node.components.update({"kubelet": kubelet, "device-plugin": plugin, "exporter": exporter})
+        node.components.update({"kubelet": kubelet, "device-plugin": plugin})
+        if self.config.exporter:
+            node.components["exporter"] = exporter
 
     def expected_resources(self, node: NodeHandle) -> set[str]:
         """The extended resources a node's plugin registers (by its example node kind)."""

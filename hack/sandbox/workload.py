@@ -118,10 +118,12 @@ def pod_manifest(
     annotations: Mapping[str, str] | None = None,
     node_selector: Mapping[str, str] | None = None,
     init_containers: Mapping[str, Mapping[str, int]] | None = None,
+    requests: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """A workload pod for the Runtime Kit scheduler: container -> extended resource limits.
     Init containers run `lj-job-agent --version`, which the bed's kubelets really run (so
-    they finish and the app containers start)."""
+    they finish and the app containers start). `requests`: each app container's cpu and
+    memory requests (default 100m and 128Mi; a hollow node has one cpu)."""
     spec: dict[str, Any] = {
         "schedulerName": SCHEDULER_NAME,
         "runtimeClassName": "lj-runtime",
@@ -131,7 +133,7 @@ def pod_manifest(
                 "image": "registry.example/cuda-sample:12",
                 "resources": {
                     "limits": {k: str(v) for k, v in limits.items()},
-                    "requests": {"cpu": "100m", "memory": "128Mi"},
+                    "requests": dict(requests or {"cpu": "100m", "memory": "128Mi"}),
                 },
             }
             for cname, limits in containers.items()
@@ -642,3 +644,51 @@ def runtime_namespaces(nodes: Sequence[NodeHandle]) -> set[str]:
         return list(await asyncio.gather(*(_allocations(n) for n in nodes)))
 
     return {a.pod_namespace for allocations in asyncio.run(gather()) for a in allocations}
+
+
+def share_conflicts(
+    rows: Sequence[Placement],
+    runtime: Mapping[str, Mapping[str, Mapping[str, tuple[DeviceShare, ...]]]],
+) -> list[str]:
+    """The sharing invariant alone (no ledger comparison): a device given whole to two
+    pods, or sliced beyond 100 %, in the scheduler's assignments or the Device Plugin's
+    records of the active pods, or in the Runtime's allocations (node -> pod uid ->
+    container -> shares). Each line starts with its source."""
+    active = [r for r in rows if r.phase not in ("Succeeded", "Failed")]
+    out = _holdings_violations("scheduler", _pod_holdings(active, lambda r: r.assigned))
+    out += _holdings_violations("device plugin", _pod_holdings(active, lambda r: r.allocated))
+    by_uid = {r.uid: r for r in rows}
+    runtime_rows = []
+    for node, pods in runtime.items():
+        for uid, containers in pods.items():
+            row = by_uid.get(uid)
+            reuse = row.run_to_completion if row else frozenset()
+            owner = f"{row.namespace}/{row.name}" if row else uid
+            runtime_rows += [(node, owner, s) for s in pod_shares(containers, reuse)]
+    out += _holdings_violations("runtime", runtime_rows)
+    return out
+
+
+def kubelet_conflicts(rows: Sequence[Placement]) -> list[str]:
+    """Device IDs the kubelets' PodResources records give to two Running pods of a node: a
+    whole device or MIG instance, or the same slice unit (`<device>::<n>`)."""
+    holders: dict[tuple[str, str, str], set[str]] = {}
+    for r in rows:
+        if r.phase != "Running" or not r.kubelet_ids:
+            continue
+        for ids in r.kubelet_ids.values():
+            for resource, devices in ids.items():
+                for d in devices:
+                    key = (r.node, resource, d)
+                    holders.setdefault(key, set()).add(f"{r.namespace}/{r.name}")
+    # One line per device, resource and set of pods (not per slice unit).
+    shared: dict[tuple[str, str, str, tuple[str, ...]], int] = {}
+    for (node, resource, device), pods in holders.items():
+        if len(pods) > 1:
+            parent = device.rpartition("::")[0] or device
+            where = (node, resource, parent, tuple(sorted(pods)))
+            shared[where] = shared.get(where, 0) + 1
+    return [
+        f"kubelet: {resource} {device} on {node} ({count} IDs) given to {list(pods)}"
+        for (node, resource, device, pods), count in sorted(shared.items())
+    ]
