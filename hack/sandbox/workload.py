@@ -374,6 +374,36 @@ def runtime_allocations(
     return out
 
 
+@dataclass
+class RuntimePod:
+    """One pod's allocations as a node's Runtime lists them."""
+
+    namespace: str
+    name: str
+    containers: dict[str, tuple[DeviceShare, ...]] = field(default_factory=dict)
+    init_containers: frozenset[str] = frozenset()
+    """Containers allocated as init containers (`Allocation.init_container`)."""
+
+
+def runtime_records(nodes: Sequence[NodeHandle]) -> dict[str, dict[str, RuntimePod]]:
+    """node -> pod uid -> the pod's allocations, with its name and init containers, from one
+    ListAllocations per node (so a pod already deleted is still described)."""
+
+    async def gather() -> list[list[Any]]:
+        return list(await asyncio.gather(*(_allocations(n) for n in nodes)))
+
+    out: dict[str, dict[str, RuntimePod]] = {}
+    for node, allocations in zip(nodes, asyncio.run(gather()), strict=True):
+        per_pod: dict[str, RuntimePod] = {}
+        for a in allocations:
+            pod = per_pod.setdefault(a.pod_uid, RuntimePod(a.pod_namespace, a.pod_name))
+            pod.containers[a.container_name] = tuple(from_request(d) for d in a.devices)
+            if a.init_container:
+                pod.init_containers |= {a.container_name}
+        out[node.name] = per_pod
+    return out
+
+
 def kubelet_records(nodes: Sequence[NodeHandle], protocol: Protocol) -> KubeletRecords:
     """Every node's kubelet record of the device IDs each container got (PodResources List),
     for the Runtime Kit's resources."""
@@ -647,24 +677,24 @@ def runtime_namespaces(nodes: Sequence[NodeHandle]) -> set[str]:
 
 
 def share_conflicts(
-    rows: Sequence[Placement],
-    runtime: Mapping[str, Mapping[str, Mapping[str, tuple[DeviceShare, ...]]]],
+    rows: Sequence[Placement], runtime: Mapping[str, Mapping[str, RuntimePod]]
 ) -> list[str]:
     """The sharing invariant alone (no ledger comparison): a device given whole to two
     pods, or sliced beyond 100 %, in the scheduler's assignments or the Device Plugin's
-    records of the active pods, or in the Runtime's allocations (node -> pod uid ->
-    container -> shares). Each line starts with its source."""
+    records of the active pods, or in the Runtime's allocations (`runtime_records`: an
+    init container's allocation overlaps its own pod's, also for a pod already deleted).
+    Each line starts with its source."""
     active = [r for r in rows if r.phase not in ("Succeeded", "Failed")]
     out = _holdings_violations("scheduler", _pod_holdings(active, lambda r: r.assigned))
     out += _holdings_violations("device plugin", _pod_holdings(active, lambda r: r.allocated))
     by_uid = {r.uid: r for r in rows}
     runtime_rows = []
     for node, pods in runtime.items():
-        for uid, containers in pods.items():
+        for uid, pod in pods.items():
             row = by_uid.get(uid)
-            reuse = row.run_to_completion if row else frozenset()
-            owner = f"{row.namespace}/{row.name}" if row else uid
-            runtime_rows += [(node, owner, s) for s in pod_shares(containers, reuse)]
+            reuse = row.run_to_completion if row else pod.init_containers
+            owner = f"{pod.namespace}/{pod.name}" + ("" if row else f" (gone, uid {uid})")
+            runtime_rows += [(node, owner, s) for s in pod_shares(pod.containers, reuse)]
     out += _holdings_violations("runtime", runtime_rows)
     return out
 
