@@ -56,6 +56,8 @@ TARGETS = {
     ("exporter", "rss_mb"): ("<=", 80.0),
     ("controller", "label_500_nodes_done_s"): ("<=", 180.0),
     ("controller", "duplicate_jobs"): ("==", 0.0),
+    ("e2e", "churn_device_conflicts"): ("==", 0.0),
+    ("e2e", "churn_ledger_mismatches"): ("==", 0.0),
 }
 
 

@@ -14,10 +14,12 @@ Two beds, one after the other, without per-node Exporters (the admission path on
   (Running pods whose four ledgers disagree once the churn settled), churn_rejected_pods
   (Failed with UnexpectedAdmissionError), churn_running_at_end, and the churn's counts.
 - burst (8 tdm-8gpu nodes): 200 device pods (whole GPUs and slices that fit) created at
-  once; a watch on the namespace stamps (time.monotonic) when each pod is first seen bound,
-  with `bind-phase: allocated`, and Running. Keys: burst_200_running_s (first create call
-  to all Running), burst_pods_per_s, bind_to_allocated_p50_ms / _p99_ms. Where fewer nodes
-  start, the keys name the node count.
+  once (8 create calls in flight, from a child process so that they do not hold the
+  watch's GIL); a watch on the namespace stamps (time.monotonic) when each pod is first
+  seen bound, with `bind-phase: allocated`, and Running. Keys: burst_200_running_s (first
+  create call to all Running), burst_pods_per_s, bind_to_allocated_p50_ms / _p99_ms (they
+  include the wait in the kubelet's queue: it admits one pod at a time, and 25 per node
+  arrive within seconds). Where fewer nodes start, the keys name the node count.
 
 load_avg_1m_start / load_avg_1m_end: the machine's load around the whole run.
 """
