@@ -43,6 +43,7 @@ from lj_runtimekit.envtest.controlplane import free_port
 from lj_runtimekit.envtest.hollownode import HollowNode
 from lj_runtimekit.envtest.process import Process, ProcessExitedError, log_tail
 from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2, podresources_pb2_grpc
 from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
 from lj_runtimekit.proto.pkg.protocol import Protocol, load_protocol
 
@@ -204,6 +205,19 @@ class NodeHandle:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.exporter_port}/metrics"
+
+    def kubelet_allocatable(self) -> dict[str, int]:
+        """Healthy devices per resource in the kubelet's device manager (PodResources
+        GetAllocatableResources): what the kubelet can hand out right now."""
+        with grpc.insecure_channel(f"unix:{self.pod_resources_socket}") as channel:
+            stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
+            got = stub.GetAllocatableResources(
+                podresources_pb2.AllocatableResourcesRequest(), timeout=5
+            )
+        out: dict[str, int] = {}
+        for d in got.devices:
+            out[d.resource_name] = out.get(d.resource_name, 0) + len(d.device_ids)
+        return out
 
     @property
     def sim(self) -> Component:
@@ -482,6 +496,7 @@ class Sandbox:
                 ],
                 env,
             ),
+            ready=lambda: self._plugin_registered(node),
         )
         exporter = Component(
             f"{node.name}/exporter",
@@ -515,6 +530,18 @@ class Sandbox:
         if node.kind.startswith("mig"):
             return {res.gpu, res.core, res.memory, res.mig("1g.10gb")}
         return {res.gpu, res.core, res.memory}
+
+    def _plugin_registered(self, node: NodeHandle) -> bool:
+        """The plugin serves its sockets and the kubelet holds its devices healthy (after a
+        plugin crash the kubelet rejects device pods until then)."""
+        sockets = list(node.plugin_dir.glob("lj-*.sock"))
+        if not sockets or not all(_unix_grpc_ready(s) for s in sockets):
+            return False
+        try:
+            healthy = node.kubelet_allocatable()
+        except grpc.RpcError:
+            return False
+        return all(healthy.get(r, 0) > 0 for r in self.expected_resources(node))
 
     def _wait_capacity(self) -> None:
         assert self.cp is not None

@@ -4,7 +4,7 @@ isort:skip_file
 Kubelet PodResources API v1, the part the Device Plugin reads, written from
 its specification (k8s.io/kubelet/pkg/apis/podresources/v1). Wire compatible
 with the kubelet: same proto package, service, message and field numbers;
-the fields not read here (CPU IDs, memory, dynamic resources) are left out,
+the fields not read here (CPU IDs, memory, topology, dynamic resources) are left out,
 which does not change the wire format of what is kept.
 """
 
@@ -151,6 +151,47 @@ class ContainerDevices(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ContainerDevices: _TypeAlias = ContainerDevices  # noqa: Y015
+
+@_typing.final
+class AllocatableResourcesRequest(_message.Message):
+    """AllocatableResourcesRequest asks for the node's allocatable devices."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocatableResourcesRequest: _TypeAlias = AllocatableResourcesRequest  # noqa: Y015
+
+@_typing.final
+class AllocatableResourcesResponse(_message.Message):
+    """AllocatableResourcesResponse lists the devices the kubelet can hand out (healthy ones)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEVICES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerDevices]:
+        """Device IDs per resource."""
+
+    def __init__(
+        self,
+        *,
+        devices: _abc.Iterable[Global___ContainerDevices] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AllocatableResourcesResponse: _TypeAlias = AllocatableResourcesResponse  # noqa: Y015
 
 @_typing.final
 class GetPodResourcesRequest(_message.Message):

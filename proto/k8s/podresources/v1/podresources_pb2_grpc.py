@@ -41,6 +41,11 @@ class PodResourcesListerStub:
                 request_serializer=lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
                 response_deserializer=lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.ListPodResourcesResponse.FromString,
                 _registered_method=True)
+        self.GetAllocatableResources = channel.unary_unary(
+                '/v1.PodResourcesLister/GetAllocatableResources',
+                request_serializer=lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.AllocatableResourcesRequest.SerializeToString,
+                response_deserializer=lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.AllocatableResourcesResponse.FromString,
+                _registered_method=True)
         self.Get = channel.unary_unary(
                 '/v1.PodResourcesLister/Get',
                 request_serializer=lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.GetPodResourcesRequest.SerializeToString,
@@ -60,6 +65,13 @@ class PodResourcesListerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetAllocatableResources(self, request, context):
+        """GetAllocatableResources reports the devices the kubelet holds healthy.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Get(self, request, context):
         """Get reports the devices of one pod's containers.
         """
@@ -74,6 +86,11 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.ListPodResourcesRequest.FromString,
                     response_serializer=lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.ListPodResourcesResponse.SerializeToString,
+            ),
+            'GetAllocatableResources': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAllocatableResources,
+                    request_deserializer=lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.AllocatableResourcesRequest.FromString,
+                    response_serializer=lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.AllocatableResourcesResponse.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
@@ -110,6 +127,33 @@ class PodResourcesLister:
             '/v1.PodResourcesLister/List',
             lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.ListPodResourcesRequest.SerializeToString,
             lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.ListPodResourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAllocatableResources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/v1.PodResourcesLister/GetAllocatableResources',
+            lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.AllocatableResourcesRequest.SerializeToString,
+            lj__runtimekit_dot_proto_dot_k8s_dot_podresources_dot_v1_dot_podresources__pb2.AllocatableResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,7 +4,7 @@ isort:skip_file
 Kubelet PodResources API v1, the part the Device Plugin reads, written from
 its specification (k8s.io/kubelet/pkg/apis/podresources/v1). Wire compatible
 with the kubelet: same proto package, service, message and field numbers;
-the fields not read here (CPU IDs, memory, dynamic resources) are left out,
+the fields not read here (CPU IDs, memory, topology, dynamic resources) are left out,
 which does not change the wire format of what is kept.
 """
 
@@ -42,6 +42,8 @@ class PodResourcesListerStub:
     def __new__(cls, channel: _aio.Channel) -> PodResourcesListerAsyncStub: ...
     List: _grpc.UnaryUnaryMultiCallable[_podresources_pb2.ListPodResourcesRequest, _podresources_pb2.ListPodResourcesResponse]
     """List reports the devices the kubelet gave every container of every pod."""
+    GetAllocatableResources: _grpc.UnaryUnaryMultiCallable[_podresources_pb2.AllocatableResourcesRequest, _podresources_pb2.AllocatableResourcesResponse]
+    """GetAllocatableResources reports the devices the kubelet holds healthy."""
     Get: _grpc.UnaryUnaryMultiCallable[_podresources_pb2.GetPodResourcesRequest, _podresources_pb2.GetPodResourcesResponse]
     """Get reports the devices of one pod's containers."""
 
@@ -54,6 +56,8 @@ class PodResourcesListerAsyncStub(PodResourcesListerStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     List: _aio.UnaryUnaryMultiCallable[_podresources_pb2.ListPodResourcesRequest, _podresources_pb2.ListPodResourcesResponse]  # type: ignore[assignment]
     """List reports the devices the kubelet gave every container of every pod."""
+    GetAllocatableResources: _aio.UnaryUnaryMultiCallable[_podresources_pb2.AllocatableResourcesRequest, _podresources_pb2.AllocatableResourcesResponse]  # type: ignore[assignment]
+    """GetAllocatableResources reports the devices the kubelet holds healthy."""
     Get: _aio.UnaryUnaryMultiCallable[_podresources_pb2.GetPodResourcesRequest, _podresources_pb2.GetPodResourcesResponse]  # type: ignore[assignment]
     """Get reports the devices of one pod's containers."""
 
@@ -69,6 +73,14 @@ class PodResourcesListerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_podresources_pb2.ListPodResourcesResponse, _abc.Awaitable[_podresources_pb2.ListPodResourcesResponse]]:
         """List reports the devices the kubelet gave every container of every pod."""
+
+    @_abc_1.abstractmethod
+    def GetAllocatableResources(
+        self,
+        request: _podresources_pb2.AllocatableResourcesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_podresources_pb2.AllocatableResourcesResponse, _abc.Awaitable[_podresources_pb2.AllocatableResourcesResponse]]:
+        """GetAllocatableResources reports the devices the kubelet holds healthy."""
 
     @_abc_1.abstractmethod
     def Get(
