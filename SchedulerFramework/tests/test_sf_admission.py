@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 
-from lj_runtimekit.proto.pkg.protocol import ADMISSION_KUBELET_ORDER, BIND_PHASE_ALLOCATING
+from lj_runtimekit.proto.pkg.protocol import (
+    ADMISSION_KUBELET_ORDER,
+    BIND_PHASE_ALLOCATED,
+    BIND_PHASE_ALLOCATING,
+    decode_assignment,
+    encode_assignment,
+)
 from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
+    CORE,
     GPU,
+    MEM,
     PROTOCOL,
     FakeCluster,
 )
@@ -93,3 +102,37 @@ def test_a_node_whose_plugin_reads_the_kubelets_pods_takes_device_pods_at_once(
     cluster.schedule()
     assert cluster.node_of(first) == cluster.node_of(second) == "fast"
     assert cluster.scheduler.admission.queued() == 0
+
+
+def test_a_partial_record_keeps_the_other_containers_assigned_devices(
+    cluster: FakeCluster,
+) -> None:
+    """The Device Plugin records each container as it is allocated: while the pod's
+    admission is unsettled (or after it was refused at its second container), the
+    containers not recorded yet keep their assigned devices."""
+    a = PROTOCOL.annotations
+    slice_60 = {CORE: "60", MEM: "60"}
+    cluster.add_node("only", gpus=2, annotations={a.node_admission: ADMISSION_KUBELET_ORDER})
+    cluster.admit = False
+    pair = cluster.add_pod("pair", [slice_60, slice_60])
+    cluster.schedule()
+    assigned = decode_assignment(cluster.assignment(pair))
+    assert {s.device_id for shares in assigned.values() for s in shares} == {"0", "1"}
+    obj = cluster.pods[pair]
+    obj["metadata"]["annotations"][a.allocated_devices] = encode_assignment({"c0": assigned["c0"]})
+    cluster.scheduler.on_pod("MODIFIED", copy.deepcopy(obj))
+    # 180 % of 200 % fits the node's counts, but no device has 60 % left.
+    late = cluster.add_pod("late", slice_60)
+    cluster.schedule()
+    assert cluster.node_of(late) == ""
+    assert cluster.scheduler.cache.violations() == []
+    # Once settled, the record is what the pod holds (here: c1 got no device), and the
+    # device it frees is offered to the waiting pod.
+    obj["metadata"]["annotations"][a.bind_phase] = BIND_PHASE_ALLOCATED
+    cluster.scheduler.on_pod("MODIFIED", copy.deepcopy(obj))
+
+    def late_bound() -> bool:
+        cluster.schedule()
+        return cluster.node_of(late) == "only"
+
+    wait_until(late_bound)

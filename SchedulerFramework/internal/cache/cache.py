@@ -19,11 +19,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from lj_runtimekit.proto.pkg.protocol import (
+    BIND_PHASE_ALLOCATED,
     AssignmentError,
     DeviceShare,
     PodAssignment,
     Protocol,
     decode_assignment,
+    encode_assignment,
     pod_shares,
 )
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
@@ -227,9 +229,20 @@ class Cache:
     # -- pods -----------------------------------------------------------------------------
 
     def _devices_text(self, pod: PodInfo) -> str | None:
+        """The devices the pod holds, as assignment text: the Device Plugin's record once
+        the pod's admission is settled; before that (part-way through admission, or
+        rejected after a first container) the recorded containers override their assignment
+        and the others keep their assigned devices, which the kubelet may still hand out."""
         ann = pod.annotations
         a = self.protocol.annotations
-        return ann.get(a.allocated_devices) or ann.get(a.assigned_devices)
+        allocated, assigned = ann.get(a.allocated_devices), ann.get(a.assigned_devices)
+        if not allocated or not assigned or ann.get(a.bind_phase) == BIND_PHASE_ALLOCATED:
+            return allocated or assigned
+        try:
+            merged = {**decode_assignment(assigned), **decode_assignment(allocated)}
+        except AssignmentError:
+            return allocated  # reported as unreadable when applied
+        return encode_assignment(merged)
 
     def _place(self, state: PodState) -> None:
         node = self._node(state.node)
@@ -266,13 +279,14 @@ class Cache:
             node.devices.apply(state.pod.uid, shares)
         self._reindex(node)
 
-    def update_pod(self, pod: PodInfo) -> None:
-        """A pod assigned to a node (bound, or seen bound after a restart)."""
+    def update_pod(self, pod: PodInfo) -> bool:
+        """A pod assigned to a node (bound, or seen bound after a restart). True when the
+        devices it holds on a node it was already accounted on changed (some may be free)."""
         with self.lock:
             self.generation += 1
             if pod.terminal:
                 self.remove_pod(pod.uid)
-                return
+                return False
             state = self.pods.get(pod.uid)
             text = self._devices_text(pod)
             if state is not None and state.node == pod.node_name:
@@ -284,20 +298,22 @@ class Cache:
                     state.pod = pod
                     if text and text != state.devices_text:
                         self._apply_devices(state, text)
-                    return
+                    return False
                 if pod.requests != state.pod.requests:  # in-place resize
                     self.nodes[state.node].add_requests(state.pod.requests, -1)
                     self.nodes[state.node].add_requests(pod.requests, +1)
                 state.pod = pod
                 if text != state.devices_text:
                     self._apply_devices(state, text)
-                return
+                    return True
+                return False
             if state is not None:
                 self._unplace(state)
             state = PodState(pod, pod.node_name, assumed=False)
             self.pods[pod.uid] = state
             self._place(state)
             self._apply_devices(state, text)
+            return False
 
     def remove_pod(self, uid: str) -> None:
         with self.lock:

@@ -339,8 +339,8 @@ class Scheduler:
         if pod.node_name:
             self.queue.delete(pod.uid)
             was_terminal = pod.terminal and pod.uid in self._cache.pods
-            self._cache.update_pod(pod)
-            if was_terminal:
+            devices_changed = self._cache.update_pod(pod)
+            if was_terminal or devices_changed:
                 self.queue.move_all_to_active_or_backoff()
             return
         if pod.terminal or pod.deleting or pod.scheduler_name not in self.frameworks:
