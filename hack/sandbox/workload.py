@@ -563,6 +563,13 @@ def _pod_holdings(rows: Sequence[Placement], pick: Any) -> list[tuple[str, str, 
     return out
 
 
+def _annotation_violations(active: Sequence[Placement]) -> list[str]:
+    """The sharing invariant over the scheduler's assignments and, separately, the Device
+    Plugin's records of the active pods."""
+    out = _holdings_violations("scheduler", _pod_holdings(active, lambda r: r.assigned))
+    return out + _holdings_violations("device plugin", _pod_holdings(active, lambda r: r.allocated))
+
+
 def invariant_violations(
     rows: Sequence[Placement],
     runtime: Mapping[str, Mapping[str, Mapping[str, tuple[DeviceShare, ...]]]],
@@ -575,8 +582,7 @@ def invariant_violations(
     scheduler's for the pod, and (when the kubelet's record was read) the kubelet gave each
     container exactly those device IDs. Empty when everything holds."""
     active = [r for r in rows if r.phase not in ("Succeeded", "Failed")]
-    out = _holdings_violations("scheduler", _pod_holdings(active, lambda r: r.assigned))
-    out += _holdings_violations("device plugin", _pod_holdings(active, lambda r: r.allocated))
+    out = _annotation_violations(active)
     by_uid = {r.uid: r for r in rows}
     runtime_rows = []
     for node, pods in runtime.items():
@@ -685,8 +691,7 @@ def share_conflicts(
     init container's allocation overlaps its own pod's, also for a pod already deleted).
     Each line starts with its source."""
     active = [r for r in rows if r.phase not in ("Succeeded", "Failed")]
-    out = _holdings_violations("scheduler", _pod_holdings(active, lambda r: r.assigned))
-    out += _holdings_violations("device plugin", _pod_holdings(active, lambda r: r.allocated))
+    out = _annotation_violations(active)
     by_uid = {r.uid: r for r in rows}
     runtime_rows = []
     for node, pods in runtime.items():
