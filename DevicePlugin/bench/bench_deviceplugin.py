@@ -1,9 +1,11 @@
 """Device Plugin benchmark: Allocate latency, first ListAndWatch, health and re-registration.
 
 Runs the real plugin process against the Runtime simulator (tdm-8gpu: 8 GPUs)
-and the kubelet shim on the v1beta1 protocol, with 100 pending slice pods in
-the kubelet's `/pods` list. Allocate is timed at the kubelet side, so every
-call includes the plugin's pod lookup over HTTP and the Runtime's Allocate.
+and the kubelet shim on the v1beta1 protocol: 100 slice pods admitted one after
+the other, each listed in the kubelet's `/pods` as its admission starts (as the
+kubelet's pod manager does), the earlier ones staying listed. Allocate is timed
+at the kubelet side, so every call includes the plugin's pod lookup over HTTP and
+the Runtime's Allocate.
 `plugin_cpu_ms_per_call` is the plugin's CPU time per call (GetPreferredAllocation
 and Allocate alike), which machine load does not inflate; `load_avg_1m` says how
 busy the machine was.
@@ -60,6 +62,7 @@ async def allocate_latencies(bed: Bed) -> tuple[list[float], list[float]]:
         bed.pod(
             {"main": {CORE: SLICE, MEMORY: SLICE}},
             {"main": [DeviceShare(bed.gpu(i % 8), SLICE, SLICE)]},
+            listed=False,
         )
         for i in range(PODS)
     ]
@@ -67,6 +70,7 @@ async def allocate_latencies(bed: Bed) -> tuple[list[float], list[float]]:
     preferred: list[float] = []
     kubelet = bed.kubelet
     for pod in pods:
+        bed.pods.put(pod)
         for resource in (CORE, MEMORY):
             used = kubelet.in_use.setdefault(resource, {})
             available = [i for i in kubelet.healthy(resource) if i not in used]

@@ -315,13 +315,15 @@ class Allocator:
 
     def _one(self, waiting: Sequence[Waiting], resource: str, count: int) -> Waiting:
         if len(waiting) > 1:
-            names = ", ".join(sorted(w.pod.ref for w in waiting))
+            refs = sorted(w.pod.ref for w in waiting)
+            names = ", ".join(refs[:5]) + (f" and {len(refs) - 5} more" if len(refs) > 5 else "")
             raise AllocationError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"cannot tell which pod the kubelet is admitting on node {self._node}: pods"
-                f" {names} all wait for devices; the Runtime Kit scheduler binds one device pod"
-                " per node at a time, so one of them was bound around it (spec.nodeName set"
-                " at creation, or another scheduler); refusing rather than guessing",
+                f"cannot tell which pod the kubelet is admitting on node {self._node}:"
+                f" {len(refs)} pods wait for devices ({names}); with the Runtime Kit scheduler"
+                " only one can (docs/protocol.md), so one of them was bound around it"
+                " (spec.nodeName set at creation, or another scheduler); refusing rather than"
+                " guessing",
             )
         if not waiting:
             raise AllocationError(
