@@ -10,6 +10,7 @@ admission, device plugin registration, ListAndWatch into the Node's capacity,
 Allocate (init containers first, device reuse), PreStartContainer, the device
 checkpoint and the PodResources API are the kubelet's own. Each node has its own
 root directory, plugin directory and loopback address, so several run side by side.
+A node reports 64 CPUs and 512 GiB (`--cpus`, `--memory-gib`), the size of a GPU node.
 """
 
 from __future__ import annotations

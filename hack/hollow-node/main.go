@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	cadvisorapi "github.com/google/cadvisor/info/v1"
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/trace/noop"
 	v1 "k8s.io/api/core/v1"
@@ -52,8 +53,29 @@ type options struct {
 	pluginDir    string
 	nodeLabels   map[string]string
 	maxPods      int
+	cpus         int
+	memoryGiB    int
 	execPrefix   string
 	execPathMap  map[string]string
+}
+
+// machine is cadvisor's fake machine with the node size of the flags: the fake
+// alone reports 1 CPU and 3.75 GiB, which ten pods requesting 100m fill
+// (OutOfcpu), far below a GPU node.
+type machine struct {
+	cadvisortest.Fake
+	cpus   int
+	memory uint64
+}
+
+func (m *machine) MachineInfo() (*cadvisorapi.MachineInfo, error) {
+	info, err := m.Fake.MachineInfo()
+	if err != nil {
+		return nil, err
+	}
+	info.NumCores = m.cpus
+	info.MemoryCapacity = m.memory
+	return info, nil
 }
 
 // --die-with-parent: SIGKILL when the process (thread) that started us exits,
@@ -83,6 +105,8 @@ func main() {
 	fs.StringVar(&o.pluginDir, "plugin-dir", "", "device plugin directory holding the registration socket kubelet.sock and the device manager checkpoint (default <root-dir>/device-plugins)")
 	fs.Var(cliflag.NewMapStringString(&o.nodeLabels), "node-labels", "labels the Node registers with (key=value,...)")
 	fs.IntVar(&o.maxPods, "max-pods", 110, "pods the node admits at most")
+	fs.IntVar(&o.cpus, "cpus", 64, "CPUs the node reports (capacity)")
+	fs.IntVar(&o.memoryGiB, "memory-gib", 512, "memory the node reports (capacity), GiB")
 	fs.StringVar(&o.execPrefix, "exec-command-prefix", "", "containers whose command[0] starts with this are run as local processes (environment from the pod spec and the device plugin's Allocate), their exit code ends the container; logs in <root-dir>/exec-logs. Others run forever in the fake runtime. Empty: none")
 	fs.Var(cliflag.NewMapStringString(&o.execPathMap), "exec-path-map", "for containers run by --exec-command-prefix: HOST=LOCAL,... replaces the prefix HOST of every argument and environment value by LOCAL (a pod's hostPath, e.g. the Runtime socket directory, onto this node's directory)")
 	fs.BoolVar(&dieWithParent, "die-with-parent", false, "exit (SIGKILL) when the parent process exits (Linux; exactly this spelling)")
@@ -205,7 +229,7 @@ func run(ctx context.Context, o *options) error {
 	}
 
 	hollow := kubemark.NewHollowKubelet(f, c, client, heartbeatClient,
-		&cadvisortest.Fake{NodeName: o.nodeName},
+		&machine{Fake: cadvisortest.Fake{NodeName: o.nodeName}, cpus: o.cpus, memory: uint64(o.memoryGiB) << 30},
 		fakeRuntime.ImageService, runtimeService, containerManager,
 	)
 	// kubemark drops events (a fake recorder); the kubelet's events are part of what

@@ -248,7 +248,9 @@ def test_device_plugin_against_the_real_kubelet(
             f"{RESOURCE}=2 in Node {node} allocatable",
             describe=lambda: str(core.read_node(node).status.allocatable),
         )
-        assert core.read_node(node).status.capacity[RESOURCE] == "2"
+        capacity = core.read_node(node).status.capacity
+        assert capacity[RESOURCE] == "2"
+        assert capacity["cpu"] == "64"  # a GPU node's size, not cadvisor's 1-CPU fake
 
         # Admission: GetPreferredAllocation and Allocate for the init container, then
         # Allocate for the app container, which reuses the init container's device;
