@@ -42,6 +42,10 @@ lint: check-generated check-contract ## ruff, mypy --strict, generated stubs and
 test: deps sync lint ## Run lint and every test (the CI command)
 	$(UV) run pytest
 
+.PHONY: unit
+unit: sync ## The fast inner loop: every test that needs no control plane (no Kubernetes binaries built)
+	$(UV) run pytest -q -m "not controlplane and not e2e"
+
 .PHONY: build
 build: ## Build the wheel of every workspace member into dist/
 	bash hack/build-wheels.sh
@@ -51,7 +55,7 @@ build: ## Build the wheel of every workspace member into dist/
 SANDBOX_NODES ?= 4
 
 .PHONY: sandbox
-sandbox: ## The local sandbox: control plane + SANDBOX_NODES KWOK Lingjun nodes with every component, demo, stays up until Ctrl-C
+sandbox: ## The local sandbox: control plane + SANDBOX_NODES Lingjun nodes running the real kubelet (hollow nodes), every component, demo; stays up until Ctrl-C
 	@t0=$$(date +%s.%N); $(MAKE) --no-print-directory deps sync && \
 		$(UV) run lj-sandbox up --nodes $(SANDBOX_NODES) --t0 $$t0 $(SANDBOX_ARGS)
 

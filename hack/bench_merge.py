@@ -1,6 +1,6 @@
 """Merge bench/parts/*.json into bench/results.json and print a table with targets.
 
-Each part is one component's flat object of numbers (DESIGN section 8); the
+Each part is one component's flat object of numbers (bench/README.md); the
 result adds "env" (machine, versions, date).
 """
 

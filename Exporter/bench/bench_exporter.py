@@ -7,7 +7,7 @@ whole), serves their 128 pods on a loopback kubelet `/pods`, starts
 first with the default 15 s collection interval and the scrapes spread over a
 minute (the shipped configuration: `scrape_*`), then collecting every second
 with the scrapes back to back, so many land on a collection (`stress_scrape_*`).
-Writes a flat JSON object (DESIGN section 8) and prints a short table.
+Writes a flat JSON object (bench/README.md) and prints a short table.
 """
 
 from __future__ import annotations

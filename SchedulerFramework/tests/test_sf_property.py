@@ -1,4 +1,4 @@
-"""Property: the sharing invariant of DESIGN section 4 holds after every step.
+"""Property: the sharing invariant (docs/architecture.md, Sharing) holds after every step.
 
 Random sequences of pod creation (whole devices, slices, MIG), scheduling
 (binding through the in-memory API server double, sometimes failing), pod

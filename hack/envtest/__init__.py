@@ -1,6 +1,6 @@
 """LJ Runtime Kit envtest: a real Kubernetes control plane with KWOK nodes.
 
-The Python counterpart of controller-runtime's envtest (DESIGN section 7).
+The Python counterpart of controller-runtime's envtest (docs/architecture.md, Tests).
 """
 
 from lj_runtimekit.envtest.controlplane import (

@@ -4,7 +4,7 @@ A node gets the KWOK annotation, the enable label when asked, device labels,
 capacity/allocatable of the three protocol resources (GPU count; core and
 memory percentage at 100 per device) plus cpu/memory/pods, taints and
 topology labels as asked. Resource and label names default to the protocol
-defaults (DESIGN section 3); pass a `ProtocolNames` to follow another
+defaults (docs/architecture.md, Names); pass a `ProtocolNames` to follow another
 protocol.yaml.
 """
 
@@ -58,7 +58,7 @@ class NodeManifest(TypedDict):
 
 @dataclass(frozen=True)
 class ProtocolNames:
-    """Resource and label names of the protocol (defaults: DESIGN section 3)."""
+    """Resource and label names of the protocol (defaults: docs/architecture.md, Names)."""
 
     gpu: str = "alibabacloud.com/gpu"
     gpu_core: str = "alibabacloud.com/gpu-core.percentage"

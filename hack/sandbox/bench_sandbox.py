@@ -4,8 +4,8 @@ Keys: bed_start_s (control plane to every component ready, 4 nodes),
 enable_4_nodes_s (label to every node enabled, Jobs cleaned), pod_running_p50_ms /
 pod_running_p99_ms (create call returned to Running seen by 50 ms polls: the scheduler,
 the real kubelet's admission (hollow node) with Allocate, for a burst of slice and
-whole-GPU pods), burst_pods_per_s, invariant_violations (DESIGN section 4 across the
-three layers afterwards).
+whole-GPU pods), burst_pods_per_s, invariant_violations (the sharing invariant of
+docs/architecture.md across the three layers afterwards).
 """
 
 from __future__ import annotations

@@ -517,7 +517,7 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-# -- the sharing invariant (DESIGN section 4) -------------------------------------------------
+# -- the sharing invariant (docs/architecture.md, Sharing) ----------------------------------
 
 
 def _holdings_violations(source: str, holders: Iterable[tuple[str, str, DeviceShare]]) -> list[str]:

@@ -226,7 +226,7 @@ class NodeDevices:
         return used, total
 
     def violations(self) -> list[str]:
-        """Breaches of the sharing invariant (DESIGN section 4) on this node."""
+        """Breaches of the sharing invariant (docs/architecture.md, Sharing) on this node."""
         out: list[str] = []
         for d in self.devices:
             if d.core_used > 100:

@@ -43,7 +43,8 @@ _EVENTS = {
     "snapshot": runtime_pb2.DeviceEvent.TYPE_SNAPSHOT,
     "modified": runtime_pb2.DeviceEvent.TYPE_MODIFIED,
 }
-# Capabilities by the minimum Runtime version that has them (DESIGN section 6).
+# Capabilities by the minimum Runtime version that has them (docs/architecture.md,
+# Versions and feature gates).
 _CAPABILITIES: tuple[tuple[Version, tuple[str, ...]], ...] = (
     (Version(1, 13, 0), ("exclusive", "tdm", "metrics")),
     (Version(1, 14, 0), ("mig", "ppu", "amd", "container-metrics")),

@@ -1,4 +1,4 @@
-"""Feature gates: which features a Runtime version supports (DESIGN section 6)."""
+"""Feature gates: which features a Runtime version supports (docs/architecture.md)."""
 
 from lj_runtimekit.proto.pkg.featuregate.gates import (
     BASE_MINIMUM,

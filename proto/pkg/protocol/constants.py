@@ -1,4 +1,4 @@
-"""Loader of `protocol.yaml`: flat dotted keys, built-in defaults (DESIGN section 3).
+"""Loader of `protocol.yaml`: flat dotted keys, built-in defaults (docs/architecture.md, Names).
 
 Changing a resource name is a ConfigMap edit and a restart, never a rebuild.
 """

@@ -1,4 +1,4 @@
-"""Parsing of `v{major}.{feature}.{iteration}` versions (DESIGN section 6)."""
+"""Parsing of `v{major}.{feature}.{iteration}` versions (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Where a gang goes in the network: the smallest domain that holds it (pure, no I/O).
 
-Nodes carry topology labels of two levels (DESIGN section 3 keys
-`labels.topology_switch` under `labels.topology_block`). A gang asks for
+Nodes carry topology labels of two levels (protocol keys
+`labels.topology_switch` under `labels.topology_block`, docs/architecture.md). A gang asks for
 members grouped by Job (the pods that talk most); each node offers a number of
 member slots per Job (how many copies of that Job's pod fit there now).
 
