@@ -424,6 +424,9 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=2000)
     ap.add_argument("--share-pods", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5, help="whole-GPU rounds of both schedulers")
+    ap.add_argument(
+        "--bind-workers", type=int, default=None, help="lj-scheduler's bindWorkers (its default)"
+    )
     args = ap.parse_args()
     began = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="ljbench"))
@@ -451,6 +454,7 @@ def main() -> int:
                     "clientConnection": {"qps": QPS, "burst": BURST},
                     "leaderElection": {"leaderElect": False},
                     "profiles": [{"schedulerName": "lj-bench"}],
+                    **({"bindWorkers": args.bind_workers} if args.bind_workers else {}),
                 }
             )
         )

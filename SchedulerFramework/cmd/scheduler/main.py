@@ -128,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", exc)
         return 1
     try:
-        api = load_api_client(args.kubeconfig)
+        # One connection per binding thread, plus the watches, events and the lease.
+        api = load_api_client(args.kubeconfig, pool_size=config.bind_workers + 8)
     except (ConfigException, OSError) as exc:
         log.error("cannot configure the Kubernetes client: %s", exc)
         return 1
