@@ -26,6 +26,7 @@ from typing import Any
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.proto.pkg.protocol import load_protocol
 from lj_runtimekit.schedulerframework.internal.kube.client import Kube
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import Args as GpuShareArgs
 
 P = load_protocol()
 COMPETE_LABEL = "bench.lj-runtimekit.io/compete"
@@ -65,6 +66,7 @@ def gang_pod(
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "schedulerName": "lj-bench",
+        "runtimeClassName": GpuShareArgs.runtime_class_name,
         "containers": [
             {"name": "main", "image": "busybox", "resources": {"limits": {P.resources.gpu: gpus}}}
         ],

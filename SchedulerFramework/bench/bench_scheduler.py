@@ -52,6 +52,7 @@ from lj_runtimekit.proto.pkg.protocol import (
     load_protocol,
 )
 from lj_runtimekit.schedulerframework.internal.kube.client import Kube, load_api_client
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import Args as GpuShareArgs
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gang import run_gang_bench  # type: ignore[import-not-found]  # a script beside this one
@@ -64,6 +65,10 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+RUNTIME_CLASS = GpuShareArgs.runtime_class_name
+"""Device pods run with the Runtime's handler (without it lj-scheduler warns on the pod)."""
+
+
 def pod_body(name: str, scheduler: str, limits: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -71,6 +76,7 @@ def pod_body(name: str, scheduler: str, limits: dict[str, str]) -> dict[str, Any
         "metadata": {"name": name},
         "spec": {
             "schedulerName": scheduler,
+            "runtimeClassName": RUNTIME_CLASS,
             "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}],
             "terminationGracePeriodSeconds": 0,
         },
@@ -443,6 +449,16 @@ def main() -> int:
         # the node lifecycle controller lifts the not-ready taint once KWOK reports Ready
         factory.wait_ready([s.name for s in specs], timeout_s=600)
         announce_admission(kube, [s.name for s in specs])
+        kube.request(  # the RuntimeClass admission plugin refuses pods naming a missing one
+            "POST",
+            "/apis/node.k8s.io/v1/runtimeclasses",
+            body={
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": RUNTIME_CLASS},
+                "handler": RUNTIME_CLASS,
+            },
+        )
         log("nodes ready")
 
         lj_cfg = work / "lj-scheduler.yaml"

@@ -9,7 +9,7 @@
     percentageOfNodesToScore: 0          # 0: adaptive, as upstream
     podInitialBackoffSeconds: 1
     podMaxBackoffSeconds: 10
-    bindWorkers: 64
+    bindWorkers: 192
     profiles:
       - schedulerName: lj-scheduler
         plugins:
@@ -77,7 +77,7 @@ class Config:
     percentage_of_nodes_to_score: int = 0
     pod_initial_backoff_s: float = 1.0
     pod_max_backoff_s: float = 10.0
-    bind_workers: int = 64
+    bind_workers: int = 192
     source: str = "<defaults>"
 
     def profile(self, scheduler_name: str) -> Profile | None:
@@ -266,7 +266,7 @@ def parse_config(data: object, source: str, scheduler_name: str | None = None) -
         percentage_of_nodes_to_score=pct,
         pod_initial_backoff_s=initial,
         pod_max_backoff_s=maximum,
-        bind_workers=int(r.number(top, "bindWorkers", "config", 64, 1, integer=True)),
+        bind_workers=int(r.number(top, "bindWorkers", "config", 192, 1, integer=True)),
         source=source,
     )
 
