@@ -16,6 +16,7 @@ import yaml
 
 from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, Component
 from lj_runtimekit.deploy.manifests import config_checksum
+from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError
 from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
 
@@ -159,12 +160,6 @@ def status_lines(
 # -- nodes -----------------------------------------------------------------------------------
 
 
-def _device_resource(protocol: Protocol, kind: str) -> str:
-    return {"ppu": protocol.resources.ppu, "amd": protocol.resources.amd}.get(
-        kind.lower(), protocol.resources.gpu
-    )
-
-
 def check_nodes(nodes: Iterable[Obj], protocol: Protocol) -> Report:
     """Each enabled node's protocol resource capacity equals its device-count label."""
     report = Report()
@@ -204,8 +199,16 @@ def check_nodes(nodes: Iterable[Obj], protocol: Protocol) -> Report:
                 total = ", ".join(f"{k}={v}" for k, v in sorted(mig.items()))
                 report.ok.append(f"node {name}: MIG capacity {total}")
             continue
-        expected: dict[str, int] = {_device_resource(protocol, kind): count}
-        if kind == "gpu":
+        known = devicekind.by_name(kind)
+        if known is None:
+            report.problems.append(
+                f"node {name}: {labels.device_kind}={kind} is not a device kind this Runtime"
+                f" Kit offers ({', '.join(devicekind.names())}), so its devices are not"
+                " advertised; fix: a Runtime Kit release that knows the kind"
+            )
+            continue
+        expected: dict[str, int] = {known.resource(res): count}
+        if known.shareable:
             # TDM: 100 core and memory units per device; exclusive: the resources exist, empty.
             tdm = mode == "tdm" or (mode == "" and (_int(capacity.get(res.core)) or 0) > 0)
             expected[res.core] = 100 * count if tdm else 0

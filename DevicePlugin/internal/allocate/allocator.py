@@ -53,6 +53,7 @@ from lj_runtimekit.deviceplugin.internal.rm.resources import (
 )
 from lj_runtimekit.deviceplugin.pkg.configpb import api_pb2
 from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
+from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import (
     BIND_PHASE_ALLOCATED,
     AssignmentError,
@@ -172,8 +173,11 @@ class Allocator:
             return {res.core, res.memory}
         snapshot = self._rm.snapshot
         if self._whole_of[0] is not snapshot:
-            kinds = {rpb.DEVICE_KIND_PPU: res.ppu, rpb.DEVICE_KIND_AMD: res.amd}
-            table = {d.id: kinds.get(d.kind, res.gpu) for d in snapshot.devices}
+            table = {
+                d.id: kind.resource(res)
+                for d in snapshot.devices
+                if (kind := devicekind.by_value(d.kind)) is not None
+            }
             for d in snapshot.devices:
                 table.update({m.id: res.mig(m.profile) for m in d.mig_instances})
             self._whole_of = (snapshot, table)

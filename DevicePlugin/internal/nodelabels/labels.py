@@ -8,6 +8,7 @@ A node with devices of several kinds, models or modes is labelled `mixed`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -19,19 +20,14 @@ from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi
 
 if TYPE_CHECKING:
     from lj_runtimekit.deviceplugin.internal.rm.manager import Snapshot
-import contextlib
 
 from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
+from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import DeviceLink, MigSlot, NodeDevice, Protocol
-from lj_runtimekit.proto.pkg.protocol.inventory import (
-    DeviceKindName,
-    DeviceModeName,
-    encode_inventory,
-)
+from lj_runtimekit.proto.pkg.protocol.inventory import DeviceModeName, encode_inventory
 
 log = logging.getLogger(__name__)
 
-_KINDS = {rpb.DEVICE_KIND_GPU: "gpu", rpb.DEVICE_KIND_PPU: "ppu", rpb.DEVICE_KIND_AMD: "amd"}
 _MODES = {
     rpb.DEVICE_MODE_EXCLUSIVE: "exclusive",
     rpb.DEVICE_MODE_TDM: "tdm",
@@ -59,7 +55,7 @@ def node_labels(
     """The labels for a node's devices; None removes a label that no longer applies."""
     devs = list(devices)
     keys = protocol.labels
-    kind = _one(_KINDS.get(d.kind, "unknown") for d in devs)
+    kind = _one(devicekind.name_of(d.kind) for d in devs)
     model = _one(label_value(d.model) for d in devs if d.model)
     mode = _one(_MODES.get(d.mode, "unknown") for d in devs)
     return {
@@ -72,8 +68,8 @@ def node_labels(
 
 
 def node_inventory(devices: Iterable[rpb.Device], runtime_up: bool = True) -> str:
-    """The node device inventory annotation value (the scheduler places pods on these ids)."""
-    kinds: dict[int, DeviceKindName] = {rpb.DEVICE_KIND_PPU: "ppu", rpb.DEVICE_KIND_AMD: "amd"}
+    """The node device inventory annotation value (the scheduler places pods on these ids).
+    A device of a kind the device-kind table does not know is left out (never placed)."""
     modes: dict[int, DeviceModeName] = {
         rpb.DEVICE_MODE_EXCLUSIVE: "exclusive",
         rpb.DEVICE_MODE_MIG: "mig",
@@ -82,7 +78,7 @@ def node_inventory(devices: Iterable[rpb.Device], runtime_up: bool = True) -> st
         NodeDevice(
             id=d.id,
             index=d.index,
-            kind=kinds.get(d.kind, "gpu"),
+            kind=devicekind.name_of(d.kind),
             mode=modes.get(d.mode, "tdm"),
             numa=d.numa_node,
             healthy=runtime_up and d.health == rpb.HEALTH_HEALTHY,
@@ -97,6 +93,7 @@ def node_inventory(devices: Iterable[rpb.Device], runtime_up: bool = True) -> st
             mig=tuple(MigSlot(m.id, m.profile) for m in d.mig_instances),
         )
         for d in devices
+        if devicekind.by_value(d.kind) is not None
     )
 
 

@@ -3,8 +3,9 @@
 One kubelet device per physical exclusive/TDM GPU under `resources.gpu`;
 100 units per TDM GPU under `resources.core` and `resources.memory` (IDs
 `<device-id>::<n>`); one resource per MIG profile for GPUs in MIG mode (they
-offer nothing else); PPU and AMD devices whole under `resources.ppu` /
-`resources.amd`. MIG and PPU/AMD follow their Runtime-version feature gates.
+offer nothing else); devices of the other kinds of the device-kind table (PPU,
+AMD) whole under their resource. MIG and the kinds follow their Runtime-version
+feature gates; a kind the table does not know is not offered.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
+from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.featuregate import Feature, GateReport
 from lj_runtimekit.proto.pkg.protocol import Protocol
 
@@ -30,7 +32,7 @@ class ResourceKind(enum.Enum):
     """What the kubelet's device IDs of a resource stand for."""
 
     WHOLE = "whole"
-    """Whole physical devices (GPU, PPU or AMD)."""
+    """Whole physical devices (of one kind of the device-kind table)."""
     CORE = "core"
     """Core-percent units of TDM devices."""
     MEMORY = "memory"
@@ -57,8 +59,6 @@ class ResourceInfo:
 
     name: str
     kind: ResourceKind
-    device_kind: int = rpb.DEVICE_KIND_GPU
-    """Physical device kind of WHOLE resources."""
     mig_profile: str = ""
 
 
@@ -78,18 +78,15 @@ def slice_unit_device(unit_id: str) -> str | None:
 def resource_info(protocol: Protocol, name: str) -> ResourceInfo | None:
     """What the resource `name` is, or None when this plugin does not serve such a name."""
     res = protocol.resources
-    fixed = {
-        res.gpu: ResourceInfo(res.gpu, ResourceKind.WHOLE, rpb.DEVICE_KIND_GPU),
-        res.core: ResourceInfo(res.core, ResourceKind.CORE),
-        res.memory: ResourceInfo(res.memory, ResourceKind.MEMORY),
-        res.ppu: ResourceInfo(res.ppu, ResourceKind.WHOLE, rpb.DEVICE_KIND_PPU),
-        res.amd: ResourceInfo(res.amd, ResourceKind.WHOLE, rpb.DEVICE_KIND_AMD),
-    }
-    if name in fixed:
-        return fixed[name]
+    if name in devicekind.whole_resources(res):
+        return ResourceInfo(name, ResourceKind.WHOLE)
+    if name == res.core:
+        return ResourceInfo(name, ResourceKind.CORE)
+    if name == res.memory:
+        return ResourceInfo(name, ResourceKind.MEMORY)
     profile = res.mig_profile(name)
     if profile:
-        return ResourceInfo(name, ResourceKind.MIG, rpb.DEVICE_KIND_GPU, profile)
+        return ResourceInfo(name, ResourceKind.MIG, profile)
     return None
 
 
@@ -124,51 +121,53 @@ def build_inventory(
     out: dict[str, list[KubeletDevice]] = {res.gpu: [], res.core: [], res.memory: []}
     skipped: list[str] = []
     mig_on = gates.is_enabled(Feature.MIG)
-    ppu_amd_on = gates.is_enabled(Feature.PPU_AMD_DEVICES)
-    if ppu_amd_on:
-        out.setdefault(res.ppu, [])
-        out.setdefault(res.amd, [])
+    for known in devicekind.kinds():
+        if known.feature is None or gates.is_enabled(known.feature):
+            out.setdefault(known.resource(res), [])
     for dev in devices:
         healthy = _healthy(dev.health, runtime_up)
+        kind = devicekind.by_value(dev.kind)
         if len(dev.id) > MAX_DEVICE_ID:
             skipped.append(f"device {dev.id!r}: ID longer than {MAX_DEVICE_ID} characters")
             continue
-        if dev.kind == rpb.DEVICE_KIND_GPU:
-            if dev.mode == rpb.DEVICE_MODE_MIG:
-                if not mig_on:
-                    skipped.append(f"device {dev.id}: MIG mode, but the MIG feature gate is off")
-                    continue
-                for inst in dev.mig_instances:
-                    out.setdefault(res.mig(inst.profile), []).append(
-                        KubeletDevice(
-                            inst.id,
-                            healthy and _healthy(inst.health, runtime_up),
-                            dev.numa_node,
-                            inst.id,
-                        )
-                    )
-                continue
-            if dev.mode not in (rpb.DEVICE_MODE_EXCLUSIVE, rpb.DEVICE_MODE_TDM):
-                skipped.append(f"device {dev.id}: sharing mode not reported by the Runtime")
-                continue
-            out[res.gpu].append(KubeletDevice(dev.id, healthy, dev.numa_node, dev.id))
-            if dev.mode == rpb.DEVICE_MODE_TDM and len(dev.id) > _MAX_SLICED_ID:
-                skipped.append(
-                    f"device {dev.id}: ID longer than {_MAX_SLICED_ID} characters leaves no"
-                    " room for slice unit IDs; offered whole only"
-                )
-            elif dev.mode == rpb.DEVICE_MODE_TDM:
-                for name in (res.core, res.memory):
-                    out[name].extend(
-                        KubeletDevice(slice_unit_id(dev.id, n), healthy, dev.numa_node, dev.id)
-                        for n in range(SLICE_UNITS)
-                    )
-        elif dev.kind in (rpb.DEVICE_KIND_PPU, rpb.DEVICE_KIND_AMD):
-            if not ppu_amd_on:
-                skipped.append(f"device {dev.id}: PPU/AMD device, but that feature gate is off")
-                continue
-            name = res.ppu if dev.kind == rpb.DEVICE_KIND_PPU else res.amd
-            out[name].append(KubeletDevice(dev.id, healthy, dev.numa_node, dev.id))
-        else:
+        if kind is None:
             skipped.append(f"device {dev.id}: device kind not reported by the Runtime")
+            continue
+        if kind.feature is not None and not gates.is_enabled(kind.feature):
+            skipped.append(
+                f"device {dev.id}: {kind.name} device, but the {kind.feature} feature gate is off"
+            )
+            continue
+        if not kind.shareable:
+            out[kind.resource(res)].append(KubeletDevice(dev.id, healthy, dev.numa_node, dev.id))
+            continue
+        if dev.mode == rpb.DEVICE_MODE_MIG:
+            if not mig_on:
+                skipped.append(f"device {dev.id}: MIG mode, but the MIG feature gate is off")
+                continue
+            for inst in dev.mig_instances:
+                out.setdefault(res.mig(inst.profile), []).append(
+                    KubeletDevice(
+                        inst.id,
+                        healthy and _healthy(inst.health, runtime_up),
+                        dev.numa_node,
+                        inst.id,
+                    )
+                )
+            continue
+        if dev.mode not in (rpb.DEVICE_MODE_EXCLUSIVE, rpb.DEVICE_MODE_TDM):
+            skipped.append(f"device {dev.id}: sharing mode not reported by the Runtime")
+            continue
+        out[kind.resource(res)].append(KubeletDevice(dev.id, healthy, dev.numa_node, dev.id))
+        if dev.mode == rpb.DEVICE_MODE_TDM and len(dev.id) > _MAX_SLICED_ID:
+            skipped.append(
+                f"device {dev.id}: ID longer than {_MAX_SLICED_ID} characters leaves no"
+                " room for slice unit IDs; offered whole only"
+            )
+        elif dev.mode == rpb.DEVICE_MODE_TDM:
+            for name in (res.core, res.memory):
+                out[name].extend(
+                    KubeletDevice(slice_unit_id(dev.id, n), healthy, dev.numa_node, dev.id)
+                    for n in range(SLICE_UNITS)
+                )
     return Inventory({k: tuple(v) for k, v in out.items()}, tuple(skipped))

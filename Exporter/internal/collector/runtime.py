@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from lj_runtimekit.exporter.pkg.configpb import runtime_pb2 as pb
+from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.featuregate import Feature, GateReport, evaluate
 from lj_runtimekit.proto.pkg.runtimeclient import RuntimeCallError, RuntimeClient
-
-_GATED_KINDS = frozenset({pb.DEVICE_KIND_PPU, pb.DEVICE_KIND_AMD})
 
 
 @dataclass(frozen=True)
@@ -27,6 +26,13 @@ class RuntimeView:
     """Why GetContainerMetrics failed while the rest answered (device series stay)."""
 
 
+def _kind_enabled(value: int, gates: GateReport) -> bool:
+    """False for a device of a kind whose feature gate is off (an unknown kind is kept,
+    exported as `unknown`)."""
+    kind = devicekind.by_value(value)
+    return kind is None or kind.feature is None or gates.is_enabled(kind.feature)
+
+
 async def read_runtime(client: RuntimeClient) -> RuntimeView:
     """Read the Runtime once; RuntimeUnavailableError / RuntimeCallError / RuntimeTooOldError.
 
@@ -37,8 +43,7 @@ async def read_runtime(client: RuntimeClient) -> RuntimeView:
     gates = evaluate(info.version)
     gates.require_base()
     devices = await client.list_devices()
-    if not gates.is_enabled(Feature.PPU_AMD_DEVICES):
-        devices = [d for d in devices if d.kind not in _GATED_KINDS]
+    devices = [d for d in devices if _kind_enabled(d.kind, gates)]
     if not gates.is_enabled(Feature.MIG):
         for device in devices:
             del device.mig_instances[:]

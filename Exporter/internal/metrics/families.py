@@ -23,6 +23,7 @@ from lj_runtimekit.exporter.internal.allocation.assignments import (
 from lj_runtimekit.exporter.internal.collector.runtime import RuntimeView
 from lj_runtimekit.exporter.internal.pods.model import PodView
 from lj_runtimekit.exporter.pkg.configpb import runtime_pb2 as pb
+from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import Resources
 
 PREFIX = "lj_runtimekit_"
@@ -42,11 +43,6 @@ CONTAINER_LABELS = (
     "mig_instance_id",
 )
 MODES = ("exclusive", "tdm", "mig")
-
-
-def kind_name(kind: int) -> str:
-    """`gpu`, `ppu`, `amd` or `unspecified`."""
-    return pb.DeviceKind.Name(kind).removeprefix("DEVICE_KIND_").lower()  # type: ignore[arg-type]
 
 
 def mode_name(mode: int) -> str:
@@ -71,12 +67,10 @@ def _counter(name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
 
 
 def whole_resource(resources: Resources, kind: int) -> str:
-    """The extended resource that offers a whole device of this kind (protocol constants)."""
-    if kind == pb.DEVICE_KIND_PPU:
-        return resources.ppu
-    if kind == pb.DEVICE_KIND_AMD:
-        return resources.amd
-    return resources.gpu
+    """The extended resource that offers a whole device of this kind (protocol constants);
+    empty for a kind the device-kind table does not know (not offered)."""
+    known = devicekind.by_value(kind)
+    return known.resource(resources) if known else ""
 
 
 def build_families(
@@ -144,7 +138,13 @@ def build_families(
     mig_labels: dict[str, list[str]] = {}
 
     for device in runtime.devices:
-        labels = [node, str(device.index), device.id, device.model, kind_name(device.kind)]
+        labels = [
+            node,
+            str(device.index),
+            device.id,
+            device.model,
+            devicekind.name_of(device.kind),
+        ]
         device_labels[device.id] = labels
         places[device.id] = _Place(device, None)
         info.add_metric(

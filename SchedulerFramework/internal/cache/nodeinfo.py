@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import (
     ADMISSION_KUBELET_ORDER,
     InventoryError,
@@ -34,9 +35,10 @@ class Taint:
 
 
 def whole_kinds(protocol: Protocol) -> dict[str, str]:
-    """Whole-device resource name -> device kind."""
-    r = protocol.resources
-    return {r.gpu: "gpu", r.ppu: "ppu", r.amd: "amd"}
+    """Whole-device resource name -> device kind name (the device-kind table)."""
+    return {
+        name: kind.name for name, kind in devicekind.whole_resources(protocol.resources).items()
+    }
 
 
 class NodeInfo:

@@ -13,7 +13,8 @@ Encoding: compact JSON, `{"devices": [...]}`; one device is
      "links": [{"peer": "GPU-8a2e", "kind": "nvlink", "gbps": 600}],
      "mig": [{"id": "MIG-1", "profile": "1g.10gb"}]}
 
-`kind` is gpu | ppu | amd, `mode` exclusive | tdm | mig, `numa` -1 when
+`kind` is a name of the device-kind table (`lj_runtimekit.proto.pkg.devicekind`:
+gpu | ppu | amd), `mode` exclusive | tdm | mig, `numa` -1 when
 unknown, `links.kind` nvlink | pcie; `healthy`, `links`, `mig` and `numa` may
 be omitted (true, none, none, -1). Unknown fields are rejected so that a typo
 never silently drops topology.
@@ -26,11 +27,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, cast
 
-DeviceKindName = Literal["gpu", "ppu", "amd"]
+from lj_runtimekit.proto.pkg import devicekind
+
 DeviceModeName = Literal["exclusive", "tdm", "mig"]
 LinkKindName = Literal["nvlink", "pcie"]
 
-DEVICE_KINDS: tuple[DeviceKindName, ...] = ("gpu", "ppu", "amd")
 DEVICE_MODES: tuple[DeviceModeName, ...] = ("exclusive", "tdm", "mig")
 LINK_KINDS: tuple[LinkKindName, ...] = ("nvlink", "pcie")
 
@@ -65,7 +66,8 @@ class NodeDevice:
 
     id: str
     index: int
-    kind: DeviceKindName = "gpu"
+    kind: str = "gpu"
+    """A name of the device-kind table."""
     mode: DeviceModeName = "tdm"
     numa: int = -1
     healthy: bool = True
@@ -184,7 +186,7 @@ def decode_inventory(text: str) -> tuple[NodeDevice, ...]:
             NodeDevice(
                 id=dev_id,
                 index=index,
-                kind=cast("DeviceKindName", _choice(item, "kind", where, DEVICE_KINDS)),
+                kind=_choice(item, "kind", where, devicekind.names()),
                 mode=mode,
                 numa=_integer(item, "numa", where, -1, -1),
                 healthy=healthy,
