@@ -7,10 +7,23 @@ from pathlib import Path
 import pytest
 
 from lj_runtimekit.schedulerframework.cmd.scheduler import main as scheduler_main
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.config.config import (
     ConfigError,
     load_config,
     parse_config,
+)
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    FilterPlugin,
+    PluginError,
+    check_plugin,
+)
+from lj_runtimekit.schedulerframework.internal.framework.runtime import EnabledPlugin, Framework
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    SUCCESS,
+    CycleState,
+    PodInfo,
+    Status,
 )
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import Args as GpuArgs
 
@@ -139,3 +152,45 @@ def test_flag_mistakes_are_one_line_naming_the_flag(
     (line,) = err.strip().splitlines()
     assert line.startswith("lj-scheduler: error: ")
     assert flag in line
+
+
+class _Named:
+    name = "Probe"
+
+
+class _Filter(_Named, FilterPlugin):
+    def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
+        return SUCCESS
+
+
+class _Misspelled(_Named, FilterPlugin):
+    def filtre(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
+        return SUCCESS
+
+
+class _Undeclared(_Filter):
+    def score(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> int:
+        return 0
+
+
+class _NearMiss(_Filter):
+    def pre_filer(self, state: CycleState, pod: PodInfo) -> None:
+        return None
+
+
+def test_plugins_declare_and_implement_their_extension_points() -> None:
+    """A plugin's extension points are its Protocol base classes, checked when a profile
+    is built: a misspelled or undeclared point stops the start instead of being skipped."""
+    check_plugin(_Filter())  # the in-tree plugins pass it in every scheduler the tests build
+    with pytest.raises(PluginError, match="declares FilterPlugin but does not implement filter"):
+        check_plugin(_Misspelled())  # type: ignore[abstract]
+    with pytest.raises(PluginError, match="defines score but does not declare ScorePlugin"):
+        check_plugin(_Undeclared())
+    with pytest.raises(
+        PluginError, match="pre_filer is not an extension point; did you mean pre_filter"
+    ):
+        check_plugin(_NearMiss())
+    with pytest.raises(PluginError, match="declares no extension point"):
+        check_plugin(_Named())
+    with pytest.raises(PluginError, match="Probe"):
+        Framework("lj-scheduler", [EnabledPlugin(_Undeclared())], handle=None)  # type: ignore[arg-type]

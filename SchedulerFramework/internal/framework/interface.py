@@ -1,12 +1,16 @@
 """Extension points of the scheduling framework: one Protocol each, in cycle order.
 
-A plugin is an object with a `name` and any of these methods; the framework
-finds which extension points it implements with `isinstance` checks when a
-profile is built. Upstream equivalents: k8s.io/kubernetes/pkg/scheduler/framework.
+A plugin class inherits the Protocols of the extension points it implements (so mypy
+checks its methods against them) and has a `name`. `check_plugin` verifies a plugin when
+a profile is built: a declared point left unimplemented, or an extension method defined
+without its point (a misspelling, a forgotten base class), is an error there instead of
+a point silently skipped. Upstream equivalents: k8s.io/kubernetes/pkg/scheduler/framework.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -117,6 +121,58 @@ class PodEventPlugin(Plugin, Protocol):
     def on_pod_event(self, etype: str, pod: PodInfo) -> None:
         """Every pod of this scheduler seen by the watch (ADDED / MODIFIED / DELETED)."""
         ...
+
+
+EXTENSION_POINTS: tuple[type[Plugin], ...] = (
+    PreFilterPlugin,
+    FilterPlugin,
+    PostFilterPlugin,
+    ScorePlugin,
+    ScoreExtensions,
+    ReservePlugin,
+    PermitPlugin,
+    PreBindPlugin,
+    BindPlugin,
+    PostBindPlugin,
+    PodEventPlugin,
+)
+
+
+class PluginError(TypeError):
+    """A plugin class that does not match the extension points it declares."""
+
+
+def _methods(point: type[Plugin]) -> tuple[str, ...]:
+    return tuple(n for n, v in vars(point).items() if inspect.isfunction(v) and n[0] != "_")
+
+
+def check_plugin(plugin: Plugin) -> None:
+    """Raise PluginError unless `plugin` implements exactly the extension points it
+    declares (its Protocol base classes)."""
+    cls = type(plugin)
+    declared = [p for p in EXTENSION_POINTS if p in cls.__mro__]
+    stubs = {id(v) for p in EXTENSION_POINTS for v in vars(p).values()}
+    where = f"scheduler plugin {plugin.name} ({cls.__module__}.{cls.__qualname__})"
+    if not declared:
+        raise PluginError(f"{where}: declares no extension point (inherit e.g. FilterPlugin)")
+    for point in declared:
+        for method in _methods(point):
+            if id(inspect.getattr_static(cls, method)) in stubs:
+                raise PluginError(
+                    f"{where}: declares {point.__name__} but does not implement {method}"
+                )
+    known = {m: p for p in EXTENSION_POINTS for m in _methods(p)}
+    for name in dir(cls):
+        if name.startswith("_") or not callable(getattr(cls, name, None)):
+            continue
+        owner = known.get(name)
+        if owner is not None and owner not in declared:
+            raise PluginError(f"{where}: defines {name} but does not declare {owner.__name__}")
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.85)
+        if owner is None and close:
+            raise PluginError(
+                f"{where}: {name} is not an extension point; did you mean {close[0]}?"
+            )
 
 
 class WaitingPod(Protocol):

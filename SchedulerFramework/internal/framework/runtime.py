@@ -21,6 +21,7 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
     ReservePlugin,
     ScoreExtensions,
     ScorePlugin,
+    check_plugin,
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SKIP,
@@ -81,6 +82,8 @@ class Framework:
         self.handle = handle
         self.percentage = percentage_of_nodes_to_score
         self.plugins = [p.plugin for p in plugins]
+        for plugin in self.plugins:
+            check_plugin(plugin)
         self.pre_filter = [p for p in self.plugins if isinstance(p, PreFilterPlugin)]
         self.filters = [p for p in self.plugins if isinstance(p, FilterPlugin)]
         self.post_filters = [p for p in self.plugins if isinstance(p, PostFilterPlugin)]

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
-from lj_runtimekit.schedulerframework.internal.framework.interface import Handle
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    BindPlugin,
+    Handle,
+)
 from lj_runtimekit.schedulerframework.internal.framework.types import CycleState, PodInfo, Status
 
 NAME = "DefaultBinder"
@@ -21,7 +24,7 @@ class Args:
         return Args()
 
 
-class DefaultBinder:
+class DefaultBinder(BindPlugin):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:

@@ -20,7 +20,12 @@ from lj_runtimekit.schedulerframework.internal.cache.devices import (
 )
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import ArgsError, check_fields
-from lj_runtimekit.schedulerframework.internal.framework.interface import MAX_NODE_SCORE, Handle
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    MAX_NODE_SCORE,
+    Handle,
+    PreFilterPlugin,
+    ScorePlugin,
+)
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SKIP,
     SUCCESS,
@@ -119,7 +124,7 @@ def best_set(
     return best_list
 
 
-class DeviceTopology:
+class DeviceTopology(PreFilterPlugin, ScorePlugin):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:

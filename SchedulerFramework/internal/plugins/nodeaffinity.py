@@ -9,7 +9,14 @@ from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
-from lj_runtimekit.schedulerframework.internal.framework.interface import Handle, scale_to_max
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    FilterPlugin,
+    Handle,
+    PreFilterPlugin,
+    ScoreExtensions,
+    ScorePlugin,
+    scale_to_max,
+)
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SKIP,
     SUCCESS,
@@ -82,7 +89,7 @@ def pod_matches_node(pod: PodInfo, node: NodeInfo) -> bool:
     return terms is None or any(term_matches(t, node) for t in terms)
 
 
-class NodeAffinity:
+class NodeAffinity(PreFilterPlugin, FilterPlugin, ScorePlugin, ScoreExtensions):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:

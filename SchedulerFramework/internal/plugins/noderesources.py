@@ -14,7 +14,12 @@ from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields, choice
-from lj_runtimekit.schedulerframework.internal.framework.interface import MAX_NODE_SCORE, Handle
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    MAX_NODE_SCORE,
+    FilterPlugin,
+    Handle,
+    ScorePlugin,
+)
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     CPU,
     MEMORY,
@@ -40,7 +45,7 @@ class Args:
         return Args(choice(NAME, raw, "scoringStrategy", STRATEGIES, "LeastAllocated"))
 
 
-class NodeResourcesFit:
+class NodeResourcesFit(FilterPlugin, ScorePlugin):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:

@@ -8,7 +8,10 @@ from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
-from lj_runtimekit.schedulerframework.internal.framework.interface import Handle
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    FilterPlugin,
+    Handle,
+)
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
     CycleState,
@@ -30,7 +33,7 @@ class Args:
         return Args()
 
 
-class NodeUnschedulable:
+class NodeUnschedulable(FilterPlugin):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:

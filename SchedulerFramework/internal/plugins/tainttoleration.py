@@ -9,7 +9,14 @@ from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, Taint
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
-from lj_runtimekit.schedulerframework.internal.framework.interface import Handle, scale_to_max
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    FilterPlugin,
+    Handle,
+    PreFilterPlugin,
+    ScoreExtensions,
+    ScorePlugin,
+    scale_to_max,
+)
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
     CycleState,
@@ -38,7 +45,7 @@ def untolerated(taints: Iterable[Taint], tolerations: Sequence[Toleration]) -> I
             yield taint
 
 
-class TaintToleration:
+class TaintToleration(PreFilterPlugin, FilterPlugin, ScorePlugin, ScoreExtensions):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:

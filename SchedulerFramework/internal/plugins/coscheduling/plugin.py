@@ -43,7 +43,14 @@ from lj_runtimekit.schedulerframework.internal.framework.args import (
     boolean,
     check_fields,
 )
-from lj_runtimekit.schedulerframework.internal.framework.interface import Handle
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    FilterPlugin,
+    Handle,
+    PermitPlugin,
+    PodEventPlugin,
+    PreFilterPlugin,
+    ReservePlugin,
+)
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
     Code,
@@ -180,7 +187,7 @@ def gang_key(pod: PodInfo, group_annotation: str) -> str | None:
     return f"{pod.namespace}/{jobset}" if jobset else None
 
 
-class Coscheduling:
+class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin, PermitPlugin):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:

@@ -22,7 +22,14 @@ from lj_runtimekit.schedulerframework.internal.framework.args import (
     choice,
     string,
 )
-from lj_runtimekit.schedulerframework.internal.framework.interface import MAX_NODE_SCORE, Handle
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    MAX_NODE_SCORE,
+    FilterPlugin,
+    Handle,
+    PreFilterPlugin,
+    ReservePlugin,
+    ScorePlugin,
+)
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SKIP,
     SUCCESS,
@@ -113,7 +120,7 @@ def device_request(pod: PodInfo, handle: Handle) -> DeviceRequest | None:
     return req
 
 
-class GpuShare:
+class GpuShare(PreFilterPlugin, FilterPlugin, ScorePlugin, ReservePlugin):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:
