@@ -33,10 +33,11 @@ check-contract: ## Fail when the Runtime contract lost, renumbered or retyped an
 		--released proto/released/runtime_v1.binpb --proto-root proto lingjun/runtime/v1/runtime.proto
 
 .PHONY: lint
-lint: check-generated check-contract ## ruff, mypy --strict, generated stubs and contract checks
+lint: check-generated check-contract ## ruff, mypy --strict, import contracts, generated stubs and contract checks
 	$(UV) run ruff check .
 	$(UV) run ruff format --check .
 	$(UV) run python hack/typecheck.py
+	$(UV) run python hack/import_contracts.py
 
 .PHONY: test
 test: deps sync lint ## Run lint and every test (the CI command)

@@ -1,0 +1,51 @@
+"""The import contracts (hack/import_contracts.py): what the checker reads, and the tree."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+HACK = Path(__file__).resolve().parent.parent / "hack"
+
+
+@pytest.fixture
+def contracts(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(HACK))
+    return importlib.import_module("import_contracts")
+
+
+def test_run_time_imports_are_read_type_checking_ones_are_not(
+    contracts: ModuleType, tmp_path: Path
+) -> None:
+    source = tmp_path / "__init__.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from . import sibling\n"
+        "from .sub import thing\n"
+        "import lj_runtimekit.controller.internal\n"
+        "if TYPE_CHECKING:\n"
+        "    from lj_runtimekit.sandbox import Sandbox\n"
+        "def late() -> None:\n"
+        "    from lj_runtimekit.envtest import ControlPlane\n"
+    )
+    got = contracts.imports(source, "lj_runtimekit.exporter.internal")
+    assert got == {
+        "lj_runtimekit.exporter.internal",
+        "lj_runtimekit.exporter.internal.sibling",
+        "lj_runtimekit.exporter.internal.sub",
+        "lj_runtimekit.exporter.internal.sub.thing",
+        "lj_runtimekit.controller.internal",
+        "lj_runtimekit.envtest",
+        "lj_runtimekit.envtest.ControlPlane",
+    }
+
+
+def test_the_tree_breaks_no_contract_beyond_the_known_exceptions(contracts: ModuleType) -> None:
+    found = set(contracts.violations())
+    assert found == set(contracts.KNOWN), {
+        "new": sorted(found - set(contracts.KNOWN)),
+        "gone": sorted(set(contracts.KNOWN) - found),
+    }
