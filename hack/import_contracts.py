@@ -42,9 +42,6 @@ LAYERS = (SF + "plugins", SF + "framework", SF + "cache")
 NOT_PRODUCTION_DIRS = {"tests", "bench"}
 
 KNOWN: dict[str, str] = {
-    "cycle lj_runtimekit.exporter.internal.collector <-> lj_runtimekit.exporter.internal.metrics": (
-        "the collector builds the families and the families read the collector's view"
-    ),
     "cycle lj_runtimekit.schedulerframework.internal.cache <-> "
     "lj_runtimekit.schedulerframework.internal.framework": (
         "PodInfo and KubeObject live in framework.types, which the cache stores"

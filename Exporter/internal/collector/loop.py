@@ -14,9 +14,10 @@ import time
 from prometheus_client.core import Metric
 
 from lj_runtimekit.exporter.internal.allocation.assignments import Allocations, pod_allocations
-from lj_runtimekit.exporter.internal.collector.runtime import RuntimeView, read_runtime
+from lj_runtimekit.exporter.internal.collector.runtime import read_runtime
 from lj_runtimekit.exporter.internal.metrics.families import build_families
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics, status_families
+from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
 from lj_runtimekit.exporter.internal.pods.source import NodePods, PodRead
 from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError
 from lj_runtimekit.proto.pkg.protocol import Protocol

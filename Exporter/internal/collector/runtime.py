@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
+from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
 from lj_runtimekit.exporter.pkg.configpb import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.featuregate import Feature, GateReport, evaluate
 from lj_runtimekit.proto.pkg.runtimeclient import RuntimeCallError, RuntimeClient
-
-
-@dataclass(frozen=True)
-class RuntimeView:
-    """What the Runtime reported in one collection (the messages are only read)."""
-
-    version: str
-    gates: GateReport
-    devices: tuple[pb.Device, ...]
-    device_metrics: Mapping[str, pb.DeviceMetrics]
-    container_metrics: tuple[pb.ContainerMetrics, ...] | None
-    """None when the per-container metrics feature is off or their call failed."""
-    container_error: str | None = None
-    """Why GetContainerMetrics failed while the rest answered (device series stay)."""
 
 
 def _kind_enabled(value: int, gates: GateReport) -> bool:

@@ -20,7 +20,7 @@ from lj_runtimekit.exporter.internal.allocation.assignments import (
     Allocations,
     share_percents,
 )
-from lj_runtimekit.exporter.internal.collector.runtime import RuntimeView
+from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
 from lj_runtimekit.exporter.internal.pods.model import PodView
 from lj_runtimekit.exporter.pkg.configpb import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg import devicekind
