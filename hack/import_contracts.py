@@ -42,16 +42,6 @@ LAYERS = (SF + "plugins", SF + "framework", SF + "cache")
 NOT_PRODUCTION_DIRS = {"tests", "bench"}
 
 KNOWN: dict[str, str] = {
-    "cycle lj_runtimekit.schedulerframework.internal.cache <-> "
-    "lj_runtimekit.schedulerframework.internal.framework": (
-        "PodInfo and KubeObject live in framework.types, which the cache stores"
-    ),
-    "lj_runtimekit.schedulerframework.internal.cache.cache "
-    "(lj_runtimekit.schedulerframework.internal.cache) imports a higher layer: "
-    "lj_runtimekit.schedulerframework.internal.framework.types": "the same types",
-    "lj_runtimekit.schedulerframework.internal.cache.nodeinfo "
-    "(lj_runtimekit.schedulerframework.internal.cache) imports a higher layer: "
-    "lj_runtimekit.schedulerframework.internal.framework.types": "the same types",
     "lj_runtimekit.deploy.manifests imports another component: "
     "lj_runtimekit.schedulerframework.internal.config": (
         "deploy renders the scheduler's LjSchedulerConfiguration with the scheduler's own defaults"

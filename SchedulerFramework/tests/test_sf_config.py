@@ -8,6 +8,7 @@ import pytest
 
 from lj_runtimekit.schedulerframework.cmd.scheduler import main as scheduler_main
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.config.config import (
     ConfigError,
     load_config,
@@ -22,7 +23,6 @@ from lj_runtimekit.schedulerframework.internal.framework.runtime import EnabledP
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
     CycleState,
-    PodInfo,
     Status,
 )
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import Args as GpuArgs

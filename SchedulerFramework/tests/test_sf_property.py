@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from lj_runtimekit.proto.pkg.protocol import decode_assignment
-from lj_runtimekit.schedulerframework.internal.framework.types import PodInfo, Status
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
+from lj_runtimekit.schedulerframework.internal.framework.types import Status
 from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
     CORE,
     GPU,

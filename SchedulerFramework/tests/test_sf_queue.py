@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 
-from lj_runtimekit.schedulerframework.internal.framework.types import PodInfo, parse_pod
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
+    PodInfo,
+    parse_pod,
+)
 from lj_runtimekit.schedulerframework.internal.queue.queue import SchedulingQueue
 
 

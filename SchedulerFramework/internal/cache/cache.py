@@ -29,7 +29,10 @@ from lj_runtimekit.proto.pkg.protocol import (
     pod_shares,
 )
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
-from lj_runtimekit.schedulerframework.internal.framework.types import KubeObject, PodInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
+    KubeObject,
+    PodInfo,
+)
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from lj_runtimekit.schedulerframework.internal.cache.devices import (
     devices_from_capacity,
     devices_from_inventory,
 )
-from lj_runtimekit.schedulerframework.internal.framework.types import (
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
     KubeObject,
     QuantityError,
     resource_amount,

@@ -19,13 +19,15 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
+    KubeObject,
+    PodInfo,
+    parse_pod,
+)
 from lj_runtimekit.schedulerframework.internal.framework.runtime import Framework
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     Code,
     CycleState,
-    KubeObject,
-    PodInfo,
-    parse_pod,
 )
 from lj_runtimekit.schedulerframework.internal.kube.client import KubeError
 from lj_runtimekit.schedulerframework.internal.plugins import (

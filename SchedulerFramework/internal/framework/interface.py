@@ -14,9 +14,9 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     CycleState,
-    PodInfo,
     PreFilterResult,
     Status,
 )

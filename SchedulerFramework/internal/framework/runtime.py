@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     BindPlugin,
     FilterPlugin,
@@ -28,7 +29,6 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
     Code,
     CycleState,
-    PodInfo,
     PreFilterResult,
     Status,
     error,

@@ -20,7 +20,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from lj_runtimekit.schedulerframework.internal.framework.types import KubeObject
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import KubeObject
 
 log = logging.getLogger(__name__)
 

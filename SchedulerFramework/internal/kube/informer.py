@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from lj_runtimekit.schedulerframework.internal.framework.types import KubeObject
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import KubeObject
 from lj_runtimekit.schedulerframework.internal.kube.client import Kube, KubeError
 
 log = logging.getLogger(__name__)

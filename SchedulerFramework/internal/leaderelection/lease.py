@@ -14,8 +14,8 @@ import threading
 import time
 from datetime import UTC, datetime
 
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import KubeObject
 from lj_runtimekit.schedulerframework.internal.config.config import LeaderElection
-from lj_runtimekit.schedulerframework.internal.framework.types import KubeObject
 from lj_runtimekit.schedulerframework.internal.kube.client import Kube, KubeError
 
 log = logging.getLogger(__name__)

@@ -6,12 +6,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     BindPlugin,
     Handle,
 )
-from lj_runtimekit.schedulerframework.internal.framework.types import CycleState, PodInfo, Status
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    CycleState,
+    Status,
+)
 
 NAME = "DefaultBinder"
 

@@ -19,6 +19,7 @@ from lj_runtimekit.schedulerframework.internal.cache.devices import (
     DeviceState,
 )
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import ArgsError, check_fields
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     MAX_NODE_SCORE,
@@ -30,7 +31,6 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     SKIP,
     SUCCESS,
     CycleState,
-    PodInfo,
     PreFilterResult,
     Status,
 )

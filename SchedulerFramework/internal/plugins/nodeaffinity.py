@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
+    PodInfo,
+    Requirement,
+    SelectorTerm,
+)
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     FilterPlugin,
@@ -21,10 +26,7 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     SKIP,
     SUCCESS,
     CycleState,
-    PodInfo,
     PreFilterResult,
-    Requirement,
-    SelectorTerm,
     Status,
     unresolvable,
 )

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
+    CPU,
+    MEMORY,
+    PODS,
+    PodInfo,
+)
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields, choice
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     MAX_NODE_SCORE,
@@ -21,12 +27,8 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
     ScorePlugin,
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
-    CPU,
-    MEMORY,
-    PODS,
     SUCCESS,
     CycleState,
-    PodInfo,
     Status,
     unschedulable,
 )

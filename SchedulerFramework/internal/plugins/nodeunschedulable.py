@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     FilterPlugin,
@@ -15,7 +16,6 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
     CycleState,
-    PodInfo,
     Status,
     unresolvable,
 )

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, Taint
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
+    PodInfo,
+    Toleration,
+)
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     FilterPlugin,
@@ -20,10 +24,8 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
     CycleState,
-    PodInfo,
     PreFilterResult,
     Status,
-    Toleration,
     unresolvable,
 )
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from lj_runtimekit.schedulerframework.internal.framework.types import PodInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 
 
 @dataclass

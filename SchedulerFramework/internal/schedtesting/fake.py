@@ -21,8 +21,12 @@ from lj_runtimekit.proto.pkg.protocol import (
     encode_inventory,
     load_protocol,
 )
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.config.config import Config, parse_config
-from lj_runtimekit.schedulerframework.internal.framework.types import SUCCESS, PodInfo, Status
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    SUCCESS,
+    Status,
+)
 from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import Scheduler
 
 PROTOCOL = load_protocol()

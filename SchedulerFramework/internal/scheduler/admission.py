@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Generic, TypeVar
 
 from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATED
-from lj_runtimekit.schedulerframework.internal.framework.types import KubeObject
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import KubeObject
 from lj_runtimekit.schedulerframework.internal.scheduler import metrics
 
 SETTLED_PHASES = frozenset({"Running", "Succeeded", "Failed"})

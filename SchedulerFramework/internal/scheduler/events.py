@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from lj_runtimekit.schedulerframework.internal.framework.types import PodInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.kube.client import Kube, KubeError
 
 log = logging.getLogger(__name__)

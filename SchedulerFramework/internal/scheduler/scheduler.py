@@ -21,6 +21,11 @@ from typing import Any
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
+    KubeObject,
+    PodInfo,
+    parse_pod,
+)
 from lj_runtimekit.schedulerframework.internal.config.config import Config
 from lj_runtimekit.schedulerframework.internal.framework.interface import PodEventPlugin, WaitingPod
 from lj_runtimekit.schedulerframework.internal.framework.runtime import (
@@ -32,11 +37,8 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
     Code,
     CycleState,
-    KubeObject,
-    PodInfo,
     Status,
     error,
-    parse_pod,
     unresolvable,
 )
 from lj_runtimekit.schedulerframework.internal.kube.client import Kube, KubeError

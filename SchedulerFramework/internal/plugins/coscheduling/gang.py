@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from lj_runtimekit.proto.pkg.protocol import Protocol
-from lj_runtimekit.schedulerframework.internal.framework.types import PodInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"

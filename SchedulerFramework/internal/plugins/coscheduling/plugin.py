@@ -38,6 +38,7 @@ from prometheus_client import Gauge
 from lj_runtimekit.proto.pkg.featuregate import FEATURE_MINIMUMS, Feature, evaluate
 from lj_runtimekit.proto.pkg.version import InvalidVersionError
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import (
     ArgsError,
     boolean,
@@ -55,7 +56,6 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
     Code,
     CycleState,
-    PodInfo,
     PreFilterResult,
     Status,
     unresolvable,

@@ -15,6 +15,7 @@ from typing import Any
 from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATING, encode_assignment
 from lj_runtimekit.schedulerframework.internal.cache.cache import held_shares
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import (
     ArgsError,
     boolean,
@@ -34,7 +35,6 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     SKIP,
     SUCCESS,
     CycleState,
-    PodInfo,
     PreFilterResult,
     Status,
     unresolvable,

@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import whole_kinds
-from lj_runtimekit.schedulerframework.internal.framework.types import PodInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 
 POLICIES = ("binpack", "spread")
 
