@@ -333,3 +333,36 @@ def test_queue_activate_moves_unschedulable_and_in_flight_pods() -> None:
     q.activate([a, b])  # a: unschedulable -> active; b: in flight -> active when handed back
     q.add_unschedulable(qb)
     assert q.counts()["active"] == 2
+
+
+def test_a_profile_requiring_jobsets_needs_the_jobset_api() -> None:
+    from lj_runtimekit.schedulerframework.internal.config.config import parse_config
+    from lj_runtimekit.schedulerframework.internal.kube.client import KubeError
+
+    plain = parse_config({}, "<t>")
+    strict = parse_config(
+        {
+            "profiles": [
+                {"pluginConfig": [{"name": "Coscheduling", "args": {"requireJobSet": True}}]}
+            ]
+        },
+        "<t>",
+    )
+    asked: list[str] = []
+
+    def absent(path: str) -> None:
+        asked.append(path)
+
+    def broken(path: str) -> None:
+        raise KubeError("GET", path, 0, "connection refused")
+
+    assert cos.job_set_problem(plain, absent) is None
+    assert asked == []  # not even asked
+    assert cos.job_set_problem(strict, lambda path: {"kind": "APIResourceList"}) is None
+    problem = cos.job_set_problem(strict, absent)
+    assert problem is not None
+    assert "requireJobSet is true but the JobSet API" in problem
+    assert asked == [cos.JOBSET_API]
+    assert "cannot check for the JobSet API: GET /apis/jobset" in str(
+        cos.job_set_problem(strict, broken)
+    )

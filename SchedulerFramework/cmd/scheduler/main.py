@@ -33,7 +33,6 @@ from lj_runtimekit.schedulerframework.internal.config.config import (
 from lj_runtimekit.schedulerframework.internal.extender.server import Extender, serve
 from lj_runtimekit.schedulerframework.internal.kube.client import (
     Kube,
-    KubeError,
     RateLimiter,
     load_api_client,
 )
@@ -138,20 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = ",".join(p.scheduler_name for p in config.profiles)
     recorder = EventRecorder(kube, names, identity)
     scheduler = Scheduler(config, protocol, kube, recorder)
-    if coscheduling.require_job_set(config):
-        try:
-            found = scheduler.get_json(coscheduling.JOBSET_API) is not None
-        except KubeError as exc:
-            log.error("cannot check for the JobSet API: %s", exc)
-            return 1
-        if not found:
-            log.error(
-                "%s: pluginConfig Coscheduling args.requireJobSet is true but the JobSet API "
-                "(%s) is not served: install JobSet >= v0.8.0",
-                config.source,
-                coscheduling.JOBSET_API,
-            )
-            return 1
+    problem = coscheduling.job_set_problem(config, scheduler.get_json)
+    if problem is not None:
+        log.error("%s", problem)
+        return 1
 
     stop = threading.Event()
     lost = threading.Event()

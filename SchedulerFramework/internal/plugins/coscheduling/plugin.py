@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -683,6 +683,24 @@ def require_job_set(config: Config) -> bool:
     )
 
 
+def job_set_problem(config: Config, get_json: Callable[[str], object | None]) -> str | None:
+    """Why the scheduler cannot start with this config (None when it can): a profile
+    requires JobSets (`requireJobSet: true`) and the API server does not serve their API.
+    `get_json` reads a path of the API server (None: not found)."""
+    if not require_job_set(config):
+        return None
+    try:
+        served = get_json(JOBSET_API) is not None
+    except KubeError as exc:
+        return f"cannot check for the JobSet API: {exc}"
+    if served:
+        return None
+    return (
+        f"{config.source}: pluginConfig Coscheduling args.requireJobSet is true but the JobSet"
+        f" API ({JOBSET_API}) is not served: install JobSet >= v0.8.0"
+    )
+
+
 __all__ = [
     "EXCLUSIVE_TOPOLOGY",
     "JOBSET_API",
@@ -690,6 +708,7 @@ __all__ = [
     "WAITING_GANGS",
     "Args",
     "Coscheduling",
+    "job_set_problem",
     "new",
     "require_job_set",
 ]
