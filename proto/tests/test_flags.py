@@ -62,3 +62,38 @@ def test_types_reject_with_argparse_errors() -> None:
     for fn, text in ((boolean, "2"), (port, "65536"), (positive_seconds, "-3")):
         with pytest.raises(argparse.ArgumentTypeError):
             fn(text)
+
+
+def test_env_flags_flag_then_environment_then_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LJ_T_PORT", "9100")
+    monkeypatch.setenv("NODE_NAME", "from-fallback")
+    monkeypatch.setenv("LJ_T_EMPTY", "")
+    p = FlagParser(prog="t")
+    p.env_flag("--port", "LJ_T_PORT", "80", "port", type=port)
+    p.env_flag("--node", ("LJ_T_NODE", "NODE_NAME"), "host", "node", shown="the host name")
+    p.env_flag("--url", "LJ_T_EMPTY", "http://x", "url; empty: off")
+    p.env_flag("--grace", "LJ_T_GRACE", "30", "seconds", type=float)
+    p.log_flags("LJ_T_")
+    args = p.parse_args([])
+    assert (args.port, args.node, args.url, args.grace) == (9100, "from-fallback", "", 30.0)
+    assert (args.log_level, args.log_format) == ("INFO", "auto")
+    assert p.parse_args(["--port", "81"]).port == 81  # the flag wins
+    monkeypatch.setenv("LJ_T_LOG_LEVEL", "debug")
+    q = FlagParser(prog="t")
+    q.log_flags("LJ_T_")
+    assert q.parse_args([]).log_level == "DEBUG"
+    text = " ".join(p.format_help().split())
+    assert "(env LJ_T_NODE or NODE_NAME, default the host name)" in text
+    assert "(env LJ_T_PORT, default 80)" in text
+
+
+def test_a_bad_environment_value_is_reported_like_a_bad_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LJ_T_PORT", "http")
+    p = FlagParser(prog="t")
+    p.env_flag("--port", "LJ_T_PORT", "80", "port", type=port)
+    with pytest.raises(SystemExit) as exited:
+        p.parse_args([])
+    assert exited.value.code == 1
+    assert "--port: 'http' is not a port number" in capsys.readouterr().err

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -42,10 +41,6 @@ ENV = "LJ_CONTROLLER_"
 _log = logging.getLogger("lj-controller")
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(ENV + name, default)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = FlagParser(
         prog="lj-controller",
@@ -55,16 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     def add(flag: str, default: Any, help_: str, **kw: Any) -> None:
-        env = flag.lstrip("-").upper().replace("-", "_")
-        value = _env(env)
-        p.add_argument(
-            flag,
-            # an environment value is a string: argparse converts it with `type` and reports
-            # a bad one like a bad flag
-            default=value if value is not None else default,
-            help=f"{help_} (env {ENV}{env}; default {default!r})",
-            **kw,
-        )
+        p.env_flag(flag, ENV + flag.lstrip("-").upper().replace("-", "_"), default, help_, **kw)
 
     add("--job-image", None, "image of lj-job-agent run by the Jobs (required)")
     add("--namespace", DEFAULT_NAMESPACE, "namespace of the Jobs, events and the Lease")
@@ -106,9 +92,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     add("--api-timeout", 30.0, "seconds one API request may take", type=float)
     add("--health-port", 8080, "port of /healthz and /readyz (0 = off)", type=int)
-    add("--kubeconfig", os.environ.get("KUBECONFIG", ""), "kubeconfig file ('' = in-cluster)")
-    add("--log-level", "INFO", "DEBUG, INFO, WARNING or ERROR", type=str.upper)
-    add("--log-format", "auto", "json, text or auto (text on a TTY)")
+    p.env_flag(
+        "--kubeconfig",
+        (f"{ENV}KUBECONFIG", "KUBECONFIG"),
+        "",
+        "kubeconfig file ('' = in-cluster)",
+        shown="in-cluster",
+    )
+    p.log_flags(ENV)
     p.add_argument(
         "--version", action="version", version=f"lj-controller {component_version(DIST)}"
     )
@@ -138,10 +129,6 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         )
     if not 0 <= args.health_port <= 65535:
         raise ConfigError(f"--health-port: {args.health_port} is not a port (0 = off)")
-    if args.log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ConfigError(f"--log-level: {args.log_level!r} is not DEBUG, INFO, WARNING or ERROR")
-    if args.log_format not in ("json", "text", "auto"):
-        raise ConfigError(f"--log-format: {args.log_format!r} is not json, text or auto")
     for flag in (
         "api_timeout",
         "watch_server_timeout",

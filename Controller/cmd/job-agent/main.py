@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import socket
 import sys
 from collections.abc import Sequence
@@ -40,7 +39,6 @@ _log = logging.getLogger("lj-job-agent")
 
 
 def _parser() -> argparse.ArgumentParser:
-    env = os.environ.get
     parser = FlagParser(
         prog="lj-job-agent",
         error_status=2,
@@ -49,59 +47,57 @@ def _parser() -> argparse.ArgumentParser:
         "2 usage, 3 Runtime unreachable, 4 Runtime too old (< v1.13.0), 5 Runtime refused.",
     )
     parser.add_argument("action", choices=ACTIONS, help="what to do with the node's features")
-    parser.add_argument(
+    parser.env_flag(
         "--socket-dir",
-        default=env("LJ_RUNTIME_SOCKET_DIR", DEFAULT_SOCKET_DIR),
-        help=f"directory of the Runtime sockets (env LJ_RUNTIME_SOCKET_DIR, "
-        f"default {DEFAULT_SOCKET_DIR})",
+        "LJ_RUNTIME_SOCKET_DIR",
+        DEFAULT_SOCKET_DIR,
+        "directory of the Runtime sockets",
     )
-    parser.add_argument(
+    parser.env_flag(
         "--socket-name",
-        default=env("LJ_RUNTIME_SOCKET_NAME", DEFAULT_SOCKET_NAME),
-        help=f"Runtime socket file in --socket-dir (env LJ_RUNTIME_SOCKET_NAME, "
-        f"default {DEFAULT_SOCKET_NAME})",
+        "LJ_RUNTIME_SOCKET_NAME",
+        DEFAULT_SOCKET_NAME,
+        "Runtime socket file in --socket-dir",
     )
-    parser.add_argument(
+    parser.env_flag(
         "--requester",
-        default=env("LJ_JOB_AGENT_REQUESTER") or socket.gethostname(),
-        help="who asks, for the Runtime's audit log (env LJ_JOB_AGENT_REQUESTER, "
-        "default the host name, i.e. the pod name)",
+        "LJ_JOB_AGENT_REQUESTER",
+        socket.gethostname(),
+        "who asks, for the Runtime's audit log",
+        shown="the host name, i.e. the pod name",
     )
-    parser.add_argument(
+    parser.env_flag(
         "--retry-timeout",
+        "LJ_JOB_AGENT_RETRY_TIMEOUT",
+        "60",
+        "how long an unreachable Runtime is retried",
         type=positive_seconds,
-        default=env("LJ_JOB_AGENT_RETRY_TIMEOUT", "60"),
         metavar="SECONDS",
-        help="how long an unreachable Runtime is retried (env LJ_JOB_AGENT_RETRY_TIMEOUT, "
-        "default 60)",
     )
-    parser.add_argument(
+    parser.env_flag(
         "--retry-attempts",
+        "LJ_JOB_AGENT_RETRY_ATTEMPTS",
+        "10",
+        "at most this many attempts per call",
         type=int,
-        default=env("LJ_JOB_AGENT_RETRY_ATTEMPTS", "10"),
         metavar="N",
-        help="at most this many attempts per call (env LJ_JOB_AGENT_RETRY_ATTEMPTS, default 10)",
     )
-    parser.add_argument(
+    parser.env_flag(
         "--call-timeout",
+        "LJ_JOB_AGENT_CALL_TIMEOUT",
+        "10",
+        "deadline of one RPC",
         type=positive_seconds,
-        default=env("LJ_JOB_AGENT_CALL_TIMEOUT", "10"),
         metavar="SECONDS",
-        help="deadline of one RPC (env LJ_JOB_AGENT_CALL_TIMEOUT, default 10)",
     )
-    parser.add_argument(
+    parser.env_flag(
         "--termination-log",
+        "LJ_JOB_AGENT_TERMINATION_LOG",
+        "/dev/termination-log",
+        "file the one-line result is written to",
         type=Path,
-        default=Path(env("LJ_JOB_AGENT_TERMINATION_LOG", "/dev/termination-log")),
-        help="file the one-line result is written to (env LJ_JOB_AGENT_TERMINATION_LOG, "
-        "default /dev/termination-log)",
     )
-    parser.add_argument(
-        "--log-format",
-        choices=("auto", "json", "text"),
-        default=env("LJ_JOB_AGENT_LOG_FORMAT", "auto"),
-        help="log format (env LJ_JOB_AGENT_LOG_FORMAT, default auto: text on a TTY)",
-    )
+    parser.log_flags("LJ_JOB_AGENT_", level=False)
     parser.add_argument(
         "--version", action="version", version=f"lj-job-agent {component_version(DIST)}"
     )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -60,79 +59,82 @@ class StartError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    env = os.environ.get
     p = FlagParser(
         prog="lj-device-plugin",
         description="Advertise whole GPUs, TDM core/memory slices, MIG profiles and PPU/AMD"
         " devices of the Lingjun Runtime to the kubelet (device plugin API v1beta1).",
     )
     p.add_argument("--version", action="store_true", help="print the version and exit")
-    p.add_argument(
-        "--plugin-dir",
-        default=env("LJ_DP_PLUGIN_DIR", DEFAULT_PLUGIN_DIR),
-        help="kubelet device plugin directory"
-        f" (env LJ_DP_PLUGIN_DIR, default {DEFAULT_PLUGIN_DIR})",
+    p.env_flag(
+        "--plugin-dir", "LJ_DP_PLUGIN_DIR", DEFAULT_PLUGIN_DIR, "kubelet device plugin directory"
     )
-    p.add_argument(
+    p.env_flag(
         "--runtime-socket-dir",
-        default=env("LJ_RUNTIME_SOCKET_DIR", DEFAULT_SOCKET_DIR),
-        help=f"Runtime socket directory (env LJ_RUNTIME_SOCKET_DIR, default {DEFAULT_SOCKET_DIR})",
+        "LJ_RUNTIME_SOCKET_DIR",
+        DEFAULT_SOCKET_DIR,
+        "Runtime socket directory",
     )
-    p.add_argument(
+    p.env_flag(
         "--runtime-socket-name",
-        default=env("LJ_RUNTIME_SOCKET_NAME", DEFAULT_SOCKET_NAME),
-        help="Runtime socket file name"
-        f" (env LJ_RUNTIME_SOCKET_NAME, default {DEFAULT_SOCKET_NAME})",
+        "LJ_RUNTIME_SOCKET_NAME",
+        DEFAULT_SOCKET_NAME,
+        "Runtime socket file name",
     )
-    p.add_argument(
+    p.env_flag(
         "--protocol",
-        default=env("LJ_PROTOCOL_FILE"),
-        help="protocol.yaml with resource, label and annotation names (env LJ_PROTOCOL_FILE;"
-        " built-in defaults when unset)",
+        "LJ_PROTOCOL_FILE",
+        None,
+        "protocol.yaml with resource, label and annotation names",
+        shown="the built-in names",
     )
-    p.add_argument(
+    p.env_flag(
         "--node-name",
-        default=env("NODE_NAME", ""),
-        help="this node's name, for labels and the API server fallback (env NODE_NAME)",
+        "NODE_NAME",
+        "",
+        "this node's name, for labels and the API server's pod watch",
+        shown="none",
     )
-    p.add_argument(
+    p.env_flag(
         "--kubelet-pods-url",
-        default=env("LJ_DP_KUBELET_PODS_URL", DEFAULT_PODS_URL),
-        help="kubelet read-only pod list; empty: off, the API server's watch of the node's"
-        f" pods only (env LJ_DP_KUBELET_PODS_URL, default {DEFAULT_PODS_URL})",
+        "LJ_DP_KUBELET_PODS_URL",
+        DEFAULT_PODS_URL,
+        "kubelet read-only pod list; empty: off, the API server's watch of the node's pods only",
     )
-    p.add_argument(
+    p.env_flag(
         "--pod-resources-socket",
-        default=env("LJ_DP_POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES_SOCKET),
-        help="kubelet PodResources socket, to cross-check the kubelet's record of each"
-        " container's devices against the allocations every clean-up round; empty: off"
-        f" (env LJ_DP_POD_RESOURCES_SOCKET, default {DEFAULT_POD_RESOURCES_SOCKET})",
+        "LJ_DP_POD_RESOURCES_SOCKET",
+        DEFAULT_POD_RESOURCES_SOCKET,
+        "kubelet PodResources socket, to cross-check the kubelet's record of each"
+        " container's devices against the allocations every clean-up round; empty: off",
     )
-    p.add_argument(
+    p.env_flag(
         "--kubeconfig",
-        default=env("KUBECONFIG"),
-        help="kubeconfig for API server access (env KUBECONFIG; in-cluster config when unset)",
+        "KUBECONFIG",
+        None,
+        "kubeconfig for API server access",
+        shown="in-cluster config",
     )
-    p.add_argument(
+    p.env_flag(
         "--label-node",
+        "LJ_DP_LABEL_NODE",
+        "true",
+        "label the Node with device kind, model, count, mode and Runtime version (needs API"
+        " access and --node-name)",
         type=boolean,
-        default=env("LJ_DP_LABEL_NODE", "true"),
-        help="label the Node with device kind, model, count, mode and Runtime version"
-        " (env LJ_DP_LABEL_NODE, default true; needs API access and --node-name)",
     )
-    p.add_argument(
+    p.env_flag(
         "--release-grace",
+        "LJ_DP_RELEASE_GRACE_S",
+        "60",
+        "seconds a pod may be missing from the pod list before its Runtime allocation is released",
         type=float,
-        default=env("LJ_DP_RELEASE_GRACE_S", "60"),
-        help="seconds a pod may be missing from the pod list before its Runtime allocation is"
-        " released (env LJ_DP_RELEASE_GRACE_S, default 60)",
     )
-    p.add_argument(
+    p.env_flag(
         "--collect-interval",
+        "LJ_DP_COLLECT_INTERVAL_S",
+        "30",
+        "seconds between clean-up rounds of finished pods' allocations",
         type=float,
-        default=env("LJ_DP_COLLECT_INTERVAL_S", "30"),
-        help="seconds between clean-up rounds of finished pods' allocations"
-        " (env LJ_DP_COLLECT_INTERVAL_S, default 30)",
     )
     p.add_argument(
         "--grace-period",
@@ -140,20 +142,7 @@ def _parser() -> argparse.ArgumentParser:
         default=2.0,
         help="seconds open streams get on shutdown (default 2)",
     )
-    p.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        default=env("LJ_DP_LOG_LEVEL", "INFO").upper(),
-        help="log level (env LJ_DP_LOG_LEVEL, default INFO)",
-    )
-    p.add_argument(
-        "--log-format",
-        choices=("auto", "json", "text"),
-        default=env("LJ_DP_LOG_FORMAT", "auto"),
-        help="log format: JSON lines, readable text, or auto (text on a TTY)"
-        " (env LJ_DP_LOG_FORMAT)",
-    )
+    p.log_flags("LJ_DP_")
     return p
 
 

@@ -48,102 +48,95 @@ log = logging.getLogger(PROG)
 
 
 def _parser() -> FlagParser:
-    env = os.environ.get
     p = FlagParser(
         prog=PROG,
         description="Serve Prometheus metrics of the node's accelerators (devices, MIG"
         " instances) and of the containers using them, read from the Lingjun Runtime and"
         " the kubelet. Every flag has an LJ_EXPORTER_* environment variable.",
     )
-    p.add_argument(
+    p.env_flag(
         "--runtime-socket-dir",
-        default=env("LJ_EXPORTER_RUNTIME_SOCKET_DIR", DEFAULT_SOCKET_DIR),
-        help=f"directory of the Runtime sockets (env LJ_EXPORTER_RUNTIME_SOCKET_DIR,"
-        f" default {DEFAULT_SOCKET_DIR})",
+        "LJ_EXPORTER_RUNTIME_SOCKET_DIR",
+        DEFAULT_SOCKET_DIR,
+        "directory of the Runtime sockets",
     )
-    p.add_argument(
+    p.env_flag(
         "--runtime-socket-name",
-        default=env("LJ_EXPORTER_RUNTIME_SOCKET_NAME", DEFAULT_SOCKET_NAME),
-        help=f"Runtime socket file name (env LJ_EXPORTER_RUNTIME_SOCKET_NAME,"
-        f" default {DEFAULT_SOCKET_NAME})",
+        "LJ_EXPORTER_RUNTIME_SOCKET_NAME",
+        DEFAULT_SOCKET_NAME,
+        "Runtime socket file name",
     )
-    p.add_argument(
+    p.env_flag(
         "--runtime-timeout",
+        "LJ_EXPORTER_RUNTIME_TIMEOUT",
+        "5",
+        "seconds one Runtime call may take",
         type=positive_seconds,
-        default=env("LJ_EXPORTER_RUNTIME_TIMEOUT", "5"),
-        help="seconds one Runtime call may take (env LJ_EXPORTER_RUNTIME_TIMEOUT, default 5)",
     )
-    p.add_argument(
+    p.env_flag(
         "--kubelet-pods-url",
-        default=env("LJ_EXPORTER_KUBELET_PODS_URL", DEFAULT_KUBELET_PODS_URL),
-        help="the kubelet read-only /pods endpoint (env LJ_EXPORTER_KUBELET_PODS_URL,"
-        f" default {DEFAULT_KUBELET_PODS_URL})",
+        "LJ_EXPORTER_KUBELET_PODS_URL",
+        DEFAULT_KUBELET_PODS_URL,
+        "the kubelet read-only /pods endpoint",
     )
-    p.add_argument(
+    p.env_flag(
         "--kubelet-timeout",
+        "LJ_EXPORTER_KUBELET_TIMEOUT",
+        "5",
+        "seconds a /pods request may take",
         type=positive_seconds,
-        default=env("LJ_EXPORTER_KUBELET_TIMEOUT", "5"),
-        help="seconds a /pods request may take (env LJ_EXPORTER_KUBELET_TIMEOUT, default 5)",
     )
-    p.add_argument(
+    p.env_flag(
         "--apiserver-fallback",
+        "LJ_EXPORTER_APISERVER_FALLBACK",
+        "auto",
+        "read the node's pods from the API server (by spec.nodeName) while the kubelet"
+        " does not answer: auto = when running in a cluster or --kubeconfig is given",
         choices=("auto", "off"),
-        default=env("LJ_EXPORTER_APISERVER_FALLBACK", "auto"),
-        help="read the node's pods from the API server (by spec.nodeName) while the kubelet"
-        " does not answer: auto = when running in a cluster or --kubeconfig is given"
-        " (env LJ_EXPORTER_APISERVER_FALLBACK, default auto)",
     )
-    p.add_argument(
+    p.env_flag(
         "--kubeconfig",
-        default=env("LJ_EXPORTER_KUBECONFIG") or env("KUBECONFIG"),
-        help="kubeconfig for the API server fallback (env LJ_EXPORTER_KUBECONFIG or"
-        " KUBECONFIG; default: in-cluster config)",
+        ("LJ_EXPORTER_KUBECONFIG", "KUBECONFIG"),
+        None,
+        "kubeconfig for the API server fallback",
+        shown="in-cluster config",
     )
-    p.add_argument(
+    p.env_flag(
         "--node-name",
-        default=env("LJ_EXPORTER_NODE_NAME") or env("NODE_NAME") or socket.gethostname(),
-        help="this node's name: the `node` label and the fallback's field selector"
-        " (env LJ_EXPORTER_NODE_NAME or NODE_NAME, default the host name)",
+        ("LJ_EXPORTER_NODE_NAME", "NODE_NAME"),
+        socket.gethostname(),
+        "this node's name: the `node` label and the fallback's field selector",
+        shown="the host name",
     )
-    p.add_argument(
+    p.env_flag(
         "--collection-interval",
+        "LJ_EXPORTER_COLLECTION_INTERVAL",
+        str(DEFAULT_INTERVAL_S),
+        "seconds between background collections",
+        shown=f"{DEFAULT_INTERVAL_S:g}",
         type=positive_seconds,
-        default=env("LJ_EXPORTER_COLLECTION_INTERVAL", str(DEFAULT_INTERVAL_S)),
-        help="seconds between background collections (env LJ_EXPORTER_COLLECTION_INTERVAL,"
-        f" default {DEFAULT_INTERVAL_S:g})",
     )
-    p.add_argument(
+    p.env_flag(
         "--listen-address",
-        default=env("LJ_EXPORTER_LISTEN_ADDRESS", "0.0.0.0"),
-        help="address of the HTTP server, `::` for IPv6 (env LJ_EXPORTER_LISTEN_ADDRESS,"
-        " default 0.0.0.0)",
+        "LJ_EXPORTER_LISTEN_ADDRESS",
+        "0.0.0.0",
+        "address of the HTTP server, `::` for IPv6",
     )
-    p.add_argument(
+    p.env_flag(
         "--port",
+        "LJ_EXPORTER_PORT",
+        str(DEFAULT_PORT),
+        "port of /metrics and /healthz",
         type=port,
-        default=env("LJ_EXPORTER_PORT", str(DEFAULT_PORT)),
-        help=f"port of /metrics and /healthz (env LJ_EXPORTER_PORT, default {DEFAULT_PORT})",
     )
-    p.add_argument(
+    p.env_flag(
         "--protocol-file",
-        default=env("LJ_EXPORTER_PROTOCOL_FILE"),
-        help="protocol.yaml with the resource and annotation names (env"
-        " LJ_EXPORTER_PROTOCOL_FILE, default: the built-in names)",
+        "LJ_EXPORTER_PROTOCOL_FILE",
+        None,
+        "protocol.yaml with the resource and annotation names",
+        shown="the built-in names",
     )
-    p.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        default=env("LJ_EXPORTER_LOG_LEVEL", "INFO").upper(),
-        help="log level (env LJ_EXPORTER_LOG_LEVEL, default INFO)",
-    )
-    p.add_argument(
-        "--log-format",
-        choices=("auto", "json", "text"),
-        default=env("LJ_EXPORTER_LOG_FORMAT", "auto"),
-        help="json lines, readable text, or auto: text on a terminal, json otherwise"
-        " (env LJ_EXPORTER_LOG_FORMAT)",
-    )
+    p.log_flags("LJ_EXPORTER_")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     return p
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import socket
 import sys
@@ -47,46 +46,83 @@ DIST = "lj-runtimekit-schedulerframework"
 log = logging.getLogger("lj-scheduler")
 
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"LJ_SCHEDULER_{name}", default)
+ENV = "LJ_SCHEDULER_"
+"""Every flag is mirrored by an environment variable with this prefix."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = FlagParser(prog="lj-scheduler", description=__doc__)
     p.add_argument("--version", action="store_true", help="print the version and exit")
-    p.add_argument("--config", default=_env("CONFIG"), help="LjSchedulerConfiguration YAML")
-    p.add_argument(
+    p.env_flag("--config", f"{ENV}CONFIG", None, "LjSchedulerConfiguration YAML", shown="built-in")
+    p.env_flag(
         "--scheduler-name",
-        default=_env("SCHEDULER_NAME"),
-        help="name of the (single) profile; pods select it with spec.schedulerName "
-        "(default: the config's, lj-scheduler)",
+        f"{ENV}SCHEDULER_NAME",
+        None,
+        "name of the (single) profile; pods select it with spec.schedulerName",
+        shown="the config's, lj-scheduler",
     )
-    p.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="default: in-cluster")
-    p.add_argument("--protocol-file", default=_env("PROTOCOL_FILE"), help="protocol.yaml")
-    p.add_argument("--mode", choices=("scheduler", "extender"), default=_env("MODE", "scheduler"))
-    p.add_argument("--extender-address", default=_env("EXTENDER_ADDRESS", "0.0.0.0"))
-    p.add_argument("--extender-port", type=port, default=_env("EXTENDER_PORT", "8888"))
-    p.add_argument("--extender-prefix", default=_env("EXTENDER_PREFIX", ""))
-    p.add_argument(
+    p.env_flag("--kubeconfig", f"{ENV}KUBECONFIG", None, "kubeconfig", shown="in-cluster")
+    p.env_flag(
+        "--protocol-file", f"{ENV}PROTOCOL_FILE", None, "protocol.yaml", shown="built-in names"
+    )
+    p.env_flag(
+        "--mode",
+        f"{ENV}MODE",
+        "scheduler",
+        "run as a scheduler, or as an HTTP extender of kube-scheduler",
+        choices=("scheduler", "extender"),
+    )
+    p.env_flag("--extender-address", f"{ENV}EXTENDER_ADDRESS", "0.0.0.0", "extender address")
+    p.env_flag("--extender-port", f"{ENV}EXTENDER_PORT", "8888", "extender port", type=port)
+    p.env_flag(
+        "--extender-prefix", f"{ENV}EXTENDER_PREFIX", "", "extender URL prefix", shown="none"
+    )
+    p.env_flag(
         "--metrics-port",
+        f"{ENV}METRICS_PORT",
+        "10261",
+        "Prometheus /metrics port (0: off)",
         type=port,
-        default=_env("METRICS_PORT", "10261"),
-        help="Prometheus /metrics port (0: off)",
     )
-    p.add_argument(
+    p.env_flag(
         "--leader-elect",
+        f"{ENV}LEADER_ELECT",
+        None,
+        "override leaderElection.leaderElect",
+        shown="the config's",
         choices=("true", "false"),
-        default=_env("LEADER_ELECT"),
-        help="override leaderElection.leaderElect",
     )
-    p.add_argument("--lease-namespace", default=_env("LEASE_NAMESPACE"))
-    p.add_argument("--identity", default=_env("IDENTITY"), help="default: hostname_random")
-    p.add_argument("--kube-api-qps", type=float, default=None)
-    p.add_argument("--kube-api-burst", type=int, default=None)
-    p.add_argument(
-        "--log-format", choices=("auto", "json", "text"), default=_env("LOG_FORMAT", "auto")
+    p.env_flag(
+        "--lease-namespace",
+        f"{ENV}LEASE_NAMESPACE",
+        None,
+        "namespace of the leader election Lease",
+        shown="the config's",
     )
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
+    p.env_flag(
+        "--identity",
+        f"{ENV}IDENTITY",
+        None,
+        "leader election identity",
+        shown="hostname_random",
+    )
+    p.env_flag(
+        "--kube-api-qps",
+        f"{ENV}KUBE_API_QPS",
+        None,
+        "API writes per second",
+        shown="clientConnection.qps",
+        type=float,
+    )
+    p.env_flag(
+        "--kube-api-burst",
+        f"{ENV}KUBE_API_BURST",
+        None,
+        "API write burst",
+        shown="clientConnection.burst",
+        type=int,
+    )
+    p.log_flags(ENV)
     return p.parse_args(argv)
 
 

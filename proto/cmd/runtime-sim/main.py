@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -13,41 +11,38 @@ from pathlib import Path
 
 from lj_runtimekit.proto.internal.simulator.node import NodeFileError, load_node_file
 from lj_runtimekit.proto.internal.simulator.server import Simulator, SimulatorError, run
+from lj_runtimekit.proto.pkg.flags import FlagParser
 from lj_runtimekit.proto.pkg.version import InvalidVersionError, parse_version
 
 log = logging.getLogger("lj-runtime-sim")
 
 
-def _parser() -> argparse.ArgumentParser:
-    env = os.environ.get
-    parser = argparse.ArgumentParser(
+def _parser() -> FlagParser:
+    parser = FlagParser(
         prog="lj-runtime-sim",
         description="Serve the Lingjun Runtime contract (lingjun.runtime.v1) from a node "
         "description, on <socket-dir>/runtime.sock, with a fault-injection admin "
         "interface on <socket-dir>/sim-admin.sock.",
     )
-    parser.add_argument(
-        "--node",
-        default=env("LJ_RUNTIME_SIM_NODE"),
-        help="node description YAML file (env LJ_RUNTIME_SIM_NODE)",
+    parser.env_flag("--node", "LJ_RUNTIME_SIM_NODE", None, "node description YAML file (required)")
+    parser.env_flag(
+        "--socket-dir", "LJ_RUNTIME_SIM_SOCKET_DIR", None, "directory of the sockets (required)"
     )
-    parser.add_argument(
-        "--socket-dir",
-        default=env("LJ_RUNTIME_SIM_SOCKET_DIR"),
-        help="directory of the sockets (env LJ_RUNTIME_SIM_SOCKET_DIR)",
-    )
-    parser.add_argument(
+    parser.env_flag(
         "--version",
-        "--runtime-version",
+        "LJ_RUNTIME_SIM_VERSION",
+        None,
+        "Runtime version to report",
+        shown="the node file's",
         dest="version",
-        default=env("LJ_RUNTIME_SIM_VERSION"),
-        help="Runtime version to report instead of the node file's (env LJ_RUNTIME_SIM_VERSION)",
     )
-    parser.add_argument(
+    parser.env_flag(
         "--seed",
+        "LJ_RUNTIME_SIM_SEED",
+        None,
+        "metrics and fault seed",
+        shown="the node file's",
         type=int,
-        default=env("LJ_RUNTIME_SIM_SEED"),
-        help="metrics and fault seed instead of the node file's (env LJ_RUNTIME_SIM_SEED)",
     )
     parser.add_argument(
         "--grace-period",
@@ -55,13 +50,7 @@ def _parser() -> argparse.ArgumentParser:
         default=2.0,
         help="seconds open RPCs get to finish on shutdown (default 2)",
     )
-    parser.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        default=env("LJ_RUNTIME_SIM_LOG_LEVEL", "INFO").upper(),
-        help="log level (env LJ_RUNTIME_SIM_LOG_LEVEL, default INFO)",
-    )
+    parser.log_flags("LJ_RUNTIME_SIM_", fmt=False)
     return parser
 
 

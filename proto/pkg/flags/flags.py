@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+from collections.abc import Sequence
 from typing import Any, NoReturn
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("auto", "json", "text")
 
 
 class FlagParser(argparse.ArgumentParser):
@@ -24,6 +29,53 @@ class FlagParser(argparse.ArgumentParser):
         line = "; ".join(part.strip() for part in message.splitlines() if part.strip())
         print(f"{self.prog}: error: {line} (see --help)", file=sys.stderr)
         sys.exit(self.error_status)
+
+    def env_flag(
+        self,
+        flag: str,
+        env: str | Sequence[str],
+        default: object,
+        help: str,
+        *,
+        shown: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Add `flag`, mirrored by the environment: the flag wins, then the first variable
+        of `env` that is set (also when empty), then `default`. The help ends with
+        `(env NAME, default VALUE)`; `shown` replaces VALUE (e.g. "the host name"). An
+        environment value is a string: argparse converts it with `type` and reports a bad
+        one like a bad flag."""
+        names = (env,) if isinstance(env, str) else tuple(env)
+        value = next((os.environ[n] for n in names if n in os.environ), None)
+        text = shown if shown is not None else ("none" if default is None else str(default))
+        self.add_argument(
+            flag,
+            default=default if value is None else value,
+            help=f"{help} (env {' or '.join(names)}, default {text})",
+            **kwargs,
+        )
+
+    def log_flags(self, env_prefix: str, *, level: bool = True, fmt: bool = True) -> None:
+        """`--log-level` and `--log-format` (each unless turned off here), mirrored by
+        `<env_prefix>LOG_LEVEL` and `<env_prefix>LOG_FORMAT`."""
+        if level:
+            self.env_flag(
+                "--log-level",
+                f"{env_prefix}LOG_LEVEL",
+                "INFO",
+                "log level",
+                type=str.upper,
+                choices=LOG_LEVELS,
+            )
+        if not fmt:
+            return
+        self.env_flag(
+            "--log-format",
+            f"{env_prefix}LOG_FORMAT",
+            "auto",
+            "JSON lines, readable text, or auto (text on a terminal, JSON otherwise)",
+            choices=LOG_FORMATS,
+        )
 
 
 def boolean(text: str) -> bool:
