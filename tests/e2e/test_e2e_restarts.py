@@ -43,6 +43,10 @@ def test_component_crash_during_a_burst_loses_nothing(
     comp.start()
     creator.join()
     comp.wait_ready(60)
+    # Back means the kubelets hold every plugin's devices healthy again (after a kubelet or
+    # plugin restart the plugin registers anew; a pod admitted before that is rejected).
+    for n in bed.nodes:
+        n.plugin.wait_ready(60)
 
     def settled() -> tuple[bool, str]:
         rows, runtime = workload.observe(bed, api, [ns])
