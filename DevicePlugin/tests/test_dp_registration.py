@@ -99,7 +99,7 @@ def test_no_pod_source_refuses_to_start(workdir: Path) -> None:
         plugin = PluginProcess(workdir / "dp", workdir / "rt", "http://127.0.0.1:9/pods").start()
         assert plugin.wait(30) == 1
         log = plugin.log()
-        assert "cannot start: cannot list the node's pods" in log
+        assert "cannot start reason=\"cannot list the node's pods" in log
         assert "Traceback" not in log
         assert not list((workdir / "dp").glob("lj-*.sock"))
 

@@ -217,7 +217,7 @@ async def _run(cfg: Config) -> None:
             # Without the node's pods no Allocate can be answered: refuse to start rather
             # than advertise devices the kubelet would then fail to admit.
             raise StartError(str(exc)) from exc
-        log.info("pod source %s", pods.describe())
+        log.info("pod source", extra={"source": pods.describe()})
         try:
             info = await runtime.client.runtime_info()
             gates = evaluate(info.version, component_version(DIST))
@@ -228,13 +228,11 @@ async def _run(cfg: Config) -> None:
         except InvalidVersionError as exc:
             raise StartError(f"Runtime reports a bad version: {exc}") from exc
         log.info(
-            "runtime found version=%s node=%s devices=%d",
-            info.version,
-            info.node_name,
-            len(devices),
+            "runtime found",
+            extra={"version": info.version, "node": info.node_name, "devices": len(devices)},
         )
         for message in gates.messages:
-            log.warning("feature gate message=%r", message)
+            log.warning("feature gate", extra={"detail": message})
         own = component_version(DIST)
         rm = ResourceManager(
             runtime, cfg.protocol, gates, devices, gates_for=lambda v: evaluate(v, own)
@@ -291,9 +289,8 @@ async def _serve(cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: Resour
         follow = labeller.follow(pending, rm.snapshot, cfg.protocol, admission)
         tasks.append(asyncio.create_task(follow, name="labels"))
     log.info(
-        "serving resources=%s plugin_dir=%s",
-        ",".join(sorted(manager.endpoints)),
-        cfg.plugin_dir,
+        "serving",
+        extra={"resources": ",".join(sorted(manager.endpoints)), "plugin_dir": cfg.plugin_dir},
     )
     try:
         await manager.run(stop)
@@ -316,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = _config(args)
         asyncio.run(_run(cfg))
     except StartError as exc:
-        log.error("cannot start: %s", exc)
+        log.error("cannot start", extra={"reason": str(exc)})
         return 1
     except KeyboardInterrupt:
         return 0

@@ -210,7 +210,7 @@ class Allocator:
             try:
                 pods = await self._pods.list_pods()
             except PodLookupError as exc:
-                log.warning("pod records not read at start reason=%r", str(exc))
+                log.warning("pod records not read at start", extra={"reason": str(exc)})
                 pods = []
             key = self._protocol.annotations.allocated_devices
             for pod in pods:
@@ -221,19 +221,16 @@ class Allocator:
                     record = decode_assignment(text)
                 except AssignmentError as exc:
                     log.warning(
-                        "pod record unreadable pod=%s annotation=%s reason=%r",
-                        pod.ref,
-                        key,
-                        str(exc),
+                        "pod record unreadable",
+                        extra={"pod": pod.ref, "annotation": key, "reason": str(exc)},
                     )
                     continue
                 for container, shares in record.items():
                     ckey = f"{pod.uid}/{container}"
                     if ckey not in self.ledger:
                         log.warning(
-                            "pod records an allocation the Runtime lacks pod=%s container=%s",
-                            pod.ref,
-                            container,
+                            "pod records an allocation the Runtime lacks",
+                            extra={"pod": pod.ref, "container": container},
                         )
                         norm = tuple(normalize(s) for s in shares)
                         self.ledger[ckey] = Held(
@@ -251,7 +248,7 @@ class Allocator:
             for pod in pods:
                 if pod.uid in holders:
                     self._record(pod)
-        log.info("allocations rebuilt containers=%d", len(self.ledger))
+        log.info("allocations rebuilt", extra={"containers": len(self.ledger)})
 
     def _done(self) -> set[DoneKey]:
         return {(h.pod_uid, h.container, r) for h in self.ledger.values() for r in h.called}
@@ -288,7 +285,7 @@ class Allocator:
         try:
             return await self._pods.fresh()
         except PodLookupError as exc:
-            log.warning("API server pod list failed reason=%r", str(exc))
+            log.warning("API server pod list failed", extra={"reason": str(exc)})
             return None
 
     async def _admitting(self) -> tuple[list[Waiting], list[PodInfo]]:
@@ -349,7 +346,7 @@ class Allocator:
             try:
                 waiting, _ = await self._admitting()
             except AllocationError as exc:
-                log.warning("preferred allocation without pod list reason=%r", str(exc))
+                log.warning("preferred allocation without pod list", extra={"reason": str(exc)})
                 waiting = []
             done = self._done()
             for creq in request.container_requests:
@@ -530,11 +527,13 @@ class Allocator:
             self.ledger[held.key] = held
         held.called.add(info.name)
         log.info(
-            "allocated pod=%s container=%s resource=%s devices=%s",
-            pod.ref,
-            container.name,
-            info.name,
-            _describe(part),
+            "allocated",
+            extra={
+                "pod": pod.ref,
+                "container": container.name,
+                "resource": info.name,
+                "devices": _describe(part),
+            },
         )
         self._record(pod)
         return container_response(response.spec)
@@ -694,10 +693,8 @@ class Allocator:
         if container is None or container.limits.get(info.name) != len(ids):
             return None
         log.warning(
-            "repeated Allocate answered again pod=%s container=%s resource=%s",
-            pod.ref,
-            held.container,
-            info.name,
+            "repeated Allocate answered again",
+            extra={"pod": pod.ref, "container": held.container, "resource": info.name},
         )
         response = await self._runtime_allocate(pod, container, held.shares)
         return container_response(response.spec)
@@ -771,15 +768,16 @@ class Allocator:
         try:
             released = await self._runtime.client.release(held.key)
         except (RuntimeCallError, RuntimeUnavailableError) as exc:
-            log.warning("release failed container=%s reason=%r", held.key, str(exc))
+            log.warning("release failed", extra={"container": held.key, "reason": str(exc)})
             return
         self.ledger.pop(held.key, None)
         log.info(
-            "released pod=%s/%s container=%s released=%s",
-            held.namespace,
-            held.name,
-            held.container,
-            released,
+            "released",
+            extra={
+                "pod": f"{held.namespace}/{held.name}",
+                "container": held.container,
+                "released": released,
+            },
         )
 
     async def collect(self) -> None:
@@ -787,7 +785,7 @@ class Allocator:
         try:
             pods = await self._pods.list_pods()
         except PodLookupError as exc:
-            log.warning("clean-up skipped reason=%r", str(exc))
+            log.warning("clean-up skipped", extra={"reason": str(exc)})
             return
         async with self._lock:
             await self._release_finished(pods, fresh=False)
@@ -807,7 +805,8 @@ class Allocator:
             listed = await client.list()
         except grpc.aio.AioRpcError as exc:
             log.warning(
-                "pod resources not read socket=%s reason=%r", client.socket_path, exc.details()
+                "pod resources not read",
+                extra={"socket": client.socket_path, "reason": exc.details()},
             )
             return []
         res = self._protocol.resources
@@ -820,7 +819,9 @@ class Allocator:
             key = (diff.pod, diff.container, diff.resource)
             keys.add(key)
             if key not in self._reported:
-                log.warning("kubelet record differs from the allocation: %s", diff)
+                log.warning(
+                    "kubelet record differs from the allocation", extra={"difference": diff}
+                )
         self._reported = keys
         return self.differences
 

@@ -57,9 +57,12 @@ class ApiPodRecorder:
                             self._api.annotate_pod, namespace, name, annotations
                         )
             except Exception as exc:
-                log.warning("pod record not written pod=%s/%s reason=%r", namespace, name, str(exc))
+                log.warning(
+                    "pod record not written",
+                    extra={"pod": f"{namespace}/{name}", "reason": str(exc)},
+                )
                 continue
-            log.debug("pod record written pod=%s/%s", namespace, name)
+            log.debug("pod record written", extra={"pod": f"{namespace}/{name}"})
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Wait for the writes in flight (at shutdown)."""

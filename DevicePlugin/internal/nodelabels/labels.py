@@ -157,12 +157,16 @@ class NodeLabeller:
                         self._api.label_node, self.node_name, labels, annotations
                     )
         except Exception as exc:
-            log.warning("node labels not written node=%s reason=%r", self.node_name, str(exc))
+            log.warning(
+                "node labels not written", extra={"node": self.node_name, "reason": str(exc)}
+            )
             return False
         self._applied = wanted
         log.info(
-            "node labelled node=%s labels=%s",
-            self.node_name,
-            ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if v is not None),
+            "node labelled",
+            extra={
+                "node": self.node_name,
+                "labels": ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if v is not None),
+            },
         )
         return True

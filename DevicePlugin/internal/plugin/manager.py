@@ -101,13 +101,13 @@ class PluginManager:
         """One round: new resources, wiped sockets, a new kubelet, pending registrations."""
         for resource in sorted(self._rm.resources()):
             if resource not in self.endpoints:
-                log.info("new resource resource=%s", resource)
+                log.info("new resource", extra={"resource": resource})
                 await self._serve(resource)
         kubelet = _identity(self.kubelet_socket)
         if kubelet is None:
             if not self._warned_no_kubelet:
                 self._warned_no_kubelet = True
-                log.warning("kubelet socket absent, waiting socket=%s", self.kubelet_socket)
+                log.warning("kubelet socket absent, waiting", extra={"socket": self.kubelet_socket})
             self._registered_with = None
             return
         self._warned_no_kubelet = False
@@ -118,7 +118,7 @@ class PluginManager:
             elif restarted:
                 self._pending.add(resource)
         if restarted and self._registered_with is not None:
-            log.info("kubelet restarted, registering again socket=%s", self.kubelet_socket)
+            log.info("kubelet restarted, registering again", extra={"socket": self.kubelet_socket})
         self._registered_with = kubelet
         now = time.monotonic()
         for resource in sorted(self._pending):
@@ -135,10 +135,8 @@ class PluginManager:
                 self._failures[resource] = (failures, time.monotonic() + delay)
                 if failures == 1 or failures % 20 == 0:
                     log.warning(
-                        "registration failed, retrying resource=%s failures=%d reason=%r",
-                        resource,
-                        failures,
-                        str(exc),
+                        "registration failed, retrying",
+                        extra={"resource": resource, "failures": failures, "reason": str(exc)},
                     )
                 continue
             self._failures.pop(resource, None)
@@ -148,4 +146,4 @@ class PluginManager:
     async def stop(self) -> None:
         """Stop every endpoint and remove its socket."""
         await asyncio.gather(*(e.stop(self._grace_s) for e in self.endpoints.values()))
-        log.info("endpoints stopped count=%d", len(self.endpoints))
+        log.info("endpoints stopped", extra={"endpoints": len(self.endpoints)})

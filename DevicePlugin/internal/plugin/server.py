@@ -105,7 +105,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         """The full list at once, then again on every change of this resource's devices."""
         snap = self._rm.snapshot
         sent = snap.inventory.resources.get(self.resource, ())
-        log.info("list and watch opened resource=%s devices=%d", self.resource, len(sent))
+        log.info("list and watch opened", extra={"resource": self.resource, "devices": len(sent)})
         yield list_response(sent)
         stop = asyncio.create_task(self._stop.wait())
         try:
@@ -121,10 +121,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     sent = devices
                     healthy = sum(1 for d in devices if d.healthy)
                     log.info(
-                        "list and watch update resource=%s devices=%d healthy=%d",
-                        self.resource,
-                        len(devices),
-                        healthy,
+                        "list and watch update",
+                        extra={
+                            "resource": self.resource,
+                            "devices": len(devices),
+                            "healthy": healthy,
+                        },
                     )
                     yield list_response(devices)
         finally:
@@ -137,7 +139,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         try:
             return await self._allocations.preferred(self.resource, request)
         except AllocationError as exc:
-            log.warning("preferred allocation refused resource=%s reason=%r", self.resource, exc)
+            log.warning(
+                "preferred allocation refused", extra={"resource": self.resource, "reason": exc}
+            )
             await context.abort(exc.code, exc.message)
             raise AssertionError("context.abort returned") from exc
 
@@ -148,7 +152,9 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         try:
             return await self._allocations.allocate(self.resource, request)
         except AllocationError as exc:
-            log.warning("allocate refused resource=%s reason=%r", self.resource, exc.message)
+            log.warning(
+                "allocate refused", extra={"resource": self.resource, "reason": exc.message}
+            )
             await context.abort(exc.code, exc.message)
             raise AssertionError("context.abort returned") from exc
 
@@ -240,7 +246,7 @@ class PluginEndpoint:
                     f"kubelet on {kubelet_socket} refused registration of {self.resource}:"
                     f" {exc.code().name}: {exc.details()}"
                 ) from exc
-        log.info("registered resource=%s endpoint=%s", self.resource, self.socket_name)
+        log.info("registered", extra={"resource": self.resource, "endpoint": self.socket_name})
 
     def socket_intact(self) -> bool:
         """True when our socket file is still the one we serve (the kubelet wipes the dir)."""

@@ -383,15 +383,13 @@ class NodePods:
                     self._log_once(
                         "fallback",
                         "kubelet pod list unavailable, reading the node's pods from the API"
-                        " server instead url=%s node=%s reason=%r",
-                        kubelet.url,
-                        self.node_name,
-                        kubelet_error,
+                        " server instead",
+                        {"url": kubelet.url, "node": self.node_name, "reason": kubelet_error},
                     )
             else:
                 if not src.on_kubelet:
                     src.on_kubelet = True
-                    log.info("kubelet pod list answers again url=%s", kubelet.url)
+                    log.info("kubelet pod list answers again", extra={"url": kubelet.url})
                 return self._kubelet_cache.parse(body, f"kubelet {kubelet.url}")
         else:
             kubelet_error = "closed at last try"
@@ -437,10 +435,10 @@ class NodePods:
         pods = parse_pod_list(body, "API server")
         return [p for p in pods if not p.node_name or p.node_name == self.node_name]
 
-    def _log_once(self, key: str, message: str, *args: object) -> None:
+    def _log_once(self, key: str, message: str, fields: dict[str, object]) -> None:
         if key not in self._source.logged:
             self._source.logged.add(key)
-            log.warning(message, *args)
+            log.warning(message, extra=fields)
 
     def close(self) -> None:
         """Close the kubelet connection (the socket closes on the loop's next turn)."""

@@ -79,9 +79,11 @@ class PodWatch:
             retry=retry_if_exception_type(Exception),
             wait=wait_exponential(multiplier=0.2, max=10),
             before_sleep=lambda state: log.warning(
-                "pod watch broken, listing again node=%s reason=%r",
-                self._node,
-                str(state.outcome.exception()) if state.outcome else "",
+                "pod watch broken, listing again",
+                extra={
+                    "node": self._node,
+                    "reason": str(state.outcome.exception()) if state.outcome else "",
+                },
             ),
         )
         while not self._stop.is_set():

@@ -162,31 +162,32 @@ class ResourceManager:
             info = await client.runtime_info()
             gates = self._gates_for(info.version)
         except InvalidVersionError as exc:
-            log.error("runtime reports a bad version, keeping the gates reason=%r", str(exc))
+            log.error(
+                "runtime reports a bad version, keeping the gates", extra={"reason": str(exc)}
+            )
             return
         if gates.runtime_version == self._gates.runtime_version:
             return
         log.warning(
-            "runtime version changed from=%s to=%s",
-            self._gates.runtime_version,
-            gates.runtime_version,
+            "runtime version changed",
+            extra={"from": self._gates.runtime_version, "to": gates.runtime_version},
         )
         self._gates = gates
         try:
             gates.require_base()
         except RuntimeTooOldError as exc:
             self._too_old = True
-            log.error("devices unhealthy until the Runtime is upgraded reason=%r", str(exc))
+            log.error("devices unhealthy until the Runtime is upgraded", extra={"reason": str(exc)})
             return
         self._too_old = False
         for message in gates.messages:
-            log.warning("feature gate message=%r", message)
+            log.warning("feature gate", extra={"detail": message})
 
     def _log_skips(self, inventory: Inventory) -> None:
         for line in inventory.skipped:
             if line not in self._logged_skips:
                 self._logged_skips.add(line)
-                log.warning("device not offered reason=%r", line)
+                log.warning("device not offered", extra={"reason": line})
 
     @property
     def snapshot(self) -> Snapshot:
@@ -238,9 +239,8 @@ class ResourceManager:
         attempt = getattr(state, "attempt_number", 0)
         if attempt in (1, 10) or attempt % 50 == 0:
             log.warning(
-                "runtime watch unavailable socket=%s attempt=%d",
-                self._runtime.client.socket_path,
-                attempt,
+                "runtime watch unavailable",
+                extra={"socket": self._runtime.client.socket_path, "attempt": attempt},
             )
 
     async def _follow(self) -> None:
@@ -252,7 +252,7 @@ class ResourceManager:
                 if not got_event:
                     got_event = True
                     if not self._snapshot.runtime_up:
-                        log.info("runtime back socket=%s", client.socket_path)
+                        log.info("runtime back", extra={"socket": client.socket_path})
                         self._runtime.renew()
                         await self._check_version(client)
                 await self._apply(event)
@@ -271,7 +271,9 @@ class ResourceManager:
 
     async def _mark_down(self, reason: str) -> None:
         if self._snapshot.runtime_up:
-            log.warning("runtime lost, devices unhealthy until it returns reason=%r", reason)
+            log.warning(
+                "runtime lost, devices unhealthy until it returns", extra={"reason": reason}
+            )
             await self._publish(False, self._snapshot.devices)
 
     async def _apply(self, event: rpb.DeviceEvent) -> None:
@@ -288,11 +290,13 @@ class ResourceManager:
         for dev in event.devices:
             if event.type != rpb.DeviceEvent.TYPE_SNAPSHOT:
                 log.info(
-                    "device changed device=%s event=%s health=%s reason=%r",
-                    dev.id,
-                    rpb.DeviceEvent.Type.Name(event.type),
-                    rpb.Health.Name(dev.health),
-                    dev.health_reason,
+                    "device changed",
+                    extra={
+                        "device": dev.id,
+                        "event": rpb.DeviceEvent.Type.Name(event.type),
+                        "health": rpb.Health.Name(dev.health),
+                        "reason": dev.health_reason,
+                    },
                 )
         if new != self._snapshot.devices or not self._snapshot.runtime_up:
             await self._publish(True, new)

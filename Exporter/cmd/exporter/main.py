@@ -202,16 +202,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     server.start()
     log.info(
-        "exporter serving version=%s port=%d node=%s interval_s=%g runtime_socket=%s"
-        " kubelet=%s apiserver_fallback=%s protocol=%s",
-        version,
-        server.port,
-        args.node_name,
-        args.collection_interval,
-        client.socket_path,
-        args.kubelet_pods_url,
-        "on" if fallback else "off",
-        protocol.source,
+        "exporter serving",
+        extra={
+            "version": version,
+            "port": server.port,
+            "node": args.node_name,
+            "interval_s": args.collection_interval,
+            "runtime_socket": client.socket_path,
+            "kubelet": args.kubelet_pods_url,
+            "apiserver_fallback": "on" if fallback else "off",
+            "protocol": protocol.source,
+        },
     )
     try:
         asyncio.run(_run(loop, client))

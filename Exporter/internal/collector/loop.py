@@ -138,13 +138,15 @@ class CollectionLoop:
             self._container_error = view.container_error
             if view.container_error is not None:
                 log.warning(
-                    "per-container metrics unreadable, container usage series absent reason=%s",
-                    view.container_error,
+                    "per-container metrics unreadable, container usage series absent",
+                    extra={"reason": view.container_error},
                 )
         if view.gates.messages != self._gate_messages:
             self._gate_messages = view.gates.messages
             for message in view.gates.messages:
-                log.warning("feature gate off runtime_version=%s reason=%s", view.version, message)
+                log.warning(
+                    "feature gate off", extra={"runtime_version": view.version, "reason": message}
+                )
         return view
 
     def _runtime_state(self, up: bool, detail: str) -> None:
@@ -154,10 +156,11 @@ class CollectionLoop:
             return
         self._runtime_up = up
         if up:
-            log.info("runtime readable %s", detail)
+            log.info("runtime readable", extra={"detail": detail})
         else:
             log.warning(
-                "runtime unreadable, device series absent until it answers reason=%s", detail
+                "runtime unreadable, device series absent until it answers",
+                extra={"reason": detail},
             )
 
     def _note_pods(self, read: PodRead) -> None:
@@ -167,10 +170,12 @@ class CollectionLoop:
             return
         self._kubelet_up = read.kubelet_up
         if read.kubelet_up:
-            log.info("kubelet pods readable pods=%d", len(read.view.pods) if read.view else 0)
+            log.info(
+                "kubelet pods readable", extra={"pods": len(read.view.pods) if read.view else 0}
+            )
         else:
             reason = read.errors[0][1] if read.errors else "unknown"
-            log.warning("kubelet pods unreadable reason=%s", reason)
+            log.warning("kubelet pods unreadable", extra={"reason": reason})
 
     def _note_problems(self, problems: tuple[str, ...]) -> None:
         if problems:
@@ -180,4 +185,4 @@ class CollectionLoop:
         for problem in problems:
             if problem not in self._logged_problems:
                 self._logged_problems.add(problem)
-                log.warning("assignment annotation ignored %s", problem)
+                log.warning("assignment annotation ignored", extra={"problem": problem})

@@ -51,8 +51,8 @@ class NodePods:
             self._fallback_logged = True
             log.warning(
                 "kubelet pods unavailable, reading pods from the API server by spec.nodeName"
-                " while it stays down (logged once) reason=%s",
-                errors[0][1],
+                " while it stays down (logged once)",
+                extra={"reason": errors[0][1]},
             )
         try:
             pods = await self._fallback.list_pods()
