@@ -7,6 +7,8 @@ Plugin's record, the Runtime's allocations and the kubelet's own record (PodReso
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -226,3 +228,37 @@ def test_deleted_pods_and_an_empty_node_leave_nothing_held(
     log = node.plugin.log_path.read_text()
     assert "did not answer a PodList" not in log
     assert "kubelet record differs" not in log
+
+
+def test_a_pod_deleted_before_the_kubelet_admits_it_lends_its_call_to_no_one(
+    bed: Sandbox, api: k8s_client.ApiClient, ns: str
+) -> None:
+    """The kubelet (stopped meanwhile) still admits a pod the API server has already
+    deleted, while the node's next device pod is bound: the deleted pod's `Allocate` is
+    refused rather than served as the next pod's, which then gets exactly its own call."""
+    res = bed.protocol.resources
+    core = k8s_client.CoreV1Api(api)
+    node = bed.nodes[0]
+    kubelet_pid = node.kubelet.process.pid
+    assert kubelet_pid is not None
+    os.kill(kubelet_pid, signal.SIGSTOP)
+    try:
+        workload.create_pods(api, ns, [_pinned(bed, "gone", {"main": {res.gpu: 1}})])
+        workload.wait_until("gone to be bound", lambda: _bound(core, ns, "gone"), 60)
+        core.delete_namespaced_pod("gone", ns, grace_period_seconds=0)
+        workload.create_pods(api, ns, [_pinned(bed, "next", {"main": {res.gpu: 1}})])
+        workload.wait_until("next to be bound", lambda: _bound(core, ns, "next"), 60)
+    finally:
+        os.kill(kubelet_pid, signal.SIGCONT)
+    _wait_phase(api, ns, {"next": "Running"})
+    (row,) = _ledgers(bed, api, ns)
+    assert row.name == "next"
+    log = node.plugin.log_path.read_text()
+    assert "kubelet record differs" not in log
+
+
+def _bound(core: k8s_client.CoreV1Api, ns: str, name: str) -> bool:
+    try:
+        return bool(core.read_namespaced_pod(name, ns).spec.node_name)
+    except k8s_client.ApiException:
+        return False

@@ -312,7 +312,30 @@ class Allocator:
                 # pods the kubelet lists can be the one it is admitting.
                 waiting = [w for w in fresh_waiting if w.pod.uid in listed] or fresh_waiting
                 pods = fresh
+        if not self._pods.from_kubelet:
+            # The API server lists every pod bound to the node at once, and forgets a pod
+            # deleted while the kubelet may still be admitting it; the kubelet's active pods
+            # (PodResources) hold the pod it admits and none it has yet to reach.
+            active = await self._kubelet_active()
+            if active is not None:
+                waiting = [w for w in waiting if (w.pod.namespace, w.pod.name) in active]
         return waiting, pods
+
+    async def _kubelet_active(self) -> set[tuple[str, str]] | None:
+        """(namespace, name) of the pods the kubelet holds active, the one it is admitting
+        included (PodResources `List`); None without the socket or when it fails."""
+        client = self._pod_resources
+        if client is None or not client.available:
+            return None
+        try:
+            listed = await client.list()
+        except grpc.aio.AioRpcError as exc:
+            log.warning(
+                "pod resources not read",
+                extra={"socket": client.socket_path, "reason": exc.details()},
+            )
+            return None
+        return {(p.namespace, p.name) for p in listed.pod_resources}
 
     def _one(self, waiting: Sequence[Waiting], resource: str, count: int) -> Waiting:
         if len(waiting) > 1:

@@ -342,6 +342,11 @@ class NodePods:
         return self._kubelet.url if self._kubelet is not None else ""
 
     @property
+    def from_kubelet(self) -> bool:
+        """Whether the pod list comes from the kubelet's own `/pods` (else the API server)."""
+        return self._source.on_kubelet
+
+    @property
     def has_api(self) -> bool:
         """Whether the API server can be asked (for `fresh`)."""
         return self._api is not None and bool(self.node_name)
