@@ -125,14 +125,14 @@ def violations() -> list[str]:
     """Every broken contract, one line each."""
     found = list(sources())
     known_modules = {m for m, _, _ in found}
+    packages = {m for m, path, _ in found if path.name == "__init__.py"}
     out: set[str] = set()
     edges: dict[str, set[str]] = {}
     for module, path, production in found:
-        is_package = path.name == "__init__.py"
-        package = module if is_package else module.rpartition(".")[0]
+        package = module if module in packages else module.rpartition(".")[0]
         for target in imports(path, module) & known_modules:
-            target_package = target if _is_package(target, found) else target.rpartition(".")[0]
-            if target_package != package and target_package.startswith(package.split(".")[0]):
+            target_package = target if target in packages else target.rpartition(".")[0]
+            if target_package != package:
                 edges.setdefault(package, set()).add(target_package)
             if not production:
                 continue
@@ -147,10 +147,6 @@ def violations() -> list[str]:
                 out.add(f"{module} ({low}) imports a higher layer: {target}")
     out |= _cycles(edges)
     return sorted(out)
-
-
-def _is_package(module: str, found: list[tuple[str, Path, bool]]) -> bool:
-    return any(m == module and p.name == "__init__.py" for m, p, _ in found)
 
 
 def _cycles(edges: dict[str, set[str]]) -> set[str]:

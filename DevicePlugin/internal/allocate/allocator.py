@@ -52,6 +52,7 @@ from lj_runtimekit.deviceplugin.internal.rm.resources import (
     slice_unit_device,
 )
 from lj_runtimekit.deviceplugin.pkg.configpb import api_pb2
+from lj_runtimekit.deviceplugin.pkg.configpb import podresources_pb2 as prpb
 from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import (
@@ -324,18 +325,24 @@ class Allocator:
     async def _kubelet_active(self) -> set[tuple[str, str]] | None:
         """(namespace, name) of the pods the kubelet holds active, the one it is admitting
         included (PodResources `List`); None without the socket or when it fails."""
+        listed = await self._read_pod_resources()
+        if listed is None:
+            return None
+        return {(p.namespace, p.name) for p in listed.pod_resources}
+
+    async def _read_pod_resources(self) -> prpb.ListPodResourcesResponse | None:
+        """The kubelet's PodResources `List`; None without the socket or when it fails."""
         client = self._pod_resources
         if client is None or not client.available:
             return None
         try:
-            listed = await client.list()
+            return await client.list()
         except grpc.aio.AioRpcError as exc:
             log.warning(
                 "pod resources not read",
                 extra={"socket": client.socket_path, "reason": exc.details()},
             )
             return None
-        return {(p.namespace, p.name) for p in listed.pod_resources}
 
     def _one(self, waiting: Sequence[Waiting], resource: str, count: int) -> Waiting:
         if len(waiting) > 1:
@@ -821,16 +828,8 @@ class Allocator:
     async def cross_check(self, pods: Sequence[PodInfo]) -> list[Difference]:
         """Compare the kubelet's PodResources record with the ledger; log each new
         difference once (a difference means a device may be held by two pods)."""
-        client = self._pod_resources
-        if client is None or not client.available:
-            return []
-        try:
-            listed = await client.list()
-        except grpc.aio.AioRpcError as exc:
-            log.warning(
-                "pod resources not read",
-                extra={"socket": client.socket_path, "reason": exc.details()},
-            )
+        listed = await self._read_pod_resources()
+        if listed is None:
             return []
         res = self._protocol.resources
         served = {(h.pod_uid, h.container): h.shares for h in self.ledger.values()}
