@@ -20,7 +20,7 @@ from lj_runtimekit.proto.pkg.devicekind import table as kinds_table
 from lj_runtimekit.proto.pkg.featuregate import evaluate
 from lj_runtimekit.proto.pkg.protocol import decode_assignment, decode_inventory, load_protocol
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import whole_kinds
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import FakeCluster
+from lj_runtimekit.testkit.scheduler.fake import FakeCluster
 
 P = load_protocol()
 RES = P.resources

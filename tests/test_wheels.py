@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,37 @@ def test_wheels_do_not_ship_tests_or_build_trees(venv: Path) -> None:
     assert (root / "proto" / "lingjun" / "runtime" / "v1" / "runtime_pb2.py").exists()
     assert not list(root.rglob("tests")), "tests must not be packaged"
     assert not list(root.rglob("__editable__*"))
+
+
+TEST_TOOLING = ("testkit", "runtimesim", "envtest", "sandbox")
+"""Import roots (under lj_runtimekit/) and distributions that only tests and the sandbox use."""
+
+
+def _image_members() -> set[str]:
+    """The member directories whose wheels a component image installs (its Dockerfile)."""
+    found: set[str] = set()
+    for dockerfile in (ROOT / "deploy" / "docker").glob("*.Dockerfile"):
+        found |= set(
+            re.findall(r"uv build --wheel --out-dir /wheels (\S+)", dockerfile.read_text())
+        )
+    return found
+
+
+def test_image_wheels_carry_no_test_tooling(venv: Path) -> None:
+    members = _image_members()
+    assert members >= {"proto", "DevicePlugin", "SchedulerFramework", "Exporter", "Controller"}
+    names = {
+        m: tomllib.loads((ROOT / m / "pyproject.toml").read_text())["project"]["name"]
+        for m in members
+    }
+    for member, name in names.items():
+        (wheel,) = (venv.parent / "dist").glob(f"{name.replace('-', '_')}-*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            files = archive.namelist()
+            metadata = next(archive.read(f).decode() for f in files if f.endswith("/METADATA"))
+        tooling = [f for f in files if f.split("/")[1:2] and f.split("/")[1] in TEST_TOOLING]
+        assert not tooling, f"{member}'s wheel ships test tooling: {tooling[:5]}"
+        requires = re.findall(r"^Requires-Dist: (\S+)", metadata, re.MULTILINE)
+        assert not [
+            r for r in requires if r.startswith(tuple(f"lj-runtimekit-{t}" for t in TEST_TOOLING))
+        ], f"{member}'s wheel requires test tooling: {requires}"

@@ -27,20 +27,6 @@ GROUP_LABEL = "envtest.lj-runtimekit.io/group"
 TEST_IMAGE = "registry.invalid/lj-runtimekit/job-agent:test"
 
 
-def wait_until(
-    condition: Callable[[], Any], timeout_s: float, what: str, describe: Callable[[], Any] = str
-) -> Any:
-    """Poll until `condition()` is truthy; return it, or fail naming `what`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s: {what}; last: {describe()}")
-        time.sleep(0.2)
-
-
 class OperatorProcess:
     """`lj-controller` run as a subprocess (python -m), logging to a file."""
 

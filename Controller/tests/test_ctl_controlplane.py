@@ -22,13 +22,13 @@ from controller_harness import (  # type: ignore[import-not-found]
     StartOperator,
     TcpProxy,
     kubeconfig_via,
-    wait_until,
 )
 from kubernetes import client as k8s
 
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.kwok import failure_annotations
 from lj_runtimekit.envtest.nodes import NodeFactory, Taint
+from lj_runtimekit.testkit.waits import wait_for
 
 pytestmark = pytest.mark.controlplane
 LABEL = "lj_runtimekit_enable"
@@ -50,7 +50,7 @@ def hold_pods(cluster: Cluster) -> None:
 def release_pods(cluster: Cluster) -> None:
     """Drop the quota and touch the Jobs so that the Job controller retries at once."""
     cluster.core.delete_namespaced_resource_quota("hold", cluster.namespace)
-    wait_until(
+    wait_for(
         lambda: not cluster.core.list_namespaced_resource_quota(cluster.namespace).items,
         T,
         "quota gone",
@@ -64,20 +64,20 @@ def release_pods(cluster: Cluster) -> None:
 
 
 def wait_state(cluster: Cluster, node: str, state: str, timeout_s: float = T) -> None:
-    wait_until(
+    wait_for(
         lambda: cluster.state(node) == state,
         timeout_s,
         f"node {node} state {state}",
-        lambda: f"{cluster.annotations(node)} {cluster.describe()}",
+        describe=lambda: f"{cluster.annotations(node)} {cluster.describe()}",
     )
 
 
 def wait_no_jobs(cluster: Cluster, timeout_s: float = T) -> None:
-    wait_until(
+    wait_for(
         lambda: not cluster.jobs() and not cluster.pods(),
         timeout_s,
         "Jobs and their pods cleaned up",
-        cluster.describe,
+        describe=cluster.describe,
     )
 
 
@@ -140,7 +140,7 @@ def test_nodes_labelled_before_start_and_bad_label_value(
     for node in ready:
         wait_state(cluster, node, "enabled")
     wait_no_jobs(cluster)
-    wait_until(
+    wait_for(
         lambda: "InvalidLabelValue" in cluster.reasons(odd), T, "Warning about the label value"
     )
     warning = next(e for e in cluster.events(odd) if e.reason == "InvalidLabelValue")
@@ -172,7 +172,7 @@ def test_failed_job_is_kept_with_warning_event_carrying_the_agent_message(
     conditions = {c.type: c for c in job[0].status.conditions or []}
     assert conditions["Failed"].status == "True"
     assert conditions["Failed"].reason == "PodFailurePolicy"  # exit 5: no pointless retries
-    wait_until(
+    wait_for(
         lambda: "FeatureJobFailed" in cluster.reasons(node), T, "the Warning event on the node"
     )
     warning = next(e for e in cluster.events(node) if e.reason == "FeatureJobFailed")
@@ -189,13 +189,13 @@ def test_failed_job_is_kept_with_warning_event_carrying_the_agent_message(
     cluster.batch.delete_namespaced_job(
         job[0].metadata.name, namespace, propagation_policy="Background"
     )
-    wait_until(
+    wait_for(
         lambda: [j for j in node_jobs(cluster, node) if j.metadata.uid != uid],
         T,
         "a new Job after the failed one was deleted",
-        cluster.describe,
+        describe=cluster.describe,
     )
-    wait_until(lambda: cluster.reasons(node).count("FeatureJobFailed") == 2, T, "second failure")
+    wait_for(lambda: cluster.reasons(node).count("FeatureJobFailed") == 2, T, "second failure")
 
 
 def test_restart_mid_way_resumes_without_duplicates(
@@ -212,7 +212,7 @@ def test_restart_mid_way_resumes_without_duplicates(
         op.stop(signal.SIGKILL)
 
         op2 = start_operator("--leader-elect=false")
-        wait_until(lambda: "controller running" in op2.log(), T, "second Controller running")
+        wait_for(lambda: "controller running" in op2.log(), T, "second Controller running")
         time.sleep(3)  # it has seen the node and its Job by now
         assert [j.metadata.uid for j in node_jobs(cluster, node)] == [first[0].metadata.uid]
         assert cluster.state(node) == "enabling"
@@ -232,7 +232,7 @@ def test_label_flapping_latest_wish_wins_one_job_at_a_time(
     start_operator("--leader-elect=false")
     with JobWatch(cluster.batch.api_client, namespace) as jobs:
         cluster.label(node, LABEL, "true")
-        wait_until(lambda: node_jobs(cluster, node), T, "enable Job created")
+        wait_for(lambda: node_jobs(cluster, node), T, "enable Job created")
         for value in (None, "true", None, "true", None, "true"):
             cluster.label(node, LABEL, value)
             time.sleep(0.3)
@@ -261,22 +261,22 @@ def test_job_deleted_by_hand_is_recreated_and_node_deleted_mid_job_leaves_no_orp
     cluster.batch.delete_namespaced_job(
         job.metadata.name, namespace, propagation_policy="Background"
     )
-    again = wait_until(
+    again = wait_for(
         lambda: [j for j in node_jobs(cluster, node) if j.metadata.uid != job.metadata.uid],
         T,
         "the Job created again",
-        cluster.describe,
+        describe=cluster.describe,
     )
     assert len(node_jobs(cluster, node)) == 1
 
     # The node goes while its Job runs: the Job and its pod go with it (owner reference).
     cluster.core.delete_node(node)
     node_factory.created.remove(node)
-    wait_until(
+    wait_for(
         lambda: not node_jobs(cluster, node) and not cluster.pods(),
         2 * T,
         "the Job and its pod garbage-collected with the node",
-        cluster.describe,
+        describe=cluster.describe,
     )
     time.sleep(2)
     assert not node_jobs(cluster, node)
@@ -305,7 +305,7 @@ def test_watch_cut_and_silently_dead_stream_are_recovered(
             "--api-timeout=5",
             kubeconfig=kubeconfig,
         )
-        wait_until(lambda: "controller running" in op.log(), T, "Controller running")
+        wait_for(lambda: "controller running" in op.log(), T, "Controller running")
         cluster.label(nodes[0], LABEL, "true")
         wait_state(cluster, nodes[0], "enabled")
 
@@ -334,15 +334,15 @@ def test_leader_election_one_active_replica_and_failover(
     start_operator: StartOperator, node_factory: NodeFactory, cluster: Cluster, namespace: str
 ) -> None:
     a = start_operator("--leader-elect=true")
-    wait_until(lambda: "became leader" in a.log(), T, "first replica leads", a.log)
+    wait_for(lambda: "became leader" in a.log(), T, "first replica leads", describe=a.log)
     b = start_operator("--leader-elect=true")
-    wait_until(lambda: "waiting for leadership" in b.log(), T, "second replica waits", b.log)
+    wait_for(lambda: "waiting for leadership" in b.log(), T, "second replica waits", describe=b.log)
     node = node_factory.create(f"{namespace}-le", enable=False)
     cluster.label(node, LABEL, "true")
     wait_state(cluster, node, "enabled")
     assert "became leader" not in b.log()
     a.stop(signal.SIGTERM)  # releases the Lease
-    wait_until(lambda: "became leader" in b.log(), T, "second replica takes over", b.log)
+    wait_for(lambda: "became leader" in b.log(), T, "second replica takes over", describe=b.log)
     cluster.label(node, LABEL, None)
     wait_state(cluster, node, "disabled")
 

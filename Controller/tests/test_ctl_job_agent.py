@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES, SimulatorProcess
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
 NODE = EXAMPLE_NODES / "tdm-8gpu.yaml"
 

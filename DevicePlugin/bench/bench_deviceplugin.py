@@ -28,7 +28,10 @@ from pathlib import Path
 
 import grpc
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import (
+from lj_runtimekit.deviceplugin.internal.plugin.server import socket_name
+from lj_runtimekit.deviceplugin.pkg.configpb import api_pb2, api_pb2_grpc
+from lj_runtimekit.proto.pkg.protocol import DeviceShare
+from lj_runtimekit.testkit.kubelet.bed import (
     CORE,
     GPU,
     MEMORY,
@@ -36,9 +39,6 @@ from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import (
     Bed,
     node_bed,
 )
-from lj_runtimekit.deviceplugin.internal.plugin.server import socket_name
-from lj_runtimekit.deviceplugin.pkg.configpb import api_pb2, api_pb2_grpc
-from lj_runtimekit.proto.pkg.protocol import DeviceShare
 
 PODS = 100
 SLICE = 7  # 100 pods x 7 % over 8 GPUs: at most 13 pods (91 %) per GPU

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import (
+from lj_runtimekit.testkit.kubelet.bed import (
     CORE,
     GPU,
     MEMORY,

@@ -10,9 +10,9 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import CORE, GPU, MEMORY, RES, Bed
-from lj_runtimekit.deviceplugin.internal.kubeletshim.kubelet import AdmissionError
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
+from lj_runtimekit.testkit.kubelet.bed import CORE, GPU, MEMORY, RES, Bed
+from lj_runtimekit.testkit.kubelet.kubelet import AdmissionError
 
 BedFactory = Callable[..., contextlib.AbstractAsyncContextManager[Bed]]
 

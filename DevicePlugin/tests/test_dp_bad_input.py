@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 import grpc
 import pytest
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import ANN, CORE, GPU, MEMORY, Bed
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
+from lj_runtimekit.testkit.kubelet.bed import ANN, CORE, GPU, MEMORY, Bed
 
 BedFactory = Callable[..., contextlib.AbstractAsyncContextManager[Bed]]
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s_client
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import ANN, GPU, PROTOCOL, node_bed
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, decode_assignment, encode_assignment
+from lj_runtimekit.testkit.kubelet.bed import ANN, GPU, PROTOCOL, node_bed
 
 
 def _pod(core: k8s_client.CoreV1Api, namespace: str, name: str) -> dict[str, Any]:

@@ -6,8 +6,8 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import CORE, GPU, MEMORY, RES, Bed
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
+from lj_runtimekit.testkit.kubelet.bed import CORE, GPU, MEMORY, RES, Bed
 
 BedFactory = Callable[..., contextlib.AbstractAsyncContextManager[Bed]]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from lj_runtimekit.deviceplugin.internal.allocate.resolve import next_container, waiting_pods
 from lj_runtimekit.deviceplugin.internal.allocate.topology import best_set
-from lj_runtimekit.deviceplugin.internal.kubeletshim.pods import pod_object
 from lj_runtimekit.deviceplugin.internal.nodelabels.labels import label_value, node_labels
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import PodInfo, parse_pod, parse_pod_list
 from lj_runtimekit.deviceplugin.internal.rm.resources import (
@@ -17,6 +16,7 @@ from lj_runtimekit.proto.pkg.featuregate import evaluate
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import from_request, normalize, to_request
 from lj_runtimekit.proto.pkg.version import Version
+from lj_runtimekit.testkit.podserver import pod_object
 
 P = load_protocol()
 RES, ANN = P.resources, P.annotations

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import CORE, MEMORY, Bed
-from lj_runtimekit.deviceplugin.internal.kubeletshim.kubelet import AdmissionError
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
+from lj_runtimekit.testkit.kubelet.bed import CORE, MEMORY, Bed
+from lj_runtimekit.testkit.kubelet.kubelet import AdmissionError
 
 BedFactory = Callable[..., contextlib.AbstractAsyncContextManager[Bed]]
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.pods import pod_object
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods, PodLookupError
+from lj_runtimekit.testkit.podserver import pod_object
 
 BODY = json.dumps({"kind": "PodList", "items": [pod_object("a", {"c": {"x.io/gpu": 1}})]})
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.bed import CORE, GPU, MEMORY, RES, Bed
-from lj_runtimekit.deviceplugin.internal.kubeletshim.pods import PodListServer
-from lj_runtimekit.deviceplugin.internal.kubeletshim.process import PluginProcess
 from lj_runtimekit.deviceplugin.internal.plugin.server import socket_name
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES, SimulatorProcess
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
+from lj_runtimekit.testkit.kubelet.bed import CORE, GPU, MEMORY, RES, Bed
+from lj_runtimekit.testkit.kubelet.process import PluginProcess
+from lj_runtimekit.testkit.podserver import PodListServer
 
 BedFactory = Callable[..., contextlib.AbstractAsyncContextManager[Bed]]
 MIG_1G, MIG_3G, MIG_4G = RES.mig("1g.10gb"), RES.mig("3g.40gb"), RES.mig("4g.40gb")

@@ -19,23 +19,22 @@ import gzip
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from lj_runtimekit.proto.internal.simulator.process import SimulatorProcess
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
+from lj_runtimekit.runtimesim.process import SimulatorProcess
+from lj_runtimekit.testkit.podserver import PodListServer
+from lj_runtimekit.testkit.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "node-8gpu-16mig.yaml"
@@ -101,12 +100,12 @@ async def _allocate(socket_dir: Path) -> list[tuple[str, str, DeviceShare]]:
         return plan
 
 
-def _pod_list(plan: list[tuple[str, str, DeviceShare]]) -> bytes:
+def _pods(plan: list[tuple[str, str, DeviceShare]]) -> list[dict[str, Any]]:
     key = load_protocol().annotations.allocated_devices
     pods: dict[str, dict[str, tuple[DeviceShare, ...]]] = {}
     for pod, container, share in plan:
         pods.setdefault(pod, {})[container] = (share,)
-    items = [
+    return [
         {
             "metadata": {
                 "uid": f"uid-{pod}",
@@ -119,24 +118,6 @@ def _pod_list(plan: list[tuple[str, str, DeviceShare]]) -> bytes:
         }
         for pod, assignment in pods.items()
     ]
-    return json.dumps({"kind": "PodList", "apiVersion": "v1", "items": items}).encode()
-
-
-def _serve_pods(body: bytes) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
 
 
 def _get(url: str, gzip_ok: bool) -> bytes:
@@ -148,13 +129,6 @@ def _get(url: str, gzip_ok: bool) -> bytes:
         if response.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
         return body
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _rss_mb(pid: int) -> tuple[float, float]:
@@ -200,7 +174,7 @@ def _scrape_ms(url: str, count: int, pace_s: float = 0.0) -> list[float]:
 def _exporter(
     socket_dir: Path, pods_url: str, interval_s: float, log: Path
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = _free_port()
+    port = free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
@@ -284,8 +258,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ljb", dir="/tmp"))
     with SimulatorProcess(work / "s", NODE) as sim:
         plan = asyncio.run(_allocate(sim.socket_dir))
-        kubelet = _serve_pods(_pod_list(plan))
-        pods_url = f"http://127.0.0.1:{kubelet.server_port}/pods"
+        kubelet = PodListServer(_pods(plan)).start()
+        pods_url = kubelet.url
         try:
             # 1. The shipped configuration: collections every 15 s, scrapes spread over a minute.
             with _exporter(sim.socket_dir, pods_url, 15, work / "default.log") as (proc, url):
@@ -302,8 +276,7 @@ def main() -> int:
                 stress_rss, _ = _rss_mb(proc.pid)
                 final = _get(url, gzip_ok=False).decode()
         finally:
-            kubelet.shutdown()
-            kubelet.server_close()
+            kubelet.stop()
 
     collections = _metric(final, "lj_runtimekit_exporter_collection_duration_seconds_count")
     collection_sum = _metric(final, "lj_runtimekit_exporter_collection_duration_seconds_sum")

@@ -4,23 +4,18 @@ subprocess, scraping and waiting helpers. Real HTTP, real sockets, real processe
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,11 +23,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
+from lj_runtimekit.testkit.podserver import PodListServer
+from lj_runtimekit.testkit.ports import free_port
+from lj_runtimekit.testkit.waits import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "exporter" / "grafana-dashboard.json"
 PROTOCOL = load_protocol()
-_T = TypeVar("_T")
 
 
 def short_dir(prefix: str = "lj") -> Path:
@@ -40,30 +37,8 @@ def short_dir(prefix: str = "lj") -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
 
 
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_for(
-    what: str, probe: Callable[[], _T | None], timeout: float = 30.0, interval: float = 0.05
-) -> _T:
-    """Poll `probe` until it returns something truthy; fail naming `what` on timeout."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-        except (OSError, AssertionError, KeyError) as exc:
-            last = exc
-            value = None
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last error: {last})")
+PROBE_ERRORS = (OSError, AssertionError, KeyError)
+"""What a probe of a process still starting may raise: waits retry on these."""
 
 
 def require_tool(name: str) -> str:
@@ -106,65 +81,17 @@ class PodSpec:
         }
 
 
-class KubeletPodsServer:
-    """A kubelet read-only `/pods` endpoint on loopback serving a settable PodList."""
-
-    def __init__(self, pods: Sequence[PodSpec] = ()) -> None:
-        self._lock = threading.Lock()
-        self._pods = list(pods)
-        self.requests = 0
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path != "/pods":
-                    self.send_error(404)
-                    return
-                with owner._lock:
-                    owner.requests += 1
-                    body = json.dumps(
-                        {
-                            "kind": "PodList",
-                            "apiVersion": "v1",
-                            "items": [p.as_json() for p in owner._pods],
-                        }
-                    ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.port = self._server.server_port
-        self.url = f"http://127.0.0.1:{self.port}/pods"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
-        self._closed = False
-
-    def set_pods(self, pods: Sequence[PodSpec]) -> None:
-        """Replace the pods served from now on."""
-        with self._lock:
-            self._pods = list(pods)
-
-    def close(self) -> None:
-        """Stop serving and close the port (connections are then refused)."""
-        if not self._closed:
-            self._closed = True
-            self._server.shutdown()
-            self._server.server_close()
+def kubelet_pods(pods: Sequence[PodSpec] = ()) -> PodListServer:
+    """A kubelet `/pods` endpoint on loopback serving `pods`, started."""
+    return PodListServer(p.as_json() for p in pods).start()
 
 
 @pytest.fixture
-def kubelet() -> Iterator[KubeletPodsServer]:
-    """A kubelet `/pods` endpoint, closed after the test."""
-    server = KubeletPodsServer()
+def kubelet() -> Iterator[PodListServer]:
+    """A kubelet `/pods` endpoint, stopped after the test."""
+    server = kubelet_pods()
     yield server
-    server.close()
+    server.stop()
 
 
 # --- the Exporter subprocess ------------------------------------------------------------
@@ -229,7 +156,7 @@ class ExporterProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        wait_for("the exporter to serve /healthz", self._serving, timeout=60)
+        wait_for(self._serving, 60, "the exporter to serve /healthz", ignore=PROBE_ERRORS)
 
     def _serving(self) -> bool:
         if self.proc.poll() is not None:
@@ -272,7 +199,7 @@ class ExporterProcess:
             scrape = self.scrape()
             return scrape if accept(scrape) else None
 
-        return wait_for(what, probe, timeout=timeout)
+        return wait_for(probe, timeout, what, ignore=PROBE_ERRORS)
 
     def stop(self) -> int:
         """SIGTERM, then SIGKILL after 10 s; the exit status."""
@@ -371,13 +298,14 @@ class Harness:
     PodSpec = PodSpec
     Grant = Grant
     Scrape = Scrape
-    KubeletPodsServer = KubeletPodsServer
     ExporterProcess = ExporterProcess
     DeviceShare = DeviceShare
     PROTOCOL = PROTOCOL
+    PROBE_ERRORS = PROBE_ERRORS
     DASHBOARD = DASHBOARD
     REPO = REPO
     short_dir = staticmethod(short_dir)
+    kubelet_pods = staticmethod(kubelet_pods)
     free_port = staticmethod(free_port)
     wait_for = staticmethod(wait_for)
     require_tool = staticmethod(require_tool)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES, SimulatorProcess
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
 
 def _pod(name: str, node: str, annotations: dict[str, str]) -> dict[str, Any]:

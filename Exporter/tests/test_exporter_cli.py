@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES, SimulatorProcess
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
 
 def _one_error_line(result: Any, *needles: str) -> str:
@@ -99,7 +99,7 @@ def test_custom_protocol_names_are_used(lj: Any, tmp_path: Path) -> None:
             [lj.Grant(pod, "c", lj.DeviceShare(devices[3].id, 10, 20))],
             "example.com/given-devices",
         )
-        kubelet = lj.KubeletPodsServer([pod])
+        kubelet = lj.kubelet_pods([pod])
         exporter = lj.ExporterProcess(
             [
                 "--runtime-socket-dir",
@@ -122,4 +122,4 @@ def test_custom_protocol_names_are_used(lj: Any, tmp_path: Path) -> None:
             assert info["resource"] == "example.com/accelerator"
         finally:
             assert exporter.stop() == 0
-            kubelet.close()
+            kubelet.stop()

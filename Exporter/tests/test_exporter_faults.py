@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES, SimulatorProcess
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
 
 @dataclass
@@ -41,7 +41,7 @@ def live(lj: Any) -> Iterator[Live]:
         ]
         lj.allocate(sim.socket_dir, grants)
         lj.annotate(grants, lj.PROTOCOL.annotations.allocated_devices)
-        kubelet = lj.KubeletPodsServer(pods)
+        kubelet = lj.kubelet_pods(pods)
         exporter = lj.ExporterProcess(
             [
                 "--runtime-socket-dir",
@@ -65,7 +65,7 @@ def live(lj: Any) -> Iterator[Live]:
             yield Live(sim, kubelet, exporter, pods)
         finally:
             code = exporter.stop()
-            kubelet.close()
+            kubelet.stop()
         assert code == 0, exporter.log()
 
 
@@ -125,7 +125,7 @@ def test_slow_runtime_never_delays_a_scrape(live: Live) -> None:
 def test_kubelet_gone_keeps_device_series_and_drops_pod_labels(live: Live) -> None:
     exporter = live.exporter
     # A deleted pod's series disappear at the next collection; the other pod's stay.
-    live.kubelet.set_pods(live.pods[:1])
+    live.kubelet.replace(p.as_json() for p in live.pods[:1])
     after = exporter.wait_scrape(
         "the deleted pod's series to go",
         lambda s: s.select("lj_runtimekit_container_utilization_ratio", pod="gone") == [],
@@ -133,7 +133,7 @@ def test_kubelet_gone_keeps_device_series_and_drops_pod_labels(live: Live) -> No
     assert len(after.select("lj_runtimekit_container_utilization_ratio", pod="keep")) == 1
     assert after.value("lj_runtimekit_device_core_allocated_ratio", device="0") == 0.4
 
-    live.kubelet.close()
+    live.kubelet.stop()
     down = exporter.wait_scrape(
         "kubelet_up 0", lambda s: s.value("lj_runtimekit_kubelet_up") == 0, timeout=30
     )

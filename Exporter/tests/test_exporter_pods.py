@@ -82,15 +82,16 @@ def test_allocations_prefer_what_was_allocated_over_what_was_assigned() -> None:
 
 
 async def test_kubelet_errors_name_the_url(lj: Any) -> None:
-    server = lj.KubeletPodsServer()
-    wrong = server.url.replace("/pods", "/wrong")
+    server = lj.kubelet_pods()
+    url = server.url
+    wrong = url.replace("/pods", "/wrong")
     with pytest.raises(
         PodSourceError, match=r"kubelet http://127\.0\.0\.1:\d+/wrong answered HTTP 404"
     ):
         await KubeletPods(wrong, timeout_s=2).list_pods()
-    server.close()
+    server.stop()
     with pytest.raises(PodSourceError, match=r"not reachable: .*[Cc]onnection refused"):
-        await KubeletPods(server.url, timeout_s=2).list_pods()
+        await KubeletPods(url, timeout_s=2).list_pods()
 
 
 class _Lister:
@@ -108,13 +109,13 @@ class _Lister:
 async def test_fallback_to_the_api_server_is_logged_once(
     lj: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    kubelet = lj.KubeletPodsServer([lj.PodSpec("k1", "ns", "from-kubelet", ("c",), {})])
+    kubelet = lj.kubelet_pods([lj.PodSpec("k1", "ns", "from-kubelet", ("c",), {})])
     fallback = _Lister((_pod("f1", {}),))
     source = NodePods(KubeletPods(kubelet.url, timeout_s=2), fallback)
     read = await source.read()
     assert read.view is not None
     assert (read.view.source, read.kubelet_up, fallback.calls) == ("kubelet", True, 0)
-    kubelet.close()
+    kubelet.stop()
     with caplog.at_level(logging.WARNING):
         first = await source.read()
         second = await source.read()

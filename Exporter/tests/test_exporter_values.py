@@ -21,8 +21,8 @@ from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as text_string_to_metric_families_om,
 )
 
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES, SimulatorProcess
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
 GIB = 2**30
 
@@ -79,7 +79,7 @@ def bed(lj: Any) -> Iterator[Bed]:
         )
         pods["bad"].annotations[lj.PROTOCOL.annotations.allocated_devices] = "{not json"
 
-        kubelet = lj.KubeletPodsServer(list(pods.values()))
+        kubelet = lj.kubelet_pods(list(pods.values()))
         exporter = lj.ExporterProcess(
             [
                 "--runtime-socket-dir",
@@ -104,7 +104,7 @@ def bed(lj: Any) -> Iterator[Bed]:
             yield Bed(exporter, kubelet, devices, expected, expected_containers, scrape, pods, mig)
         finally:
             exporter.stop()
-            kubelet.close()
+            kubelet.stop()
 
 
 def _device_labels(device: pb.Device) -> dict[str, str]:
@@ -330,7 +330,7 @@ class Prometheus:
                 exc.close()
                 return False
 
-        lj.wait_for("prometheus to be ready", ready, timeout=60)
+        lj.wait_for(ready, 60, "prometheus to be ready", ignore=lj.PROBE_ERRORS)
 
     def query(self, expr: str) -> dict[str, Any]:
         """Instant query through the HTTP API; the decoded JSON answer."""
@@ -368,7 +368,9 @@ def _vector(prom: Prometheus, expr: str, lj: Any, timeout: float = 60.0) -> list
         result: list[Any] = answer["data"]["result"]
         return result or None
 
-    found: list[Any] = lj.wait_for(f"PromQL {expr} to return data", probe, timeout=timeout)
+    found: list[Any] = lj.wait_for(
+        probe, timeout, f"PromQL {expr} to return data", ignore=lj.PROBE_ERRORS
+    )
     return found
 
 

@@ -43,16 +43,17 @@ from typing import Any
 
 import yaml
 
-from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig, free_port
+from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig
 from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
 from lj_runtimekit.envtest.process import Process
 from lj_runtimekit.proto.pkg.protocol import (
     ADMISSION_KUBELET_ORDER,
-    decode_assignment,
     load_protocol,
 )
 from lj_runtimekit.schedulerframework.internal.kube.client import Kube, load_api_client
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import Args as GpuShareArgs
+from lj_runtimekit.testkit.invariant import assignment_holdings, sharing_violations
+from lj_runtimekit.testkit.ports import free_port
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gang import run_gang_bench  # type: ignore[import-not-found]  # a script beside this one
@@ -250,27 +251,9 @@ def histogram_quantiles(text: str, name: str, qs: tuple[float, ...]) -> list[flo
 
 
 def overcommit_violations(kube: Kube) -> int:
+    """Breaches of the sharing invariant in the scheduler's assignments of every pod."""
     pods, _ = kube.list_all("/api/v1/pods")
-    whole: dict[tuple[str, str], int] = {}
-    core: dict[tuple[str, str], int] = {}
-    mem: dict[tuple[str, str], int] = {}
-    for p in pods:
-        node = p["spec"].get("nodeName")
-        text = (p["metadata"].get("annotations") or {}).get(P.annotations.assigned_devices)
-        if not node or not text:
-            continue
-        for shares in decode_assignment(text).values():
-            for s in shares:
-                key = (node, s.device_id)
-                if s.whole:
-                    whole[key] = whole.get(key, 0) + 1
-                else:
-                    core[key] = core.get(key, 0) + s.core_percent
-                    mem[key] = mem.get(key, 0) + s.memory_percent
-    bad = sum(1 for v in whole.values() if v > 1)
-    bad += sum(1 for k in whole if k in core or k in mem)
-    bad += sum(1 for v in core.values() if v > 100) + sum(1 for v in mem.values() if v > 100)
-    return bad
+    return len(sharing_violations("scheduler", assignment_holdings(pods, P)))
 
 
 def process_cpu_s(pid: int) -> float:

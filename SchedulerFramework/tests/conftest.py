@@ -9,8 +9,8 @@ import pytest
 from kubernetes import client as k8s_client
 
 from lj_runtimekit.envtest.controlplane import ControlPlane
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import FakeCluster
-from lj_runtimekit.schedulerframework.internal.schedtesting.process import SchedulerProcess
+from lj_runtimekit.testkit.scheduler.fake import FakeCluster
+from lj_runtimekit.testkit.scheduler.process import SchedulerProcess
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import time
-from collections.abc import Callable
 
 from lj_runtimekit.proto.pkg.protocol import (
     ADMISSION_KUBELET_ORDER,
@@ -13,20 +11,14 @@ from lj_runtimekit.proto.pkg.protocol import (
     decode_assignment,
     encode_assignment,
 )
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
+from lj_runtimekit.testkit.scheduler.fake import (
     CORE,
     GPU,
     MEM,
     PROTOCOL,
     FakeCluster,
 )
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
+from lj_runtimekit.testkit.waits import wait_for
 
 
 def test_a_node_takes_the_next_device_pod_only_after_the_previous_is_admitted(
@@ -38,7 +30,12 @@ def test_a_node_takes_the_next_device_pod_only_after_the_previous_is_admitted(
     second = cluster.add_pod("second", {GPU: "1"})
     cpu = cluster.add_pod("cpu", {"cpu": "1"})
     cluster.schedule(wait_binds=False)
-    wait_until(lambda: cluster.node_of(first) == "only" and cluster.node_of(cpu) == "only")
+    wait_for(
+        lambda: cluster.node_of(first) == "only" and cluster.node_of(cpu) == "only",
+        5,
+        "the first device pod and the CPU pod bound",
+        interval_s=0.01,
+    )
     ann = cluster.pods[first]["metadata"]["annotations"]
     assert ann[PROTOCOL.annotations.bind_phase] == BIND_PHASE_ALLOCATING
     # The second device pod is placed (its devices reserved) but not bound yet.
@@ -46,14 +43,14 @@ def test_a_node_takes_the_next_device_pod_only_after_the_previous_is_admitted(
     assert cluster.scheduler.admission.queued() == 1
     assert cluster.scheduler.admission.holders("only") == {first}
     cluster.admit_pod(first)
-    wait_until(lambda: cluster.node_of(second) == "only")
+    wait_for(lambda: cluster.node_of(second) == "only", 5, "the second pod bound", interval_s=0.01)
     assert cluster.scheduler.admission.holders("only") == {second}
     # A rejection (Failed) settles the admission too; so does a deletion.
     cluster.admit_pod(second, phase="Failed")
     assert cluster.scheduler.admission.holders("only") == set()
     third = cluster.add_pod("third", {GPU: "1"})
     cluster.schedule(wait_binds=False)
-    wait_until(lambda: cluster.node_of(third) == "only")
+    wait_for(lambda: cluster.node_of(third) == "only", 5, "the third pod bound", interval_s=0.01)
     cluster.delete_pod(third)
     assert cluster.scheduler.admission.holders("only") == set()
 
@@ -63,14 +60,14 @@ def test_pods_in_admission_are_rebuilt_after_a_restart(cluster: FakeCluster) -> 
     cluster.add_node("only")
     first = cluster.add_pod("first", {GPU: "1"})
     cluster.schedule(wait_binds=False)
-    wait_until(lambda: cluster.node_of(first) == "only")
+    wait_for(lambda: cluster.node_of(first) == "only", 5, "the first pod bound", interval_s=0.01)
     cluster.restart()
     assert cluster.scheduler.admission.holders("only") == {first}
     second = cluster.add_pod("second", {GPU: "1"})
     cluster.schedule(wait_binds=False)
     assert cluster.node_of(second) == ""
     cluster.admit_pod(first)
-    wait_until(lambda: cluster.node_of(second) == "only")
+    wait_for(lambda: cluster.node_of(second) == "only", 5, "the second pod bound", interval_s=0.01)
 
 
 def test_binpack_is_kept_and_bindings_queue_per_node(cluster: FakeCluster) -> None:
@@ -82,11 +79,16 @@ def test_binpack_is_kept_and_bindings_queue_per_node(cluster: FakeCluster) -> No
     first = cluster.add_pod("first", {GPU: "1"})
     second = cluster.add_pod("second", {GPU: "1"})
     cluster.schedule(wait_binds=False)
-    wait_until(lambda: bool(cluster.node_of(first)))
+    wait_for(lambda: cluster.node_of(first), 5, "the first pod bound", interval_s=0.01)
     assert cluster.node_of(second) == ""
     assert cluster.scheduler.admission.queued() == 1
     cluster.admit_pod(first)
-    wait_until(lambda: cluster.node_of(second) == cluster.node_of(first))
+    wait_for(
+        lambda: cluster.node_of(second) == cluster.node_of(first),
+        5,
+        "the second pod bound beside the first",
+        interval_s=0.01,
+    )
 
 
 def test_a_node_whose_plugin_reads_the_kubelets_pods_takes_device_pods_at_once(
@@ -135,4 +137,4 @@ def test_a_partial_record_keeps_the_other_containers_assigned_devices(
         cluster.schedule()
         return cluster.node_of(late) == "only"
 
-    wait_until(late_bound)
+    wait_for(late_bound, 5, "the late pod bound", interval_s=0.01)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lj_runtimekit.schedulerframework.internal.cache.cache import RankedBuckets
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import GPU, FakeCluster
+from lj_runtimekit.testkit.scheduler.fake import GPU, FakeCluster
 
 
 def test_ranked_buckets_order_and_moves() -> None:

@@ -11,20 +11,21 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s_client
 
-from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
+from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory, Taint
 from lj_runtimekit.proto.pkg.protocol import decode_assignment, encode_inventory, load_protocol
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
+from lj_runtimekit.testkit.scheduler.fake import (
     nvlink_inventory,
     preferred_affinity,
 )
-from lj_runtimekit.schedulerframework.internal.schedtesting.process import (
+from lj_runtimekit.testkit.scheduler.process import (
     SchedulerProcess,
     annotate_inventory,
 )
-from lj_runtimekit.schedulerframework.internal.schedtesting.process import bound_pods as bound
-from lj_runtimekit.schedulerframework.internal.schedtesting.process import pod_events as events
-from lj_runtimekit.schedulerframework.internal.schedtesting.process import pod_manifest as pod
+from lj_runtimekit.testkit.scheduler.process import bound_pods as bound
+from lj_runtimekit.testkit.scheduler.process import pod_events as events
+from lj_runtimekit.testkit.scheduler.process import pod_manifest as pod
+from lj_runtimekit.testkit.waits import wait_for
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.usefixtures("runtime_class")]
 P = load_protocol()

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 import pytest
 
@@ -14,7 +12,8 @@ from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import 
     JOB_KEY,
     JOBSET_NAME,
 )
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import GPU, PROTOCOL, FakeCluster
+from lj_runtimekit.testkit.scheduler.fake import GPU, PROTOCOL, FakeCluster
+from lj_runtimekit.testkit.waits import wait_for
 
 A = PROTOCOL.annotations
 L = PROTOCOL.labels
@@ -85,13 +84,6 @@ def flush(c: FakeCluster) -> None:
     c.schedule()
 
 
-def wait_until(cond: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
 def test_gang_placed_whole_in_the_smallest_domain() -> None:
     c = topo_cluster()
     small = gang(c, "small", 3)
@@ -149,7 +141,7 @@ def test_timeout_releases_every_member_and_devices() -> None:
     assert not any(nodes_of(c, uids))
     assert len(c.scheduler.cache.pods) == 2  # two reserved with their devices, waiting
     assert cos.WAITING_GANGS._value.get() == 1
-    wait_until(lambda: not c.scheduler.cache.pods)
+    wait_for(lambda: not c.scheduler.cache.pods, 10, "the cache emptied", interval_s=0.02)
     c.scheduler.wait_binds()
     assert not any(nodes_of(c, uids))
     assert cos.WAITING_GANGS._value.get() == 0

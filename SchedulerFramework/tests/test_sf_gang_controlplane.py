@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s_client
 
-from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
+from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
 from lj_runtimekit.proto.pkg.protocol import load_protocol
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import (
@@ -17,12 +17,13 @@ from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import 
     JOB_KEY,
     JOBSET_NAME,
 )
-from lj_runtimekit.schedulerframework.internal.schedtesting.process import (
+from lj_runtimekit.testkit.scheduler.process import (
     SchedulerProcess,
     pod_manifest,
 )
-from lj_runtimekit.schedulerframework.internal.schedtesting.process import bound_pods as bound
-from lj_runtimekit.schedulerframework.internal.schedtesting.process import pod_events as events
+from lj_runtimekit.testkit.scheduler.process import bound_pods as bound
+from lj_runtimekit.testkit.scheduler.process import pod_events as events
+from lj_runtimekit.testkit.waits import wait_for
 
 pytestmark = [pytest.mark.controlplane, pytest.mark.usefixtures("runtime_class")]
 P = load_protocol()

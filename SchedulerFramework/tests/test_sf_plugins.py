@@ -7,7 +7,7 @@ from typing import Any
 
 from lj_runtimekit.proto.pkg.protocol import decode_assignment
 from lj_runtimekit.schedulerframework.internal.extender.server import Extender
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
+from lj_runtimekit.testkit.scheduler.fake import (
     CORE,
     GPU,
     MEM,

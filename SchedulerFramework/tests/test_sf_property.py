@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lj_runtimekit.proto.pkg.protocol import decode_assignment
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.types import Status
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
+from lj_runtimekit.testkit.invariant import assignment_holdings, sharing_violations
+from lj_runtimekit.testkit.scheduler.fake import (
     CORE,
     GPU,
     MEM,
@@ -37,30 +37,6 @@ from lj_runtimekit.schedulerframework.internal.schedtesting.fake import (
 MIG = PROTOCOL.resources.mig("1g.10gb")
 GANG = PROTOCOL.annotations.gang_group
 GANG_MIN = PROTOCOL.annotations.gang_min_members
-
-
-def annotation_violations(cluster: FakeCluster) -> list[str]:
-    whole: dict[tuple[str, str], int] = {}
-    core: dict[tuple[str, str], int] = {}
-    mem: dict[tuple[str, str], int] = {}
-    for obj in cluster.pods.values():
-        node = obj["spec"].get("nodeName")
-        text = obj["metadata"]["annotations"].get(PROTOCOL.annotations.assigned_devices)
-        if not node or not text:
-            continue
-        for shares in decode_assignment(text).values():
-            for s in shares:
-                key = (node, s.device_id)
-                if s.whole:
-                    whole[key] = whole.get(key, 0) + 1
-                else:
-                    core[key] = core.get(key, 0) + s.core_percent
-                    mem[key] = mem.get(key, 0) + s.memory_percent
-    out = [f"{k} whole x{v}" for k, v in whole.items() if v > 1]
-    out += [f"{k} whole and sliced" for k in whole if k in core]
-    out += [f"{k} core {v}%" for k, v in core.items() if v > 100]
-    out += [f"{k} memory {v}%" for k, v in mem.items() if v > 100]
-    return out
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -149,7 +125,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     @invariant()
     def sharing_invariant(self) -> None:
         assert self.cluster.scheduler.cache.violations() == []
-        assert annotation_violations(self.cluster) == []
+        holdings = assignment_holdings(self.cluster.pods.values(), PROTOCOL)
+        assert sharing_violations("scheduler", holdings) == []
 
     @invariant()
     def accounting_matches_bound_pods(self) -> None:

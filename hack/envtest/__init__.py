@@ -7,7 +7,6 @@ from lj_runtimekit.envtest.controlplane import (
     ControlPlane,
     ControlPlaneConfig,
     ControlPlaneError,
-    wait_for,
 )
 from lj_runtimekit.envtest.kwok import (
     FAIL_EXIT_CODE_ANNOTATION,
@@ -42,5 +41,4 @@ __all__ = [
     "find_tools",
     "gpu_node_manifest",
     "load_versions",
-    "wait_for",
 ]

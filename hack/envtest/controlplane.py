@@ -12,16 +12,13 @@ after a clean stop and kept, with its path printed, after a failure.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import socket
 import ssl
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -34,6 +31,7 @@ from kubernetes import config as k8s_config
 from lj_runtimekit.envtest import certs, kwok
 from lj_runtimekit.envtest.process import Process, ProcessExitedError, log_tail
 from lj_runtimekit.envtest.versions import find_tools
+from lj_runtimekit.testkit.ports import free_port
 
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.128.0.0/16"
@@ -69,14 +67,6 @@ class ControlPlaneConfig:
     kwok_stages: str | None = None
     """KWOK Stage documents to use instead of kwok-stages.yaml (the sandbox gates pods on
     its kubelet shim's admission)."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def write_kubeconfig(path: Path, server: str, pki: certs.Pki, user: str = "admin") -> None:
@@ -375,22 +365,3 @@ class ControlPlane:
                     f"last lines of {proc.log_path}:\n{log_tail(proc.log_path)}"
                 )
             time.sleep(0.1)
-
-
-def wait_for(
-    condition: Callable[[], bool],
-    timeout_s: float,
-    what: str,
-    interval_s: float = 0.2,
-    describe: Callable[[], str] | None = None,
-) -> None:
-    """Polls `condition` until true; TimeoutError naming `what` (and `describe()`) if not."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            detail = ""
-            if describe is not None:
-                with contextlib.suppress(Exception):
-                    detail = f"; last state: {describe()}"
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}{detail}")
-        time.sleep(interval_s)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import urllib.request
 from pathlib import Path
 from types import TracebackType
@@ -26,10 +25,12 @@ from typing import Any
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
-from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
+from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import node_ready
 from lj_runtimekit.envtest.process import Process, ProcessExitedError
 from lj_runtimekit.envtest.versions import find_tools
+from lj_runtimekit.testkit.ports import free_port
+from lj_runtimekit.testkit.waits import wait_for
 
 BINARY = "lj-hollow-node"
 # sun_path holds 108 bytes, the terminating NUL included.
@@ -38,14 +39,6 @@ _MAX_SOCKET_PATH = 107
 
 class HollowNodeError(RuntimeError):
     """The hollow node did not start or died; the message has its log tail."""
-
-
-def free_port_on(address: str) -> int:
-    """A TCP port on `address` that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class HollowNode:
@@ -188,8 +181,8 @@ class HollowNode:
         self.root_dir.mkdir(parents=True, exist_ok=True)
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
-            self.port = free_port_on(self.address)
-            self.read_only_port = free_port_on(self.address) if self._want_read_only_port else 0
+            self.port = free_port(self.address)
+            self.read_only_port = free_port(self.address) if self._want_read_only_port else 0
         return self.argv()
 
     def serving(self) -> bool:

@@ -36,10 +36,10 @@ from lj_runtimekit.envtest.controlplane import (
     ControlPlane,
     ControlPlaneConfig,
     ControlPlaneError,
-    wait_for,
 )
 from lj_runtimekit.envtest.nodes import NodeFactory
 from lj_runtimekit.envtest.versions import ToolsMissingError, find_tools
+from lj_runtimekit.testkit.waits import wait_for
 
 
 class Kubectl:

@@ -6,7 +6,7 @@ from typing import Any
 
 from kubernetes import client as k8s_client
 
-from lj_runtimekit.envtest.controlplane import wait_for
+from lj_runtimekit.testkit.waits import wait_for
 
 
 def job_condition(batch: k8s_client.BatchV1Api, namespace: str, name: str, kind: str) -> Any:

@@ -39,13 +39,13 @@ from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig
-from lj_runtimekit.envtest.controlplane import free_port
 from lj_runtimekit.envtest.hollownode import HollowNode
 from lj_runtimekit.envtest.process import Process, ProcessExitedError, log_tail
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES
 from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2, podresources_pb2_grpc
 from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
 from lj_runtimekit.proto.pkg.protocol import Protocol, load_protocol
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
+from lj_runtimekit.testkit.ports import free_port
 
 DEFAULT_STATE_DIR = Path("/tmp/lj-sandbox")
 NODE_KINDS = ("tdm-8gpu", "mig-8gpu", "ppu-16")

@@ -50,6 +50,7 @@ from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.sandbox import Sandbox, SandboxConfig, workload
 from lj_runtimekit.sandbox.bed import SandboxError
 from lj_runtimekit.sandbox.workload import pod_manifest
+from lj_runtimekit.testkit.waits import NotYet, WaitTimeout, wait_for
 
 REJECTED = "UnexpectedAdmissionError"
 REQUESTS = {"cpu": "10m", "memory": "32Mi"}
@@ -306,16 +307,18 @@ def _churn(
         churn_s = time.monotonic() - began
     # Settled: every pod Running or Failed, deleted pods' Runtime allocations released,
     # every Running pod recorded by its Device Plugin.
-    workload.wait_until("churn pods Running or Failed", lambda: _all_settled(api, ns), 120)
+    wait_for(lambda: _all_settled(api, ns), 120, "churn pods Running or Failed")
 
-    def released() -> tuple[bool, str]:
+    def released() -> bool | NotYet:
         rows, runtime = workload.observe(bed, api, [ns])
         uids = {r.uid for r in rows}
         stray = [u for per in runtime.values() for u in per if u not in uids]
         unrecorded = [r.name for r in rows if r.phase == "Running" and r.allocated is None]
-        return not stray and not unrecorded, f"released pending {stray}, unrecorded {unrecorded}"
+        return (not stray and not unrecorded) or NotYet(
+            f"released pending {stray}, unrecorded {unrecorded}"
+        )
 
-    workload.wait_until("deleted pods released and running pods recorded", released, 90)
+    wait_for(released, 90, "deleted pods released and running pods recorded")
     rows = checker.check(api)
     mismatched = {}
     for r in rows:
@@ -365,10 +368,10 @@ def _churn(
     }
 
 
-def _all_settled(api: k8s_client.ApiClient, ns: str) -> tuple[bool, str]:
+def _all_settled(api: k8s_client.ApiClient, ns: str) -> bool | NotYet:
     pods = workload.list_pods(api, ns)
     waiting = [p["metadata"]["name"] for p in pods if _phase(p) not in ("Running", "Failed")]
-    return not waiting, f"not yet Running or Failed: {waiting}"
+    return not waiting or NotYet(f"not yet Running or Failed: {waiting}")
 
 
 def _wait_wave(
@@ -384,16 +387,16 @@ def _wait_wave(
     wanted = set(batch)
     last: dict[str, dict[str, Any]] = {}
 
-    def check() -> tuple[bool, str]:
+    def check() -> bool | NotYet:
         last.clear()
         last.update({p["metadata"]["name"]: p for p in workload.list_pods(api, ns)})
         waiting = [n for n in wanted if _phase(last.get(n, {})) not in ("Running", "Failed")]
-        return not waiting, f"waiting {sorted(waiting)}"
+        return not waiting or NotYet(f"waiting {sorted(waiting)}")
 
     try:
-        workload.wait_until(f"a wave of {len(batch)} pods", check, timeout_s, interval_s=0.5)
+        wait_for(check, timeout_s, f"a wave of {len(batch)} pods", interval_s=0.5)
         return 0
-    except workload.WaitError:
+    except WaitTimeout:
         waiting = [n for n in wanted if _phase(last.get(n, {})) not in ("Running", "Failed")]
         bound = [n for n in waiting if (last.get(n, {}).get("spec") or {}).get("nodeName")]
         if bound:
@@ -500,7 +503,7 @@ def run_burst(node_counts: list[int], pods: int, state: Path) -> dict[str, float
         _say(f"burst: starting {nodes} nodes under {state}")
         try:
             bed = _start_bed(cfg)
-        except (SandboxError, workload.WaitError) as exc:
+        except (SandboxError, WaitTimeout) as exc:
             _say(f"burst: {nodes} nodes did not start: {exc}")
             continue
         try:

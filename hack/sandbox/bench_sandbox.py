@@ -22,6 +22,7 @@ from kubernetes import client as k8s_client
 
 from lj_runtimekit.sandbox import Sandbox, SandboxConfig, workload
 from lj_runtimekit.sandbox.workload import pod_manifest
+from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 
 def _p(values: list[float], q: float) -> float:
@@ -72,12 +73,12 @@ def run(nodes: int, pods: int) -> dict[str, float]:
             out["pod_running_p50_ms"] = round(statistics.median(latencies), 1)
             out["pod_running_p99_ms"] = round(_p(latencies, 0.99), 1)
 
-            def consistent() -> tuple[bool, str]:
+            def consistent() -> bool | NotYet:
                 rows, _ = workload.observe(bed, api, [ns])
                 unrecorded = [r.name for r in rows if r.allocated is None]
-                return not unrecorded, f"no Device Plugin record yet for {unrecorded}"
+                return not unrecorded or NotYet(f"no Device Plugin record yet for {unrecorded}")
 
-            workload.wait_until("Device Plugin records", consistent, 60)
+            wait_for(consistent, 60, "Device Plugin records")
             rows, runtime = workload.observe(bed, api, [ns])
             problems = workload.invariant_violations(rows, runtime, bed.protocol)
             out["invariant_violations"] = float(len(problems))

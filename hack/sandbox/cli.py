@@ -32,6 +32,7 @@ from lj_runtimekit.sandbox.bed import (
     SandboxError,
     cleanup_leftovers,
 )
+from lj_runtimekit.testkit.waits import NotYet, WaitTimeout, wait_for
 
 DEMO_NAMESPACE = "sandbox-demo"
 
@@ -106,15 +107,15 @@ def _print_metrics(bed: Sandbox, rows: Sequence[workload.Placement]) -> None:
     nodes = workload.sandbox_nodes_by_name(bed)
     running = [r for r in rows if r.phase == "Running" and r.node in nodes]
 
-    def all_seen() -> tuple[dict[str, list[str]] | None, str]:
+    def all_seen() -> dict[str, list[str]] | NotYet:
         texts = {n: workload.scrape(nodes[n].metrics_url) for n in {r.node for r in running}}
         lines = {
             r.name: workload.pod_metric_lines(texts[r.node], r.namespace, r.name) for r in running
         }
         missing = [name for name, found in lines.items() if not found]
-        return (lines if not missing else None), f"no series yet for {missing}"
+        return lines if not missing else NotYet(f"no series yet for {missing}")
 
-    lines = workload.wait_until("per-pod series on the exporters", all_seen, 30)
+    lines = wait_for(all_seen, 30, "per-pod series on the exporters")
     for row in running:
         print(f"  {row.name} ({nodes[row.node].metrics_url}):")
         for line in lines[row.name][:3]:
@@ -170,7 +171,7 @@ def up(args: argparse.Namespace) -> int:
                     raise SandboxError(f"{comp.name} exited; see {comp.log_path}")
     except KeyboardInterrupt:
         _say("stopping ...")
-    except (SandboxError, ControlPlaneError, ToolsMissingError, workload.WaitError) as exc:
+    except (SandboxError, ControlPlaneError, ToolsMissingError, WaitTimeout) as exc:
         _say(f"FAILED: {exc}")
         _say(f"logs kept in {bed.log_dir} (run `make sandbox-down` to clean up)")
         bed.stop(failed=True)

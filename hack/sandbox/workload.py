@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from lj_runtimekit.proto.pkg.protocol import (
 from lj_runtimekit.proto.pkg.protocol.inventory import InventoryError, decode_inventory
 from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient, from_request
 from lj_runtimekit.sandbox.bed import SYSTEM_NAMESPACE, NodeHandle, Sandbox
+from lj_runtimekit.testkit.invariant import Holding, run_to_completion, sharing_violations
+from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 SCHEDULER_NAME = "lj-scheduler"
 STATE_ANNOTATION = "lj-runtimekit.io/feature-state"
@@ -36,31 +37,6 @@ JOB_SELECTOR = "app.kubernetes.io/managed-by=lj-runtimekit-controller"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 JOBSET_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
-
-
-class WaitError(TimeoutError):
-    """A wait ran out; the message says what was still missing."""
-
-
-def wait_until(what: str, check: Any, timeout_s: float, interval_s: float = 0.3) -> Any:
-    """Poll `check()` until it returns a truthy value (returned) or `what` times out.
-
-    `check` may return (value, detail): detail describes the last state for the error.
-    """
-    deadline = time.monotonic() + timeout_s
-    detail = ""
-    while True:
-        result = check()
-        if isinstance(result, tuple):
-            result, detail = result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise WaitError(f"timed out after {timeout_s:.0f}s waiting for {what}: {detail}")
-        time.sleep(interval_s)
-
-
-# -- enabling nodes ---------------------------------------------------------------------------
 
 
 def label_nodes(
@@ -79,16 +55,16 @@ def wait_feature_state(
     core = k8s_client.CoreV1Api(api)
     batch = k8s_client.BatchV1Api(api)
 
-    def check() -> tuple[bool, str]:
+    def check() -> bool | NotYet:
         states = {
             n: (core.read_node(n).metadata.annotations or {}).get(STATE_ANNOTATION) for n in names
         }
         jobs = batch.list_namespaced_job(SYSTEM_NAMESPACE, label_selector=JOB_SELECTOR).items
         done = all(s == state for s in states.values()) and not jobs
-        return done, f"states {states}, jobs left {[j.metadata.name for j in jobs]}"
+        return done or NotYet(f"states {states}, jobs left {[j.metadata.name for j in jobs]}")
 
-    wait_until(
-        f"feature state {state} on {len(names)} nodes with their Jobs cleaned", check, timeout_s
+    wait_for(
+        check, timeout_s, f"feature state {state} on {len(names)} nodes with their Jobs cleaned"
     )
 
 
@@ -207,7 +183,7 @@ def ensure_namespace(api: k8s_client.ApiClient, namespace: str, timeout_s: float
             return False
         return True
 
-    wait_until(f"ServiceAccount default in {namespace}", has_sa, timeout_s)
+    wait_for(has_sa, timeout_s, f"ServiceAccount default in {namespace}")
 
 
 def create_pods(
@@ -248,16 +224,14 @@ def wait_pods(
     """Until every named pod settled (or, with `running`, is Running); returns them."""
     wanted = set(names)
 
-    def check() -> tuple[list[dict[str, Any]] | None, str]:
+    def check() -> list[dict[str, Any]] | NotYet:
         pods = [p for p in list_pods(api, namespace) if p["metadata"]["name"] in wanted]
         phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}
         ok = (lambda p: phases[p["metadata"]["name"]] == "Running") if running else settled
         done = len(pods) == len(wanted) and all(ok(p) for p in pods)
-        return (pods if done else None), f"phases {phases}"
+        return pods if done else NotYet(f"phases {phases}")
 
-    result: list[dict[str, Any]] = wait_until(
-        f"{len(wanted)} pods in {namespace}", check, timeout_s
-    )
+    result: list[dict[str, Any]] = wait_for(check, timeout_s, f"{len(wanted)} pods in {namespace}")
     return result
 
 
@@ -340,11 +314,7 @@ def placements(
                 kubelet_ids=(kubelet or {}).get((meta["namespace"], meta["name"])),
                 runtime=dict((runtime or {}).get(meta.get("uid", ""), {})),
                 uid=str(meta.get("uid", "")),
-                run_to_completion=frozenset(
-                    str(c.get("name"))
-                    for c in spec.get("initContainers") or ()
-                    if c.get("restartPolicy") != "Always"
-                ),
+                run_to_completion=run_to_completion(pod),
             )
         )
     return out
@@ -520,40 +490,7 @@ def write_json(path: Path, data: Any) -> None:
 # -- the sharing invariant (docs/architecture.md, Sharing) ----------------------------------
 
 
-def _holdings_violations(source: str, holders: Iterable[tuple[str, str, DeviceShare]]) -> list[str]:
-    """Per device: core and memory slices sum to <= 100; a whole device has one holder and
-    no slice. `holders` yields (node, owner, share)."""
-    whole: dict[tuple[str, str], list[str]] = {}
-    core: dict[tuple[str, str], int] = {}
-    memory: dict[tuple[str, str], int] = {}
-    sliced: dict[tuple[str, str], list[str]] = {}
-    for node, owner, share in holders:
-        key = (node, share.device_id)
-        if share.whole or (share.core_percent >= 100 and share.memory_percent >= 100):
-            whole.setdefault(key, []).append(owner)
-        else:
-            core[key] = core.get(key, 0) + share.core_percent
-            memory[key] = memory.get(key, 0) + share.memory_percent
-            sliced.setdefault(key, []).append(owner)
-    out = []
-    for key, owners in whole.items():
-        if len(owners) > 1:
-            out.append(f"{source}: device {key[1]} on {key[0]} given whole to {owners}")
-        if key in sliced:
-            out.append(
-                f"{source}: device {key[1]} on {key[0]} given whole to {owners} and sliced"
-                f" for {sliced[key]}"
-            )
-    for key, total in core.items():
-        if total > 100 or memory[key] > 100:
-            out.append(
-                f"{source}: device {key[1]} on {key[0]} has {total}% core, {memory[key]}%"
-                f" memory in slices ({sliced[key]})"
-            )
-    return out
-
-
-def _pod_holdings(rows: Sequence[Placement], pick: Any) -> list[tuple[str, str, DeviceShare]]:
+def _pod_holdings(rows: Sequence[Placement], pick: Any) -> list[Holding]:
     """(node, pod, share) per device a pod holds, init containers' devices counted once."""
     out = []
     for r in rows:
@@ -566,8 +503,8 @@ def _pod_holdings(rows: Sequence[Placement], pick: Any) -> list[tuple[str, str, 
 def _annotation_violations(active: Sequence[Placement]) -> list[str]:
     """The sharing invariant over the scheduler's assignments and, separately, the Device
     Plugin's records of the active pods."""
-    out = _holdings_violations("scheduler", _pod_holdings(active, lambda r: r.assigned))
-    return out + _holdings_violations("device plugin", _pod_holdings(active, lambda r: r.allocated))
+    out = sharing_violations("scheduler", _pod_holdings(active, lambda r: r.assigned))
+    return out + sharing_violations("device plugin", _pod_holdings(active, lambda r: r.allocated))
 
 
 def invariant_violations(
@@ -590,7 +527,7 @@ def invariant_violations(
             row = by_uid.get(uid)
             reuse = row.run_to_completion if row else frozenset()
             runtime_rows += [(node, uid, s) for s in pod_shares(containers, reuse)]
-    out += _holdings_violations("runtime", runtime_rows)
+    out += sharing_violations("runtime", runtime_rows)
     for r in active:
         if r.phase != "Running" or r.assigned is None:
             continue
@@ -700,7 +637,7 @@ def share_conflicts(
             reuse = row.run_to_completion if row else pod.init_containers
             owner = f"{pod.namespace}/{pod.name}" + ("" if row else f" (gone, uid {uid})")
             runtime_rows += [(node, owner, s) for s in pod_shares(pod.containers, reuse)]
-    out += _holdings_violations("runtime", runtime_rows)
+    out += sharing_violations("runtime", runtime_rows)
     return out
 
 

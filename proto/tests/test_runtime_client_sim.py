@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES, SimulatorProcess
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.featuregate import Feature, evaluate
 from lj_runtimekit.proto.pkg.runtimeclient import (
@@ -20,6 +19,7 @@ from lj_runtimekit.proto.pkg.runtimeclient import (
     RuntimeClient,
     RuntimeUnavailableError,
 )
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
 FAST = RetryPolicy(attempts=8, max_delay_s=10.0, initial_backoff_s=0.05, max_backoff_s=0.5)
 

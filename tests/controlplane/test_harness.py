@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig, ControlPlaneError, wait_for
+from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig, ControlPlaneError
 from lj_runtimekit.envtest import controlplane as controlplane_mod
+from lj_runtimekit.testkit.waits import wait_for
 
 pytestmark = pytest.mark.controlplane
 
@@ -87,6 +88,8 @@ def test_stop_kills_every_process_group_and_removes_temporary_state(
 CHILD = """
 import time
 from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig
+from lj_runtimekit.testkit.waits import wait_for
+from lj_runtimekit.testkit.ports import free_port
 config = ControlPlaneConfig(controller_manager=False, scheduler=False, kwok=False)
 cp = ControlPlane(config).start()
 print(" ".join(str(p.pid) for p in cp.processes), flush=True)

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s_client
 
-from lj_runtimekit.envtest import NodeFactory, wait_for
+from lj_runtimekit.envtest import NodeFactory
 from lj_runtimekit.envtest.waits import pod_condition
+from lj_runtimekit.testkit.waits import wait_for
 
 pytestmark = pytest.mark.controlplane
 

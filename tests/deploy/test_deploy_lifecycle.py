@@ -20,10 +20,11 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
-from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
+from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory
 from lj_runtimekit.envtest.versions import find_tools
-from lj_runtimekit.proto.internal.simulator.process import SimulatorProcess
+from lj_runtimekit.runtimesim.process import SimulatorProcess
+from lj_runtimekit.testkit.waits import wait_for
 
 pytestmark = pytest.mark.controlplane
 
@@ -146,7 +147,7 @@ def metrics_url() -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    node = ROOT / "proto/examples/nodes/tdm-8gpu.yaml"
+    node = ROOT / "hack/runtime-sim/examples/nodes/tdm-8gpu.yaml"
     with SimulatorProcess(sockets, node), (work / "exporter.log").open("wb") as log:
         exporter = subprocess.Popen(
             [

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lj_runtimekit.deploy.components import COMPONENTS
-from lj_runtimekit.proto.internal.simulator.process import SimulatorProcess
+from lj_runtimekit.runtimesim.process import SimulatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "deploy-all.sh"
@@ -327,7 +327,7 @@ def test_node_precheck_passes_on_a_ready_node_and_names_each_problem(node_dir: P
     script = ROOT / "hack/node-precheck.sh"
     try:
         with SimulatorProcess(
-            sockets, ROOT / "proto/examples/nodes/tdm-8gpu.yaml", version="v1.14.0"
+            sockets, ROOT / "hack/runtime-sim/examples/nodes/tdm-8gpu.yaml", version="v1.14.0"
         ):
             good = run_script(*args, env=env, script=script)
             assert good.returncode == 0, good.stdout + good.stderr

@@ -13,6 +13,7 @@ from kubernetes import client as k8s_client
 
 from lj_runtimekit.envtest import ToolsMissingError, find_tools
 from lj_runtimekit.sandbox import Sandbox, SandboxConfig, workload
+from lj_runtimekit.testkit.waits import wait_for
 
 _NAMESPACES = itertools.count(1)
 
@@ -68,8 +69,8 @@ def ns(bed: Sandbox, api: k8s_client.ApiClient, request: pytest.FixtureRequest) 
     k8s_client.CoreV1Api(api).delete_namespace(name)
     # The Device Plugin releases a gone pod's Runtime allocation after its grace period;
     # wait for it so that the next test starts from free devices.
-    workload.wait_until(
-        f"Runtime allocations of namespace {name} released",
+    wait_for(
         lambda: name not in workload.runtime_namespaces(bed.nodes),
         60,
+        f"Runtime allocations of namespace {name} released",
     )

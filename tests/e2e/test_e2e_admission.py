@@ -17,6 +17,7 @@ from kubernetes import client as k8s_client
 
 from lj_runtimekit.sandbox import Sandbox, workload
 from lj_runtimekit.sandbox.workload import pod_manifest
+from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 from .conftest import make_bed
 
@@ -51,12 +52,12 @@ def _phases(api: k8s_client.ApiClient, ns: str) -> dict[str, tuple[str, str]]:
 def _wait_phase(
     api: k8s_client.ApiClient, ns: str, want: dict[str, str], timeout_s: float = 90
 ) -> dict[str, tuple[str, str]]:
-    def check() -> tuple[bool, str]:
+    def check() -> bool | NotYet:
         got = _phases(api, ns)
         ok = all(got.get(name, ("", ""))[0] == phase for name, phase in want.items())
-        return ok, str({n: got.get(n) for n in want})
+        return ok or NotYet(str({n: got.get(n) for n in want}))
 
-    workload.wait_until(f"pods {want}", check, timeout_s)
+    wait_for(check, timeout_s, f"pods {want}")
     return _phases(api, ns)
 
 
@@ -64,14 +65,14 @@ def _ledgers(bed: Sandbox, api: k8s_client.ApiClient, ns: str) -> list[workload.
     """The namespace's rows once the four ledgers agree (and the invariant holds)."""
     found: list[workload.Placement] = []
 
-    def check() -> tuple[bool, str]:
+    def check() -> bool | NotYet:
         rows, runtime = workload.observe(bed, api, [ns])
         problems = workload.invariant_violations(rows, runtime, bed.protocol)
         unrecorded = [r.name for r in rows if r.phase == "Running" and r.allocated is None]
         found[:] = rows
-        return not problems and not unrecorded, f"{problems} unrecorded {unrecorded}"
+        return (not problems and not unrecorded) or NotYet(f"{problems} unrecorded {unrecorded}")
 
-    workload.wait_until("scheduler, Device Plugin, Runtime and kubelet agree", check, 60)
+    wait_for(check, 60, "scheduler, Device Plugin, Runtime and kubelet agree")
     return found
 
 
@@ -101,13 +102,13 @@ def test_a_rejected_pod_never_lends_its_devices(
     pods = [_pinned(bed, f"p{i}", {"main": {res.gpu: 1}}) for i in range(4)]
     workload.create_pods(api, ns, pods)
 
-    def settled() -> tuple[bool, str]:
+    def settled() -> bool | NotYet:
         got = _phases(api, ns)
         failed = [n for n, (phase, _) in got.items() if phase == "Failed"]
         running = [n for n, (phase, _) in got.items() if phase == "Running"]
-        return len(failed) == 1 and len(running) == 3, str(got)
+        return (len(failed) == 1 and len(running) == 3) or NotYet(str(got))
 
-    workload.wait_until("one pod rejected, three running", settled, 90)
+    wait_for(settled, 90, "one pod rejected, three running")
     phases = _phases(api, ns)
     (rejected,) = [n for n, (phase, _) in phases.items() if phase == "Failed"]
     assert "UnexpectedAdmissionError" in phases[rejected][1]
@@ -133,12 +134,12 @@ def test_a_partly_allocated_pod_is_rejected_and_its_share_released(
     pod = _pinned(bed, "partial", {"a": {res.gpu: 1}, "b": {res.gpu: 1}})
     workload.create_pods(api, ns, [pod])
     _wait_phase(api, ns, {"partial": "Failed"})
-    workload.wait_until(
-        "the rejected pod's Runtime allocation released",
+    wait_for(
         lambda: (
             not any(r.runtime for r in workload.observe(bed, api, [ns])[0] if r.name == "partial")
         ),
         30,
+        "the rejected pod's Runtime allocation released",
     )
     after = _pinned(bed, "after", {"a": {res.gpu: 1}, "b": {res.gpu: 1}})
     workload.create_pods(api, ns, [after])
@@ -220,10 +221,10 @@ def test_deleted_pods_and_an_empty_node_leave_nothing_held(
     for name in ("churn-0", "churn-2", "churn-3"):
         core.delete_namespaced_pod(name, ns)
     node = bed.nodes[0]
-    workload.wait_until(
-        "the node's Runtime holds nothing once its pods are gone",
+    wait_for(
         lambda: not workload.runtime_allocations([node])[node.name],
         60,
+        "the node's Runtime holds nothing once its pods are gone",
     )
     log = node.plugin.log_path.read_text()
     assert "did not answer a PodList" not in log
@@ -244,10 +245,10 @@ def test_a_pod_deleted_before_the_kubelet_admits_it_lends_its_call_to_no_one(
     os.kill(kubelet_pid, signal.SIGSTOP)
     try:
         workload.create_pods(api, ns, [_pinned(bed, "gone", {"main": {res.gpu: 1}})])
-        workload.wait_until("gone to be bound", lambda: _bound(core, ns, "gone"), 60)
+        wait_for(lambda: _bound(core, ns, "gone"), 60, "gone to be bound")
         core.delete_namespaced_pod("gone", ns, grace_period_seconds=0)
         workload.create_pods(api, ns, [_pinned(bed, "next", {"main": {res.gpu: 1}})])
-        workload.wait_until("next to be bound", lambda: _bound(core, ns, "next"), 60)
+        wait_for(lambda: _bound(core, ns, "next"), 60, "next to be bound")
     finally:
         os.kill(kubelet_pid, signal.SIGCONT)
     _wait_phase(api, ns, {"next": "Running"})

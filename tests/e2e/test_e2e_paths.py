@@ -12,6 +12,7 @@ from kubernetes import client as k8s_client
 from lj_runtimekit.proto.pkg.protocol.inventory import decode_inventory
 from lj_runtimekit.sandbox import Sandbox, workload
 from lj_runtimekit.sandbox.workload import pod_manifest
+from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.controlplane]
 
@@ -27,16 +28,18 @@ def _node(api: k8s_client.ApiClient, name: str) -> dict[str, object]:
 def _consistent(bed: Sandbox, api: k8s_client.ApiClient, ns: str, names: list[str]) -> None:
     """Until every named pod is Running and the three layers agree with the invariant."""
 
-    def check() -> tuple[bool, str]:
+    def check() -> bool | NotYet:
         rows, runtime = workload.observe(bed, api, [ns])
         mine = [r for r in rows if r.name in names]
         not_running = [(r.name, r.phase, r.reason) for r in mine if r.phase != "Running"]
         violations = workload.invariant_violations(rows, runtime, bed.protocol)
         missing_record = [r.name for r in mine if r.allocated is None]
         ok = len(mine) == len(names) and not not_running and not violations and not missing_record
-        return ok, f"not running {not_running}; violations {violations}; no record {missing_record}"
+        return ok or NotYet(
+            f"not running {not_running}; violations {violations}; no record {missing_record}"
+        )
 
-    workload.wait_until(f"{len(names)} pods Running with agreeing records", check, 120)
+    wait_for(check, 120, f"{len(names)} pods Running with agreeing records")
 
 
 def test_enabled_nodes_report_their_devices(bed: Sandbox, api: k8s_client.ApiClient) -> None:
@@ -94,14 +97,14 @@ def test_whole_slice_and_mig_pods_run_with_metrics(
         s.device_id for s in rows["whole"].assigned["main"]
     )
 
-    def metrics() -> tuple[bool, str]:
+    def metrics() -> bool | NotYet:
         found = {}
         for name, row in rows.items():
             text = workload.scrape(bed.node(row.node).metrics_url)
             found[name] = workload.pod_metric_lines(text, ns, name)
-        return all(found.values()), f"{ {k: len(v) for k, v in found.items()} }"
+        return all(found.values()) or NotYet(f"{ {k: len(v) for k, v in found.items()} }")
 
-    workload.wait_until("per-pod exporter series", metrics, 30)
+    wait_for(metrics, 30, "per-pod exporter series")
     text = workload.scrape(bed.node(rows["slice"].node).metrics_url)
     ratio = [
         line
@@ -144,11 +147,11 @@ def test_admission_failure_fails_the_pod_with_the_plugins_message(
     del pod["spec"]["schedulerName"]
     workload.create_pods(api, ns, [pod])
 
-    def failed() -> tuple[bool, str]:
+    def failed() -> bool | NotYet:
         (row,) = workload.observe(bed, api, [ns])[0]
-        return row.phase == "Failed", f"{row.phase} {row.reason}"
+        return (row.phase == "Failed") or NotYet(f"{row.phase} {row.reason}")
 
-    workload.wait_until("the unplaced slice pod to fail admission", failed, 60)
+    wait_for(failed, 60, "the unplaced slice pod to fail admission")
     (row,) = workload.observe(bed, api, [ns])[0]
     assert row.reason.startswith("UnexpectedAdmissionError")
     assert "annotation" in row.reason, row.reason
@@ -167,7 +170,7 @@ def test_unhealthy_device_seen_by_kubelet_scheduler_and_exporter(
     tdm.set_health(sick.id, healthy=False, reason="XID 79")
     try:
 
-        def seen() -> tuple[bool, str]:
+        def seen() -> bool | NotYet:
             node = _node(api, tdm.name)
             allocatable = node["status"]["allocatable"][res.gpu]  # type: ignore[index]
             devices = decode_inventory(node["metadata"]["annotations"][ann.node_devices])  # type: ignore[index]
@@ -184,12 +187,11 @@ def test_unhealthy_device_seen_by_kubelet_scheduler_and_exporter(
                 and bool(exported)
                 and exported[0].endswith(" 0.0")
             )
-            return (
-                ok,
-                f"allocatable {allocatable}, inventory healthy {healthy}, exporter {exported}",
+            return ok or NotYet(
+                f"allocatable {allocatable}, inventory healthy {healthy}, exporter {exported}"
             )
 
-        workload.wait_until("device unhealthy at kubelet, scheduler input and exporter", seen, 30)
+        wait_for(seen, 30, "device unhealthy at kubelet, scheduler input and exporter")
         # The scheduler places a pod needing every healthy device around the sick one.
         pod = pod_manifest(
             "seven", {"main": {res.gpu: 7}}, node_selector={"kubernetes.io/hostname": tdm.name}
@@ -201,8 +203,8 @@ def test_unhealthy_device_seen_by_kubelet_scheduler_and_exporter(
     finally:
         tdm.set_health(sick.id, healthy=True)
 
-    def recovered() -> tuple[bool, str]:
+    def recovered() -> bool | NotYet:
         allocatable = _node(api, tdm.name)["status"]["allocatable"][res.gpu]  # type: ignore[index]
-        return allocatable == "8", f"allocatable {allocatable}"
+        return (allocatable == "8") or NotYet(f"allocatable {allocatable}")
 
-    workload.wait_until("device healthy again at the kubelet", recovered, 30)
+    wait_for(recovered, 30, "device healthy again at the kubelet")

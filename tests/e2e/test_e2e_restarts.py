@@ -11,6 +11,7 @@ from kubernetes import client as k8s_client
 
 from lj_runtimekit.sandbox import Sandbox, workload
 from lj_runtimekit.sandbox.workload import pod_manifest
+from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.controlplane]
 
@@ -48,7 +49,7 @@ def test_component_crash_during_a_burst_loses_nothing(
     for n in bed.nodes:
         n.plugin.wait_ready(60)
 
-    def settled() -> tuple[bool, str]:
+    def settled() -> bool | NotYet:
         rows, runtime = workload.observe(bed, api, [ns])
         phases = {r.name: r.phase for r in rows}
         running = {r.uid for r in rows if r.phase == "Running"}
@@ -67,12 +68,12 @@ def test_component_crash_during_a_burst_loses_nothing(
             and not unrecorded
             and not leaked
         )
-        return ok, (
+        return ok or NotYet(
             f"phases {phases}; violations {violations}; no record {unrecorded};"
             f" Runtime allocations of pods not running {leaked}"
         )
 
-    workload.wait_until(f"the burst to settle after a {key} crash", settled, 150)
+    wait_for(settled, 150, f"the burst to settle after a {key} crash")
     rows, runtime = workload.observe(bed, api, [ns])
     failed = {r.name: r.reason for r in rows if r.phase == "Failed"}
     if key in ("device-plugin", "kubelet"):
@@ -96,12 +97,12 @@ def test_component_crash_during_a_burst_loses_nothing(
     assert all(len(r.runtime) == 1 for r in rows if r.phase == "Running")
     # The component is back: a new pod runs.
     workload.create_pods(api, ns, [pod_manifest("after", {"main": {res.gpu: 1}})])
-    workload.wait_until(
-        f"a pod to run after the {key} crash",
+    wait_for(
         lambda: any(
             r.name == "after" and r.phase == "Running" for r in workload.observe(bed, api, [ns])[0]
         ),
         90,
+        f"a pod to run after the {key} crash",
     )
 
 

@@ -24,10 +24,11 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from kubernetes import client as k8s_client
 
-from lj_runtimekit.envtest.controlplane import ControlPlane, wait_for
+from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.hollownode import BINARY, HollowNode
 from lj_runtimekit.envtest.versions import ToolsMissingError, find_tools
 from lj_runtimekit.proto.k8s.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from lj_runtimekit.testkit.waits import wait_for
 
 RESOURCE = "example.com/dev"
 DEVICES = ("dev-0", "dev-1")

@@ -6,6 +6,7 @@ import contextlib
 import copy
 import json
 import socket
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,6 +59,11 @@ class _Server(ThreadingHTTPServer):
         with self._conn_lock:
             self.connections.discard(request)
         super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up (a reader stopped or restarted) is not an error."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
     def close_connections(self) -> None:
         """Close kept-alive client connections (a stopped kubelet answers nothing)."""
@@ -120,6 +126,13 @@ class PodListServer:
         """Add or replace a pod (keyed by its UID)."""
         with self._lock:
             self._pods[str(pod["metadata"]["uid"])] = copy.deepcopy(dict(pod))
+            self._body = None
+
+    def replace(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """Serve exactly these pods from now on."""
+        fresh = {str(p["metadata"]["uid"]): copy.deepcopy(dict(p)) for p in pods}
+        with self._lock:
+            self._pods = fresh
             self._body = None
 
     def remove(self, uid: str) -> None:

@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.kubelet import KubeletShim
-from lj_runtimekit.deviceplugin.internal.kubeletshim.pods import PodListServer, pod_object
-from lj_runtimekit.deviceplugin.internal.kubeletshim.process import PluginProcess
-from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES, SimulatorProcess
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
+from lj_runtimekit.testkit.kubelet.kubelet import KubeletShim
+from lj_runtimekit.testkit.kubelet.process import PluginProcess
+from lj_runtimekit.testkit.podserver import PodListServer, pod_object
 
 PROTOCOL = load_protocol()
 RES = PROTOCOL.resources

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from lj_runtimekit.proto.internal.simulator.inventory import DeviceInfo, MigInstanceInfo
-from lj_runtimekit.proto.internal.simulator.state import NodeState
+from lj_runtimekit.runtimesim.inventory import DeviceInfo, MigInstanceInfo
+from lj_runtimekit.runtimesim.state import NodeState
 
 log = logging.getLogger(__name__)
 

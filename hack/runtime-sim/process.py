@@ -19,11 +19,11 @@ from typing import IO
 
 import grpc
 
-from lj_runtimekit.proto.internal.simulator.server import ADMIN_SOCKET, RUNTIME_SOCKET
 from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
+from lj_runtimekit.runtimesim.server import ADMIN_SOCKET, RUNTIME_SOCKET
 
-EXAMPLE_NODES = Path(__file__).resolve().parents[2] / "examples" / "nodes"
-"""Directory of the example node files (in a source checkout)."""
+EXAMPLE_NODES = Path(__file__).resolve().parent / "examples" / "nodes"
+"""Directory of the example node files (shipped with the package)."""
 
 _FAST_RECONNECT = [
     ("grpc.initial_reconnect_backoff_ms", 50),
@@ -67,7 +67,7 @@ class SimulatorProcess:
         self._args = [
             sys.executable,
             "-m",
-            "lj_runtimekit.proto.cmd.runtime_sim.main",
+            "lj_runtimekit.runtimesim.cli",
             "--node",
             str(node_file),
             "--socket-dir",

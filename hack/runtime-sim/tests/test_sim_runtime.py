@@ -10,9 +10,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES, SimulatorProcess
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2_grpc as rpc
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
 WAIT_S = 10.0
 

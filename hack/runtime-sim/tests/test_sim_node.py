@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lj_runtimekit.proto.internal.simulator.inventory import build_inventory
-from lj_runtimekit.proto.internal.simulator.node import NodeFileError, load_node_file, parse_node
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES
+from lj_runtimekit.runtimesim.inventory import build_inventory
+from lj_runtimekit.runtimesim.node import NodeFileError, load_node_file, parse_node
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
 
 GOOD = {
     "name": "node-a",
@@ -146,7 +146,7 @@ def test_cli_reports_bad_file_in_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(_with("devices.2.mode", "shared"))
     result = subprocess.run(
-        [sys.executable, "-m", "lj_runtimekit.proto.cmd.runtime_sim.main", "--node", str(bad),
+        [sys.executable, "-m", "lj_runtimekit.runtimesim.cli", "--node", str(bad),
          "--socket-dir", str(tmp_path / "s")],
         capture_output=True, text=True, check=False, timeout=30,
     )  # fmt: skip
@@ -155,7 +155,7 @@ def test_cli_reports_bad_file_in_one_line(tmp_path: Path) -> None:
         f"lj-runtime-sim: error: {bad}: devices[2].mode: must be one of exclusive, tdm, mig\n"
     )
     missing = subprocess.run(
-        [sys.executable, "-m", "lj_runtimekit.proto.cmd.runtime_sim.main", "--node",
+        [sys.executable, "-m", "lj_runtimekit.runtimesim.cli", "--node",
          str(tmp_path / "nope.yaml"), "--socket-dir", str(tmp_path / "s")],
         capture_output=True, text=True, check=False, timeout=30,
     )  # fmt: skip
@@ -167,7 +167,7 @@ def test_cli_reports_bad_file_in_one_line(tmp_path: Path) -> None:
 def test_cli_reports_unusable_socket_dir(tmp_path: Path) -> None:
     too_long = tmp_path / ("d" * 120)
     result = subprocess.run(
-        [sys.executable, "-m", "lj_runtimekit.proto.cmd.runtime_sim.main", "--node",
+        [sys.executable, "-m", "lj_runtimekit.runtimesim.cli", "--node",
          str(EXAMPLE_NODES / "tdm-8gpu.yaml"), "--socket-dir", str(too_long)],
         capture_output=True, text=True, check=False, timeout=30,
     )  # fmt: skip
@@ -175,7 +175,7 @@ def test_cli_reports_unusable_socket_dir(tmp_path: Path) -> None:
     assert result.stderr.startswith(f"lj-runtime-sim: error: socket path {too_long}/runtime.sock")
     assert result.stderr.count("\n") == 1
     bad_version = subprocess.run(
-        [sys.executable, "-m", "lj_runtimekit.proto.cmd.runtime_sim.main", "--node",
+        [sys.executable, "-m", "lj_runtimekit.runtimesim.cli", "--node",
          str(EXAMPLE_NODES / "tdm-8gpu.yaml"), "--socket-dir", str(tmp_path), "--version", "2.x"],
         capture_output=True, text=True, check=False, timeout=30,
     )  # fmt: skip

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lj_runtimekit.proto.internal.simulator.allocation import ContainerAllocation, Target
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2
+from lj_runtimekit.runtimesim.allocation import ContainerAllocation, Target
 
 ANNOTATION_PREFIX = "lingjun.com/"
 CDI_KINDS = {"gpu": "lingjun.com/gpu", "ppu": "lingjun.com/ppu", "amd": "lingjun.com/amd"}

@@ -9,17 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lj_runtimekit.proto.internal.simulator.allocation import (
+from lj_runtimekit.proto.pkg.protocol import DeviceShare
+from lj_runtimekit.runtimesim.allocation import (
     AllocationError,
     AllocationRequest,
     Allocator,
     Grant,
 )
-from lj_runtimekit.proto.internal.simulator.injection import build_spec
-from lj_runtimekit.proto.internal.simulator.inventory import build_inventory
-from lj_runtimekit.proto.internal.simulator.node import load_node_file, parse_node
-from lj_runtimekit.proto.internal.simulator.process import EXAMPLE_NODES
-from lj_runtimekit.proto.internal.simulator.state import NodeState
+from lj_runtimekit.runtimesim.injection import build_spec
+from lj_runtimekit.runtimesim.inventory import build_inventory
+from lj_runtimekit.runtimesim.node import load_node_file, parse_node
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
+from lj_runtimekit.runtimesim.state import NodeState
+from lj_runtimekit.testkit.invariant import sharing_violations
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION
@@ -229,13 +231,13 @@ def test_sharing_invariant_holds_for_any_sequence(
             continue
         with contextlib.suppress(AllocationError):
             allocator.allocate(_ask(key, (targets[device], core or 100, memory or 100)))
-        for target in targets:
-            grants = [
-                g
-                for a in allocator.allocations()
-                for g in a.request.grants
-                if g.device_id == target
-            ]
-            assert sum(g.core_percent for g in grants) <= 100
-            assert sum(g.memory_percent for g in grants) <= 100
-            assert not any(g.whole for g in grants) or len(grants) == 1
+        holdings = [  # (node, holder, share)
+            (
+                "sim",
+                a.request.container_key,
+                DeviceShare(g.device_id, g.core_percent, g.memory_percent),
+            )
+            for a in allocator.allocations()
+            for g in a.request.grants
+        ]
+        assert sharing_violations("simulator", holdings) == []

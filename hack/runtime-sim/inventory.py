@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from lj_runtimekit.proto.internal.simulator.node import (
+from lj_runtimekit.runtimesim.node import (
     DeviceSpec,
     Kind,
     LinkKind,

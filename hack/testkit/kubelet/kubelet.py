@@ -27,8 +27,8 @@ from typing import Any
 
 import grpc
 
-from lj_runtimekit.deviceplugin.internal.kubeletshim.pods import PodListServer
-from lj_runtimekit.deviceplugin.pkg.configpb import api_pb2, api_pb2_grpc
+from lj_runtimekit.proto.k8s.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from lj_runtimekit.testkit.podserver import PodListServer
 
 log = logging.getLogger(__name__)
 

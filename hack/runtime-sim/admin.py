@@ -7,10 +7,10 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
-from lj_runtimekit.proto.internal.simulator.faults import Faults
-from lj_runtimekit.proto.internal.simulator.services import Context, abort
-from lj_runtimekit.proto.internal.simulator.state import NodeState
 from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
+from lj_runtimekit.runtimesim.faults import Faults
+from lj_runtimekit.runtimesim.services import Context, abort
+from lj_runtimekit.runtimesim.state import NodeState
 
 log = logging.getLogger(__name__)
 

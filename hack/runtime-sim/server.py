@@ -8,22 +8,22 @@ from pathlib import Path
 
 import grpc
 
-from lj_runtimekit.proto.internal.simulator.admin import SimulatorAdmin
-from lj_runtimekit.proto.internal.simulator.allocation import Allocator
-from lj_runtimekit.proto.internal.simulator.faults import FaultInterceptor, Faults
-from lj_runtimekit.proto.internal.simulator.inventory import build_inventory
-from lj_runtimekit.proto.internal.simulator.metrics import MetricsModel
-from lj_runtimekit.proto.internal.simulator.node import NodeSpec
-from lj_runtimekit.proto.internal.simulator.services import (
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2_grpc
+from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2_grpc
+from lj_runtimekit.runtimesim.admin import SimulatorAdmin
+from lj_runtimekit.runtimesim.allocation import Allocator
+from lj_runtimekit.runtimesim.faults import FaultInterceptor, Faults
+from lj_runtimekit.runtimesim.inventory import build_inventory
+from lj_runtimekit.runtimesim.metrics import MetricsModel
+from lj_runtimekit.runtimesim.node import NodeSpec
+from lj_runtimekit.runtimesim.services import (
     AllocationService,
     DeviceService,
     MetricsService,
     NodeFeatureService,
     RuntimeService,
 )
-from lj_runtimekit.proto.internal.simulator.state import NodeState
-from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2_grpc
-from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2_grpc
+from lj_runtimekit.runtimesim.state import NodeState
 
 log = logging.getLogger(__name__)
 

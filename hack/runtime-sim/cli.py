@@ -9,10 +9,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lj_runtimekit.proto.internal.simulator.node import NodeFileError, load_node_file
-from lj_runtimekit.proto.internal.simulator.server import Simulator, SimulatorError, run
 from lj_runtimekit.proto.pkg.flags import FlagParser
 from lj_runtimekit.proto.pkg.version import InvalidVersionError, parse_version
+from lj_runtimekit.runtimesim.node import NodeFileError, load_node_file
+from lj_runtimekit.runtimesim.server import Simulator, SimulatorError, run
 
 log = logging.getLogger("lj-runtime-sim")
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from lj_runtimekit.proto.internal.simulator.allocation import AllocationRequest, Allocator, Target
-from lj_runtimekit.proto.internal.simulator.inventory import DeviceInfo
-from lj_runtimekit.proto.internal.simulator.node import MIG_COMPUTE_SLICES, Kind
-from lj_runtimekit.proto.internal.simulator.state import NodeState
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2
+from lj_runtimekit.runtimesim.allocation import AllocationRequest, Allocator, Target
+from lj_runtimekit.runtimesim.inventory import DeviceInfo
+from lj_runtimekit.runtimesim.node import MIG_COMPUTE_SLICES, Kind
+from lj_runtimekit.runtimesim.state import NodeState
 
 SAMPLE_PERIOD_S = 1.0
 _IDLE_WATTS: dict[Kind, float] = {"gpu": 60.0, "ppu": 50.0, "amd": 45.0}

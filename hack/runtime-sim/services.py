@@ -8,7 +8,9 @@ from typing import Any, NoReturn, TypeAlias
 
 import grpc
 
-from lj_runtimekit.proto.internal.simulator.allocation import (
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from lj_runtimekit.proto.pkg.version import Version, parse_version
+from lj_runtimekit.runtimesim.allocation import (
     WHOLE,
     AllocationError,
     AllocationRequest,
@@ -16,11 +18,9 @@ from lj_runtimekit.proto.internal.simulator.allocation import (
     ContainerAllocation,
     Grant,
 )
-from lj_runtimekit.proto.internal.simulator.injection import build_spec
-from lj_runtimekit.proto.internal.simulator.metrics import MetricsModel
-from lj_runtimekit.proto.internal.simulator.state import DeviceView, Health, NodeState
-from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2, runtime_pb2_grpc
-from lj_runtimekit.proto.pkg.version import Version, parse_version
+from lj_runtimekit.runtimesim.injection import build_spec
+from lj_runtimekit.runtimesim.metrics import MetricsModel
+from lj_runtimekit.runtimesim.state import DeviceView, Health, NodeState
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
-from lj_runtimekit.proto.internal.simulator.inventory import DeviceInfo, MigInstanceInfo
-from lj_runtimekit.proto.internal.simulator.node import NodeSpec
 from lj_runtimekit.proto.pkg.version import parse_version
+from lj_runtimekit.runtimesim.inventory import DeviceInfo, MigInstanceInfo
+from lj_runtimekit.runtimesim.node import NodeSpec
 
 log = logging.getLogger(__name__)
 

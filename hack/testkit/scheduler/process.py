@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client as k8s_client
 
 from lj_runtimekit.proto.pkg.protocol import encode_inventory, load_protocol
-from lj_runtimekit.schedulerframework.internal.schedtesting.fake import nvlink_inventory
+from lj_runtimekit.testkit.scheduler.fake import nvlink_inventory
 
 P = load_protocol()
 

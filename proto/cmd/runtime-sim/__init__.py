@@ -1,1 +1,0 @@
-"""lj-runtime-sim command."""
