@@ -7,6 +7,7 @@ profile's name; `extender` serves the kube-scheduler extender verbs instead.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import socket
@@ -26,7 +27,6 @@ from lj_runtimekit.proto.pkg.version import component_version
 from lj_runtimekit.schedulerframework.internal.config.config import (
     Config,
     ConfigError,
-    LeaderElection,
     load_config,
 )
 from lj_runtimekit.schedulerframework.internal.extender.server import Extender, serve
@@ -127,26 +127,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
+    """The configuration file's values, with the flags given on the command line on top."""
     le = config.leader_election
-    if args.leader_elect is not None or args.lease_namespace:
-        le = LeaderElection(
-            leader_elect=(args.leader_elect == "true") if args.leader_elect else le.leader_elect,
-            resource_name=le.resource_name,
-            resource_namespace=args.lease_namespace or le.resource_namespace,
-            lease_duration_s=le.lease_duration_s,
-            renew_deadline_s=le.renew_deadline_s,
-            retry_period_s=le.retry_period_s,
-        )
-    return Config(
-        profiles=config.profiles,
+    if args.leader_elect:
+        le = dataclasses.replace(le, leader_elect=args.leader_elect == "true")
+    if args.lease_namespace:
+        le = dataclasses.replace(le, resource_namespace=args.lease_namespace)
+    return dataclasses.replace(
+        config,
         qps=args.kube_api_qps or config.qps,
         burst=args.kube_api_burst or config.burst,
         leader_election=le,
-        percentage_of_nodes_to_score=config.percentage_of_nodes_to_score,
-        pod_initial_backoff_s=config.pod_initial_backoff_s,
-        pod_max_backoff_s=config.pod_max_backoff_s,
-        bind_workers=config.bind_workers,
-        source=config.source,
     )
 
 
