@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from typing import Any
@@ -88,10 +89,12 @@ async def test_kubelet_errors_name_the_url(lj: Any) -> None:
     with pytest.raises(
         PodSourceError, match=r"kubelet http://127\.0\.0\.1:\d+/wrong answered HTTP 404"
     ):
-        await KubeletPods(wrong, timeout_s=2).list_pods()
+        async with contextlib.aclosing(KubeletPods(wrong, timeout_s=2)) as pods:
+            await pods.list_pods()
     server.stop()
     with pytest.raises(PodSourceError, match=r"not reachable: .*[Cc]onnection refused"):
-        await KubeletPods(url, timeout_s=2).list_pods()
+        async with contextlib.aclosing(KubeletPods(url, timeout_s=2)) as pods:
+            await pods.list_pods()
 
 
 class _Lister:
@@ -111,21 +114,22 @@ async def test_fallback_to_the_api_server_is_logged_once(
 ) -> None:
     kubelet = lj.kubelet_pods([lj.PodSpec("k1", "ns", "from-kubelet", ("c",), {})])
     fallback = _Lister((_pod("f1", {}),))
-    source = NodePods(KubeletPods(kubelet.url, timeout_s=2), fallback)
-    read = await source.read()
-    assert read.view is not None
-    assert (read.view.source, read.kubelet_up, fallback.calls) == ("kubelet", True, 0)
-    kubelet.stop()
-    with caplog.at_level(logging.WARNING):
-        first = await source.read()
-        second = await source.read()
-    for read in (first, second):
+    async with contextlib.aclosing(KubeletPods(kubelet.url, timeout_s=2)) as pods:
+        source = NodePods(pods, fallback)
+        read = await source.read()
         assert read.view is not None
-        assert (read.view.source, read.kubelet_up) == ("apiserver", False)
-        assert [s for s, _ in read.errors] == ["kubelet"]
-    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
-    assert "API server" in caplog.records[0].getMessage()
-    fallback.pods = None
-    read = await source.read()
-    assert read.view is None
-    assert [s for s, _ in read.errors] == ["kubelet", "apiserver"]
+        assert (read.view.source, read.kubelet_up, fallback.calls) == ("kubelet", True, 0)
+        kubelet.stop()
+        with caplog.at_level(logging.WARNING):
+            first = await source.read()
+            second = await source.read()
+        for read in (first, second):
+            assert read.view is not None
+            assert (read.view.source, read.kubelet_up) == ("apiserver", False)
+            assert [s for s, _ in read.errors] == ["kubelet"]
+        assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
+        assert "API server" in caplog.records[0].getMessage()
+        fallback.pods = None
+        read = await source.read()
+        assert read.view is None
+        assert [s for s, _ in read.errors] == ["kubelet", "apiserver"]

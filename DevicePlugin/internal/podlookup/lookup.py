@@ -10,17 +10,15 @@ port answers again).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import http.client
 import json
 import logging
-import threading
 import time
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, Protocol
+
+from lj_runtimekit.proto.pkg.kubeletpods import KubeletPodsError, KubeletPodsReader
 
 if TYPE_CHECKING:
     from lj_runtimekit.deviceplugin.internal.podlookup.watch import PodWatch
@@ -163,140 +161,6 @@ class PodApi(Protocol):
         """The raw PodList of pods with `spec.nodeName == node_name`."""
 
 
-class _KubeletHttp:
-    """A keep-alive HTTP client of the kubelet's `/pods` (blocking; used from a thread)."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"kubelet pods URL {url!r} is not an http(s) URL")
-        self.url = url
-        self._scheme = parsed.scheme
-        self._host = parsed.hostname
-        self._port = parsed.port
-        self._path = parsed.path or "/pods"
-        if parsed.query:
-            self._path += "?" + parsed.query
-        self._timeout_s = timeout_s
-        self._conn: http.client.HTTPConnection | None = None
-        self._lock = threading.Lock()
-
-    def _connect(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
-        return cls(self._host, self._port, timeout=self._timeout_s)
-
-    def get(self) -> bytes:
-        with self._lock:
-            for attempt in (1, 2):
-                if self._conn is None:
-                    self._conn = self._connect()
-                try:
-                    self._conn.request("GET", self._path, headers={"Accept": "application/json"})
-                    response = self._conn.getresponse()
-                    body = response.read()
-                except (OSError, http.client.HTTPException):
-                    self._conn.close()
-                    self._conn = None
-                    if attempt == 2:
-                        raise
-                    continue
-                if response.status != 200:
-                    raise PodLookupError(f"kubelet {self.url} answered HTTP {response.status}")
-                return body
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-
-class _AsyncKubeletHttp:
-    """A keep-alive HTTP/1.1 GET of the kubelet's `/pods` on the event loop (plain http).
-
-    No thread hand-off per call: Allocate latency matters, and the read-only
-    port speaks plain HTTP. Handles Content-Length and chunked bodies.
-    """
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme != "http" or not parsed.hostname:
-            raise ValueError(f"kubelet pods URL {url!r} is not an http URL")
-        self.url = url
-        self._host = parsed.hostname
-        self._port = parsed.port or 80
-        path = parsed.path or "/pods"
-        self._request = (
-            f"GET {path}{'?' + parsed.query if parsed.query else ''} HTTP/1.1\r\n"
-            f"Host: {parsed.netloc}\r\nAccept: application/json\r\n\r\n"
-        ).encode()
-        self._timeout_s = timeout_s
-        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        self._lock = asyncio.Lock()
-
-    async def get(self) -> bytes:
-        async with self._lock:
-            for attempt in (1, 2):
-                try:
-                    return await asyncio.wait_for(self._get_once(), self._timeout_s)
-                except (OSError, asyncio.IncompleteReadError, ValueError, TimeoutError):
-                    self._drop()
-                    if attempt == 2:
-                        raise
-        raise AssertionError("unreachable")
-
-    async def _get_once(self) -> bytes:
-        if self._streams is None:
-            self._streams = await asyncio.open_connection(self._host, self._port)
-        reader, writer = self._streams
-        writer.write(self._request)
-        await writer.drain()
-        status_line = await reader.readuntil(b"\r\n")
-        parts = status_line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise ValueError(f"not an HTTP answer: {status_line[:40]!r}")
-        status = int(parts[1])
-        headers: dict[str, str] = {}
-        while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
-            name, _, value = line.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if headers.get("transfer-encoding", "").lower() == "chunked":
-            chunks = []
-            while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)) > 0:
-                chunks.append(await reader.readexactly(size))
-                await reader.readexactly(2)
-            while await reader.readuntil(b"\r\n") != b"\r\n":
-                pass
-            body = b"".join(chunks)
-        elif "content-length" in headers:
-            body = await reader.readexactly(int(headers["content-length"]))
-        else:
-            body = await reader.read()
-            self._drop()
-        if headers.get("connection", "").lower() == "close":
-            self._drop()
-        if status != 200:
-            raise PodLookupError(f"kubelet {self.url} answered HTTP {status}")
-        return body
-
-    def _drop(self) -> None:
-        if self._streams is not None:
-            self._streams[1].close()
-            self._streams = None
-
-    def close(self) -> None:
-        self._drop()
-
-    async def aclose(self) -> None:
-        if self._streams is not None:
-            writer = self._streams[1]
-            self._streams = None
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-
-
 @dataclass
 class _Source:
     on_kubelet: bool = True
@@ -323,11 +187,7 @@ class NodePods:
         kubelet_retry_s: float = 30.0,
         watch: PodWatch | None = None,
     ) -> None:
-        self._kubelet: _KubeletHttp | _AsyncKubeletHttp | None = None
-        if kubelet_url.startswith("http://"):
-            self._kubelet = _AsyncKubeletHttp(kubelet_url, timeout_s)
-        elif kubelet_url:
-            self._kubelet = _KubeletHttp(kubelet_url, timeout_s)
+        self._kubelet = KubeletPodsReader(kubelet_url, timeout_s) if kubelet_url else None
         self.node_name = node_name
         self._api = api
         self._watch = watch
@@ -369,19 +229,9 @@ class NodePods:
             kubelet_error = "no kubelet pods URL configured"
         elif src.on_kubelet or now >= src.retry_kubelet_at:
             try:
-                if isinstance(kubelet, _AsyncKubeletHttp):
-                    body = await kubelet.get()
-                else:
-                    body = await asyncio.to_thread(kubelet.get)
-            except (
-                OSError,
-                http.client.HTTPException,
-                PodLookupError,
-                ValueError,
-                TimeoutError,
-                asyncio.IncompleteReadError,
-            ) as exc:
-                kubelet_error = str(exc) or type(exc).__name__
+                body = await kubelet.get()
+            except KubeletPodsError as exc:
+                kubelet_error = exc.reason
                 src.retry_kubelet_at = now + self._kubelet_retry_s
                 if src.on_kubelet:
                     src.on_kubelet = False
@@ -445,18 +295,9 @@ class NodePods:
             self._source.logged.add(key)
             log.warning(message, extra=fields)
 
-    def close(self) -> None:
-        """Close the kubelet connection (the socket closes on the loop's next turn)."""
-        if self._kubelet is not None:
-            self._kubelet.close()
-        if self._watch is not None:
-            self._watch.stop()
-
     async def aclose(self) -> None:
-        """Close the kubelet connection and wait until it is closed."""
+        """Stop the watch and close the kubelet connections."""
         if self._watch is not None:
             self._watch.stop()
-        if isinstance(self._kubelet, _AsyncKubeletHttp):
+        if self._kubelet is not None:
             await self._kubelet.aclose()
-        elif self._kubelet is not None:
-            self._kubelet.close()

@@ -20,15 +20,12 @@ from prometheus_client import disable_created_metrics
 from lj_runtimekit.exporter.internal.collector.loop import CollectionLoop
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics
 from lj_runtimekit.exporter.internal.pods.apiserver import ApiServerPods
-from lj_runtimekit.exporter.internal.pods.kubelet import (
-    DEFAULT_KUBELET_PODS_URL,
-    KubeletPods,
-    check_pods_url,
-)
+from lj_runtimekit.exporter.internal.pods.kubelet import KubeletPods
 from lj_runtimekit.exporter.internal.pods.source import NodePods, PodLister
 from lj_runtimekit.exporter.internal.server.http import MetricsServer, make_app
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.flags import FlagParser, port, positive_seconds
+from lj_runtimekit.proto.pkg.kubeletpods import DEFAULT_KUBELET_PODS_URL, check_pods_url
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import (
     DEFAULT_SOCKET_DIR,
@@ -184,9 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
     if args.apiserver_fallback == "auto" and (args.kubeconfig or in_cluster):
         fallback = ApiServerPods(args.node_name, args.kubeconfig, timeout_s=args.kubelet_timeout)
+    kubelet = KubeletPods(args.kubelet_pods_url, args.kubelet_timeout)
     loop = CollectionLoop(
         client=client,
-        pods=NodePods(KubeletPods(args.kubelet_pods_url, args.kubelet_timeout), fallback),
+        pods=NodePods(kubelet, fallback),
         protocol=protocol,
         metrics=metrics,
         node_name=args.node_name,
@@ -215,14 +213,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
     )
     try:
-        asyncio.run(_run(loop, client))
+        asyncio.run(_run(loop, client, kubelet))
     finally:
         server.stop()
     log.info("exporter stopped")
     return 0
 
 
-async def _run(loop: CollectionLoop, client: RuntimeClient) -> None:
+async def _run(loop: CollectionLoop, client: RuntimeClient, kubelet: KubeletPods) -> None:
     stop = asyncio.Event()
     running = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -230,6 +228,7 @@ async def _run(loop: CollectionLoop, client: RuntimeClient) -> None:
     try:
         await loop.run(stop)
     finally:
+        await kubelet.aclose()
         await client.close()
 
 
