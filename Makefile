@@ -2,6 +2,8 @@
 SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 UV ?= $(shell command -v uv >/dev/null 2>&1 && echo uv || echo python3 -m uv)
+# The unit tests mostly wait on subprocesses and sockets: more workers than cores pays.
+UNIT_WORKERS ?= 3
 
 ##@ General
 
@@ -28,9 +30,11 @@ check-generated: ## Fail when a generated stub is stale
 	$(UV) run bash hack/generate.sh --check
 
 .PHONY: check-contract
-check-contract: ## Fail when the Runtime contract lost, renumbered or retyped anything
+check-contract: ## Fail when the Runtime contract (proto/ and the Controller's service) lost, renumbered or retyped anything
 	$(UV) run python -m lj_runtimekit.proto.internal.contract.compat \
-		--released proto/released/runtime_v1.binpb --proto-root proto lingjun/runtime/v1/runtime.proto
+		--released proto/released/runtime_v1.binpb \
+		--proto-root proto --proto-root Controller/api/proto \
+		lingjun/runtime/v1/runtime.proto config_service.proto
 
 .PHONY: lint
 lint: check-generated check-contract ## ruff, mypy --strict, import contracts, generated stubs and contract checks
@@ -44,8 +48,8 @@ test: deps sync lint ## Run lint and every test (the CI command)
 	$(UV) run pytest
 
 .PHONY: unit
-unit: sync ## The fast inner loop: every test that needs no control plane (no Kubernetes binaries built)
-	$(UV) run pytest -q -m "not controlplane and not e2e"
+unit: sync ## The fast inner loop: every test that needs no control plane (no Kubernetes binaries built), UNIT_WORKERS processes
+	$(UV) run pytest -q -m "not controlplane and not e2e" --numprocesses=$(UNIT_WORKERS)
 
 .PHONY: build
 build: ## Build the wheel of every workspace member into dist/
