@@ -1,4 +1,4 @@
-# Kubernetes control plane for tests, the sandbox and benchmarks (issue 3).
+# Kubernetes control plane for tests, the sandbox and benchmarks.
 # Included by the top-level Makefile.
 
 CLUSTER_STATE_DIR ?= /tmp/lj-runtimekit-cluster

@@ -1,4 +1,4 @@
-# Deployment (issue 9). Included by the top-level Makefile.
+# Deployment. Included by the top-level Makefile.
 
 ##@ Deploy
 
