@@ -2,6 +2,8 @@
 
 - Components are independent: the Device Plugin, Scheduler Framework, Exporter,
   Controller and deploy tooling import the shared contract package, never each other.
+- The shared contract package (`proto`) imports no component: components depend on it,
+  never the reverse.
 - Production code never imports the test tooling: envtest, the test kit (doubles and
   helpers), the Runtime simulator, the sandbox. Test tooling may import anything.
 - The Scheduler Framework is layered: plugins -> framework -> cache (a lower layer never
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from typecheck import SKIP_DIRS, members, package_dirs
 
+SHARED = "lj_runtimekit.proto"
 COMPONENTS = (
     "lj_runtimekit.deviceplugin",
     "lj_runtimekit.schedulerframework",
@@ -139,6 +142,8 @@ def violations() -> list[str]:
             mine, theirs = _under(module, COMPONENTS), _under(target, COMPONENTS)
             if mine and theirs and mine != theirs:
                 out.add(f"{module} imports another component: {target}")
+            if theirs and _under(module, (SHARED,)):
+                out.add(f"shared module {module} imports a component: {target}")
             if _under(target, TOOLING):
                 out.add(f"production module {module} imports test tooling {target}")
             low, high = _under(module, LAYERS), _under(target, LAYERS)

@@ -13,8 +13,8 @@ import pytest
 from lj_runtimekit.deploy.verify import check_nodes
 from lj_runtimekit.deviceplugin.internal.nodelabels.labels import node_inventory, node_labels
 from lj_runtimekit.deviceplugin.internal.rm.resources import build_inventory, resource_info
-from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
 from lj_runtimekit.exporter.internal.metrics.families import whole_resource
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.devicekind import table as kinds_table
 from lj_runtimekit.proto.pkg.featuregate import evaluate

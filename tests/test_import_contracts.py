@@ -49,3 +49,21 @@ def test_the_tree_breaks_no_contract_beyond_the_known_exceptions(contracts: Modu
         "new": sorted(found - set(contracts.KNOWN)),
         "gone": sorted(set(contracts.KNOWN) - found),
     }
+
+
+def test_the_shared_package_importing_a_component_is_caught(
+    contracts: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shared.py"
+    shared.write_text("from lj_runtimekit.controller.pkg import featureclient\n")
+    component = tmp_path / "featureclient.py"
+    component.write_text("")
+    sources = [
+        ("lj_runtimekit.proto.pkg.shared", shared, True),
+        ("lj_runtimekit.controller.pkg.featureclient", component, True),
+    ]
+    monkeypatch.setattr(contracts, "sources", lambda: iter(sources))
+    assert contracts.violations() == [
+        "shared module lj_runtimekit.proto.pkg.shared imports a component:"
+        " lj_runtimekit.controller.pkg.featureclient"
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -14,10 +15,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from lj_runtimekit.controller.pkg.configpb import config_service_pb2, config_service_pb2_grpc
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
 NODE = EXAMPLE_NODES / "tdm-8gpu.yaml"
+AGENT = [sys.executable, "-m", "lj_runtimekit.controller.cmd.job_agent.main"]
 
 
 @pytest.fixture
@@ -36,9 +39,7 @@ def agent(
     began = time.monotonic()
     done = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "lj_runtimekit.controller.cmd.job_agent.main",
+            *AGENT,
             action,
             f"--socket-dir={socket_dir}",
             f"--termination-log={log}",
@@ -55,11 +56,11 @@ def agent(
     return done.returncode, message, done.stderr, time.monotonic() - began
 
 
-def feature_state(sim: SimulatorProcess) -> runtime_pb2.FeatureState:
+def feature_state(sim: SimulatorProcess) -> config_service_pb2.FeatureState:
     with grpc.insecure_channel(sim.runtime_target) as channel:
-        stub = runtime_pb2_grpc.NodeFeatureServiceStub(channel)
-        state: runtime_pb2.FeatureState = stub.GetFeatureState(
-            runtime_pb2.GetFeatureStateRequest(), timeout=5
+        stub = config_service_pb2_grpc.NodeFeatureServiceStub(channel)
+        state: config_service_pb2.FeatureState = stub.GetFeatureState(
+            config_service_pb2.GetFeatureStateRequest(), timeout=5
         )
         return state
 
@@ -90,6 +91,27 @@ def test_enable_disable_and_repeat_are_idempotent(socket_dir: Path) -> None:
         assert not feature_state(sim).enabled
 
 
+def test_state_reads_the_switch_and_writes_no_termination_message(socket_dir: Path) -> None:
+    with SimulatorProcess(socket_dir, NODE) as sim:
+        code, message, stderr, _ = agent(socket_dir, "state")
+        assert (code, message) == (0, ""), stderr
+        assert "state ok: features disabled on node tdm-8gpu" in stderr
+        assert agent(socket_dir, "enable")[0] == 0
+        done = subprocess.run(
+            [*AGENT, "state", f"--socket-dir={socket_dir}", "--log-format=text"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        state = json.loads(done.stdout)
+        assert state["enabled"] is True
+        assert state["changedBy"] == "kube-system/test-job"
+        assert "changed" not in state
+        assert feature_state(sim).changed_by == "kube-system/test-job"
+
+
 def test_runtime_absent_bounded_retries_then_exit_3(socket_dir: Path) -> None:
     socket_dir.mkdir(parents=True)
     code, message, stderr, took = agent(
@@ -108,9 +130,7 @@ def test_runtime_appearing_during_retries_is_used(socket_dir: Path) -> None:
     log = socket_dir.parent / "termination-log"
     with subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "lj_runtimekit.controller.cmd.job_agent.main",
+            *AGENT,
             "enable",
             f"--socket-dir={socket_dir}",
             f"--termination-log={log}",
@@ -141,7 +161,7 @@ def test_runtime_below_1_13_is_refused_with_exit_4(socket_dir: Path) -> None:
 
 
 class RefusingRuntime(
-    runtime_pb2_grpc.RuntimeServiceServicer, runtime_pb2_grpc.NodeFeatureServiceServicer
+    runtime_pb2_grpc.RuntimeServiceServicer, config_service_pb2_grpc.NodeFeatureServiceServicer
 ):
     """A Runtime that answers its version but refuses the feature switch."""
 
@@ -152,20 +172,20 @@ class RefusingRuntime(
 
     def EnableFeatures(
         self, request: object, context: grpc.ServicerContext
-    ) -> runtime_pb2.FeatureState:
+    ) -> config_service_pb2.FeatureState:
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, "node is draining")
         raise AssertionError("unreachable")
 
     def DisableFeatures(
         self, request: object, context: grpc.ServicerContext
-    ) -> runtime_pb2.FeatureState:
+    ) -> config_service_pb2.FeatureState:
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, "node is draining")
         raise AssertionError("unreachable")
 
     def GetFeatureState(
         self, request: object, context: grpc.ServicerContext
-    ) -> runtime_pb2.FeatureState:
-        return runtime_pb2.FeatureState(enabled=False)
+    ) -> config_service_pb2.FeatureState:
+        return config_service_pb2.FeatureState(enabled=False)
 
 
 def test_runtime_refusing_gives_exit_5(socket_dir: Path) -> None:
@@ -173,7 +193,7 @@ def test_runtime_refusing_gives_exit_5(socket_dir: Path) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     servicer = RefusingRuntime()
     runtime_pb2_grpc.add_RuntimeServiceServicer_to_server(servicer, server)
-    runtime_pb2_grpc.add_NodeFeatureServiceServicer_to_server(servicer, server)
+    config_service_pb2_grpc.add_NodeFeatureServiceServicer_to_server(servicer, server)
     server.add_insecure_port(f"unix:{socket_dir / 'runtime.sock'}")
     server.start()
     try:

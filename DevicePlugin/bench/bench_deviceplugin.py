@@ -29,7 +29,7 @@ from pathlib import Path
 import grpc
 
 from lj_runtimekit.deviceplugin.internal.plugin.server import socket_name
-from lj_runtimekit.deviceplugin.pkg.configpb import api_pb2, api_pb2_grpc
+from lj_runtimekit.proto.k8s.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
 from lj_runtimekit.testkit.kubelet.bed import (
     CORE,

@@ -11,7 +11,7 @@ from lj_runtimekit.deviceplugin.internal.rm.resources import (
     resource_info,
     slice_unit_device,
 )
-from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg.featuregate import evaluate
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import from_request, normalize, to_request

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import grpc
 
+from lj_runtimekit.controller.pkg.configpb import config_service_pb2_grpc
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2_grpc
 from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2_grpc
 from lj_runtimekit.runtimesim.admin import SimulatorAdmin
@@ -54,7 +55,7 @@ class RuntimeEndpoint:
         runtime_pb2_grpc.add_AllocationServiceServicer_to_server(
             AllocationService(sim.allocator), server
         )
-        runtime_pb2_grpc.add_NodeFeatureServiceServicer_to_server(
+        config_service_pb2_grpc.add_NodeFeatureServiceServicer_to_server(
             NodeFeatureService(sim.state), server
         )
         runtime_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsService(sim.metrics), server)

@@ -1,4 +1,5 @@
-"""gRPC servicers of the Runtime contract (lingjun.runtime.v1) over the simulator state."""
+"""gRPC servicers of the Runtime contract (lingjun.runtime.v1) over the simulator state: the
+shared services of `proto/` and the Controller's node-feature switch."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any, NoReturn, TypeAlias
 
 import grpc
 
+from lj_runtimekit.controller.pkg.configpb import config_service_pb2, config_service_pb2_grpc
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2, runtime_pb2_grpc
 from lj_runtimekit.proto.pkg.version import Version, parse_version
 from lj_runtimekit.runtimesim.allocation import (
@@ -226,15 +228,15 @@ class AllocationService(runtime_pb2_grpc.AllocationServiceServicer):
         )
 
 
-class NodeFeatureService(runtime_pb2_grpc.NodeFeatureServiceServicer):
+class NodeFeatureService(config_service_pb2_grpc.NodeFeatureServiceServicer):
     """The node's feature switch, stateful and idempotent."""
 
     def __init__(self, state: NodeState) -> None:
         self._state = state
 
-    def _answer(self, changed: bool) -> runtime_pb2.FeatureState:
+    def _answer(self, changed: bool) -> config_service_pb2.FeatureState:
         features = self._state.features
-        return runtime_pb2.FeatureState(
+        return config_service_pb2.FeatureState(
             enabled=features.enabled,
             changed=changed,
             changed_at_unix=features.changed_at_unix,
@@ -242,20 +244,20 @@ class NodeFeatureService(runtime_pb2_grpc.NodeFeatureServiceServicer):
         )
 
     async def EnableFeatures(
-        self, request: runtime_pb2.EnableFeaturesRequest, context: Context
-    ) -> runtime_pb2.FeatureState:
+        self, request: config_service_pb2.EnableFeaturesRequest, context: Context
+    ) -> config_service_pb2.FeatureState:
         """Turn the features on; ``changed`` is false when they already were."""
         return self._answer(self._state.set_features(True, request.requester))
 
     async def DisableFeatures(
-        self, request: runtime_pb2.DisableFeaturesRequest, context: Context
-    ) -> runtime_pb2.FeatureState:
+        self, request: config_service_pb2.DisableFeaturesRequest, context: Context
+    ) -> config_service_pb2.FeatureState:
         """Turn the features off; ``changed`` is false when they already were."""
         return self._answer(self._state.set_features(False, request.requester))
 
     async def GetFeatureState(
-        self, request: runtime_pb2.GetFeatureStateRequest, context: Context
-    ) -> runtime_pb2.FeatureState:
+        self, request: config_service_pb2.GetFeatureStateRequest, context: Context
+    ) -> config_service_pb2.FeatureState:
         """The feature switch as it is."""
         return self._answer(False)
 

@@ -17,6 +17,7 @@ import grpc
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
+from lj_runtimekit.controller.pkg.featureclient import feature_state
 from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2, podresources_pb2_grpc
 from lj_runtimekit.proto.pkg.protocol import (
     AssignmentError,
@@ -70,7 +71,7 @@ def wait_feature_state(
 
 async def _feature_state(node: NodeHandle) -> tuple[bool, str]:
     async with RuntimeClient(node.sim_dir, retry=RetryPolicy(attempts=3)) as client:
-        state = await client.feature_state()
+        state = await feature_state(client)
     return state.enabled, state.changed_by
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from lj_runtimekit.proto.pkg.featuregate import Feature, evaluate
 from lj_runtimekit.proto.pkg.runtimeclient import (
     RetryPolicy,
@@ -73,10 +74,25 @@ async def test_every_rpc_through_the_client(sim: SimulatorProcess) -> None:
         assert await client.release("uid-1/main") is True
         assert await client.release("uid-1/main") is False
 
-        assert (await client.enable_features("test")).changed is True
-        assert (await client.enable_features("test")).changed is False
-        assert (await client.feature_state()).enabled is True
-        assert (await client.disable_features("test")).enabled is False
+
+async def test_call_runs_a_stub_on_the_clients_channel(sim: SimulatorProcess) -> None:
+    """The hook for a component's own service on the Runtime socket: the client's channel,
+    and its errors."""
+    async with RuntimeClient(sim.socket_dir, retry=FAST) as client:
+        info = await client.call(
+            "GetRuntimeInfo",
+            lambda channel: pb_grpc.RuntimeServiceStub(channel).GetRuntimeInfo(
+                pb.GetRuntimeInfoRequest(), timeout=client.retry.call_timeout_s
+            ),
+        )
+        assert info == await client.runtime_info()
+        bad = pb.AllocateRequest(container_key="u/c", devices=[pb.DeviceRequest(device_id="x")])
+        with pytest.raises(RuntimeCallError) as excinfo:
+            await client.call(
+                "Allocate",
+                lambda channel: pb_grpc.AllocationServiceStub(channel).Allocate(bad),
+            )
+        assert excinfo.value.method == "Allocate"
 
 
 async def test_runtime_errors_carry_code_and_message(sim: SimulatorProcess) -> None:

@@ -1,10 +1,13 @@
 """lj-job-agent: switch the Runtime Kit features of this node on or off, once.
 
     lj-job-agent enable|disable [--socket-dir DIR] [--termination-log FILE]
+    lj-job-agent state [--socket-dir DIR]
 
 Exit codes: 0 done (or already so), 1 internal error, 2 usage, 3 Runtime
 unreachable after the bounded retries, 4 Runtime older than 1.13.0, 5 Runtime
-refused the call. The one-line result goes to the termination message file.
+refused the call. The one-line result of enable/disable goes to the termination
+message file; `state` (read-only, for operators) prints the Runtime's feature
+state as JSON instead.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from google.protobuf import json_format
 
 from lj_runtimekit.controller.internal.agent.agent import (
     ACTIONS,
@@ -43,10 +48,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="lj-job-agent",
         error_status=2,
         description="Enable or disable the Runtime Kit features of this node through the "
-        "Runtime's NodeFeatureService (idempotent). Exit codes: 0 ok, 1 internal error, "
-        "2 usage, 3 Runtime unreachable, 4 Runtime too old (< v1.13.0), 5 Runtime refused.",
+        "Runtime's NodeFeatureService (idempotent), or print their state as JSON (read-only). "
+        "Exit codes: 0 ok, 1 internal error, 2 usage, 3 Runtime unreachable, 4 Runtime too old "
+        "(< v1.13.0), 5 Runtime refused.",
     )
-    parser.add_argument("action", choices=ACTIONS, help="what to do with the node's features")
+    parser.add_argument(
+        "action", choices=ACTIONS, help="what to do with the node's features (state: only read)"
+    )
     parser.env_flag(
         "--socket-dir",
         "LJ_RUNTIME_SOCKET_DIR",
@@ -94,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
         "--termination-log",
         "LJ_JOB_AGENT_TERMINATION_LOG",
         "/dev/termination-log",
-        "file the one-line result is written to",
+        "file the one-line result of enable/disable is written to",
         type=Path,
     )
     parser.log_flags("LJ_JOB_AGENT_", level=False)
@@ -132,7 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log.info("done", extra=fields)
     else:
         _log.error("failed", extra=fields)
-    write_termination_message(args.termination_log, result.message)
+    if args.action != "state":
+        write_termination_message(args.termination_log, result.message)
+    elif result.state is not None:
+        print(json_format.MessageToJson(result.state))
     return int(result.code)
 
 

@@ -2,9 +2,11 @@
 
 The agent runs once per Job on the node whose features it switches. It checks
 the Runtime version first (the Runtime Kit needs Runtime >= 1.13.0), then
-calls the RPC through the shared RuntimeClient, whose tenacity retries bound
-how long an absent Runtime is waited for. Every outcome is one line for the
-Job's termination message and a documented exit code.
+calls the RPC (the Controller's `NodeFeatureService`, `pkg/featureclient`)
+through the shared RuntimeClient, whose tenacity retries bound how long an
+absent Runtime is waited for. Every outcome is one line for the Job's
+termination message and a documented exit code. The read-only `state` action
+(GetFeatureState) is for operators: it switches nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from lj_runtimekit.controller.pkg.configpb.config_service_pb2 import FeatureState
+from lj_runtimekit.controller.pkg.featureclient import (
+    disable_features,
+    enable_features,
+    feature_state,
+)
 from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError, evaluate
 from lj_runtimekit.proto.pkg.runtimeclient import (
     RetryPolicy,
@@ -24,8 +32,8 @@ from lj_runtimekit.proto.pkg.runtimeclient import (
 )
 from lj_runtimekit.proto.pkg.version import InvalidVersionError, parse_version
 
-Action = Literal["enable", "disable"]
-ACTIONS: tuple[Action, ...] = ("enable", "disable")
+Action = Literal["enable", "disable", "state"]
+ACTIONS: tuple[Action, ...] = ("enable", "disable", "state")
 TERMINATION_MESSAGE_LIMIT = 4096
 """The kubelet keeps at most 4096 bytes of a termination message."""
 
@@ -56,23 +64,28 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class AgentResult:
-    """Outcome of one run: exit code and the one-line termination message."""
+    """Outcome of one run: exit code, the one-line termination message and, for `state`,
+    the feature state the Runtime reported."""
 
     code: ExitCode
     message: str
+    state: FeatureState | None = None
 
 
 async def run(config: AgentConfig) -> AgentResult:
-    """Check the Runtime version, then switch the features as asked (idempotent)."""
+    """Check the Runtime version, then switch the features as asked (idempotent), or
+    read them (`state`)."""
     client = RuntimeClient(config.socket_dir, config.socket_name, retry=config.retry)
     try:
         info = await client.runtime_info()
         version = parse_version(info.version, what="Runtime version")
         evaluate(version).require_base()
         if config.action == "enable":
-            state = await client.enable_features(config.requester)
+            state = await enable_features(client, config.requester)
+        elif config.action == "disable":
+            state = await disable_features(client, config.requester)
         else:
-            state = await client.disable_features(config.requester)
+            state = await feature_state(client)
     except RuntimeUnavailableError as exc:
         return AgentResult(ExitCode.RUNTIME_UNREACHABLE, f"{config.action} failed: {exc}")
     except RuntimeTooOldError as exc:
@@ -85,18 +98,27 @@ async def run(config: AgentConfig) -> AgentResult:
         )
     finally:
         await client.close()
+    node = info.node_name or "?"
+    if config.action == "state":
+        word = "enabled" if state.enabled else "disabled"
+        return AgentResult(
+            ExitCode.OK,
+            f"state ok: features {word} on node {node} (Runtime {version},"
+            f" last changed by {state.changed_by or '-'})",
+            state,
+        )
     wanted = config.action == "enable"
     if state.enabled != wanted:
         return AgentResult(
             ExitCode.RUNTIME_REFUSED,
-            f"{config.action} failed: Runtime {version} on node {info.node_name or '?'} answered"
+            f"{config.action} failed: Runtime {version} on node {node} answered"
             f" but reports features {'on' if state.enabled else 'off'}",
         )
     how = "switched" if state.changed else "already"
     word = "enabled" if wanted else "disabled"
     return AgentResult(
         ExitCode.OK,
-        f"{config.action} ok: features {how} {word} on node {info.node_name or '?'}"
+        f"{config.action} ok: features {how} {word} on node {node}"
         f" (Runtime {version}, requester {config.requester})",
     )
 

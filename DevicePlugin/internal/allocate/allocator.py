@@ -51,9 +51,9 @@ from lj_runtimekit.deviceplugin.internal.rm.resources import (
     resource_info,
     slice_unit_device,
 )
-from lj_runtimekit.deviceplugin.pkg.configpb import api_pb2
-from lj_runtimekit.deviceplugin.pkg.configpb import podresources_pb2 as prpb
-from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
+from lj_runtimekit.proto.k8s.deviceplugin.v1beta1 import api_pb2
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2 as prpb
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import (
     BIND_PHASE_ALLOCATED,

@@ -11,7 +11,7 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
-from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as rpb
 
 _EXHAUSTIVE_LIMIT = 3000
 

@@ -21,7 +21,7 @@ from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi
 if TYPE_CHECKING:
     from lj_runtimekit.deviceplugin.internal.rm.manager import Snapshot
 
-from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import DeviceLink, MigSlot, NodeDevice, Protocol
 from lj_runtimekit.proto.pkg.protocol.inventory import DeviceModeName, encode_inventory

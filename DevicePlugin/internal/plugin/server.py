@@ -17,7 +17,7 @@ import grpc
 
 from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager
 from lj_runtimekit.deviceplugin.internal.rm.resources import KubeletDevice
-from lj_runtimekit.deviceplugin.pkg.configpb import api_pb2, api_pb2_grpc
+from lj_runtimekit.proto.k8s.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import grpc
 
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import PodInfo
 from lj_runtimekit.deviceplugin.internal.rm.resources import slice_unit_device
-from lj_runtimekit.deviceplugin.pkg.configpb import podresources_pb2 as prpb
-from lj_runtimekit.deviceplugin.pkg.configpb import podresources_pb2_grpc as prgrpc
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2 as prpb
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2_grpc as prgrpc
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
 
 log = logging.getLogger(__name__)

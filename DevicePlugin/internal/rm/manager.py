@@ -22,7 +22,7 @@ from lj_runtimekit.deviceplugin.internal.rm.resources import (
     KubeletDevice,
     build_inventory,
 )
-from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg.featuregate import GateReport, RuntimeTooOldError
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.proto.pkg.runtimeclient import (

@@ -14,7 +14,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from lj_runtimekit.deviceplugin.pkg.configpb import runtime_pb2 as rpb
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.featuregate import Feature, GateReport
 from lj_runtimekit.proto.pkg.protocol import Protocol

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
-from lj_runtimekit.exporter.pkg.configpb import runtime_pb2 as pb
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.featuregate import Feature, GateReport, evaluate
 from lj_runtimekit.proto.pkg.runtimeclient import RuntimeCallError, RuntimeClient

@@ -22,7 +22,7 @@ from lj_runtimekit.exporter.internal.allocation.assignments import (
 )
 from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
 from lj_runtimekit.exporter.internal.pods.model import PodView
-from lj_runtimekit.exporter.pkg.configpb import runtime_pb2 as pb
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import Resources
 

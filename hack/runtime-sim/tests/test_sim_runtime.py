@@ -10,6 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from lj_runtimekit.controller.pkg.configpb import config_service_pb2 as fpb
+from lj_runtimekit.controller.pkg.configpb import config_service_pb2_grpc as frpc
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2_grpc as rpc
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
@@ -24,7 +26,7 @@ class Runtime:
         self.runtime = rpc.RuntimeServiceStub(channel)
         self.devices = rpc.DeviceServiceStub(channel)
         self.allocation = rpc.AllocationServiceStub(channel)
-        self.features = rpc.NodeFeatureServiceStub(channel)
+        self.features = frpc.NodeFeatureServiceStub(channel)
         self.metrics = rpc.MetricsServiceStub(channel)
 
 
@@ -228,18 +230,18 @@ async def test_mig_instance_allocation(runtime: Runtime) -> None:
 
 async def test_features_are_stateful_and_idempotent(runtime: Runtime) -> None:
     features = runtime.features
-    state = await features.GetFeatureState(pb.GetFeatureStateRequest())
+    state = await features.GetFeatureState(fpb.GetFeatureStateRequest())
     assert (state.enabled, state.changed) == (False, False)
-    on = await features.EnableFeatures(pb.EnableFeaturesRequest(requester="job-1"))
+    on = await features.EnableFeatures(fpb.EnableFeaturesRequest(requester="job-1"))
     assert (on.enabled, on.changed, on.changed_by) == (True, True, "job-1")
     assert on.changed_at_unix > 0
-    again = await features.EnableFeatures(pb.EnableFeaturesRequest(requester="job-2"))
+    again = await features.EnableFeatures(fpb.EnableFeaturesRequest(requester="job-2"))
     assert (again.enabled, again.changed, again.changed_by) == (True, False, "job-1")
-    state = await features.GetFeatureState(pb.GetFeatureStateRequest())
+    state = await features.GetFeatureState(fpb.GetFeatureStateRequest())
     assert (state.enabled, state.changed) == (True, False)
-    off = await features.DisableFeatures(pb.DisableFeaturesRequest(requester="job-3"))
+    off = await features.DisableFeatures(fpb.DisableFeaturesRequest(requester="job-3"))
     assert (off.enabled, off.changed, off.changed_by) == (False, True, "job-3")
-    off_again = await features.DisableFeatures(pb.DisableFeaturesRequest(requester="job-4"))
+    off_again = await features.DisableFeatures(fpb.DisableFeaturesRequest(requester="job-4"))
     assert (off_again.enabled, off_again.changed) == (False, False)
 
 

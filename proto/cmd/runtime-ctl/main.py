@@ -1,4 +1,7 @@
-"""`lj-runtime-ctl`: show a Runtime's version, devices, allocations and features."""
+"""`lj-runtime-ctl`: show a Runtime's version, devices, allocations and metrics.
+
+The node's feature switch is the Controller's service: `lj-job-agent state` shows it.
+"""
 
 from __future__ import annotations
 
@@ -72,8 +75,6 @@ async def _run(args: argparse.Namespace) -> str:
         if args.command == "allocations":
             allocations = await client.list_allocations()
             return json_format.MessageToJson(pb.ListAllocationsResponse(allocations=allocations))
-        if args.command == "features":
-            return json_format.MessageToJson(await client.feature_state())
         return json_format.MessageToJson(await client.device_metrics())
 
 
@@ -87,9 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--attempts", type=int, default=3, help="attempts while unavailable")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument(
-        "command", choices=["info", "devices", "allocations", "features", "metrics"]
-    )
+    parser.add_argument("command", choices=["info", "devices", "allocations", "metrics"])
     args = parser.parse_args(argv)
     try:
         print(asyncio.run(_run(args)))

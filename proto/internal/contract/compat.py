@@ -2,11 +2,16 @@
 
 Compares the descriptor set of the released contract with the current .proto
 files: a removed, renumbered or retyped field, enum value, message, service
-or RPC is a violation. Adding anything is fine.
+or RPC is a violation. Adding anything is fine. The contract may span several
+files under several roots (the shared `proto/` and the Controller's
+`Controller/api/proto`): everything is compared by fully-qualified name over
+the union of the files, so a definition that moved to another file of the same
+package is still there.
 
     python -m lj_runtimekit.proto.internal.contract.compat \
-        --released proto/released/runtime_v1.binpb --proto-root proto \
-        lingjun/runtime/v1/runtime.proto
+        --released proto/released/runtime_v1.binpb \
+        --proto-root proto --proto-root Controller/api/proto \
+        lingjun/runtime/v1/runtime.proto config_service.proto
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from google.protobuf import descriptor_pb2
@@ -23,13 +28,19 @@ from grpc_tools import protoc
 FDS = descriptor_pb2.FileDescriptorSet
 
 
-def compile_descriptor_set(proto_root: Path, files: Iterable[str]) -> FDS:
-    """Compile .proto files (relative to `proto_root`) into a descriptor set."""
+def compile_descriptor_set(proto_roots: Sequence[Path], files: Sequence[str]) -> FDS:
+    """Compile .proto files, each relative to one of `proto_roots`, into one descriptor set."""
+    paths = []
+    for name in files:
+        found = [root / name for root in proto_roots if (root / name).is_file()]
+        if not found:
+            raise ValueError(f"{name} is under none of {', '.join(map(str, proto_roots))}")
+        paths.append(str(found[0]))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "set.binpb"
-        args = ["protoc", f"--proto_path={proto_root}", f"--descriptor_set_out={out}", *files]
-        if protoc.main(args) != 0:
-            raise ValueError(f"protoc failed on {', '.join(files)} under {proto_root}")
+        roots = [f"--proto_path={root}" for root in proto_roots]
+        if protoc.main(["protoc", *roots, f"--descriptor_set_out={out}", *paths]) != 0:
+            raise ValueError(f"protoc failed on {', '.join(paths)}")
         return FDS.FromString(out.read_bytes())
 
 
@@ -143,11 +154,19 @@ def main(argv: list[str] | None = None) -> int:
     """Compare the released descriptor set with the current protos, or write a new release."""
     parser = argparse.ArgumentParser(description="additive-only check of the Runtime contract")
     parser.add_argument("--released", type=Path, required=True, help="released descriptor set")
-    parser.add_argument("--proto-root", type=Path, required=True, help="root of the .proto files")
+    parser.add_argument(
+        "--proto-root",
+        type=Path,
+        action="append",
+        required=True,
+        help="a root of .proto files (repeat for several)",
+    )
     parser.add_argument(
         "--write", action="store_true", help="record the current contract as released"
     )
-    parser.add_argument("protos", nargs="+", help=".proto files relative to --proto-root")
+    parser.add_argument(
+        "protos", nargs="+", help=".proto files of the contract, each relative to a --proto-root"
+    )
     args = parser.parse_args(argv)
     try:
         current = compile_descriptor_set(args.proto_root, args.protos)
@@ -168,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"check-contract: {', '.join(args.protos)} is compatible with {args.released}")
+    print(f"check-contract: {' + '.join(args.protos)} compatible with {args.released}")
     return 0
 
 

@@ -3,7 +3,9 @@
 Adopting the official Runtime proto later touches this module only. Unary
 calls are retried with tenacity on UNAVAILABLE for a bounded time; then a
 RuntimeUnavailableError names the socket. Other gRPC failures become a
-RuntimeCallError carrying the Runtime's status code and message.
+RuntimeCallError carrying the Runtime's status code and message. A service of
+the same socket defined by a component (the Controller's node-feature switch)
+goes through `RuntimeClient.call` on the same channel and policy.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def _unavailable(exc: BaseException) -> bool:
 
 
 class RuntimeClient:
-    """Client of every Runtime service on one socket."""
+    """Client of the shared Runtime services on one socket."""
 
     def __init__(
         self,
@@ -129,6 +131,13 @@ class RuntimeClient:
         except grpc.aio.AioRpcError as exc:
             raise RuntimeCallError(method, exc.code(), exc.details() or "") from exc
         raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def call(self, method: str, invoke: Callable[[grpc.aio.Channel], Awaitable[_T]]) -> _T:
+        """One unary call of a service outside the shared contract (served on the same
+        socket), on this client's channel, with its retry policy and errors. `invoke` builds
+        its stub on the channel and makes the call with `timeout=self.retry.call_timeout_s`;
+        `method` names the RPC in errors."""
+        return await self._call(method, lambda stubs: invoke(stubs.channel))
 
     # RuntimeService
 
@@ -206,35 +215,6 @@ class RuntimeClient:
         )
         return list(response.allocations)
 
-    # NodeFeatureService
-
-    async def enable_features(self, requester: str) -> pb.FeatureState:
-        """Turn the node's features on (idempotent)."""
-        return await self._call(
-            "EnableFeatures",
-            lambda stubs: stubs.features.EnableFeatures(
-                pb.EnableFeaturesRequest(requester=requester), timeout=self.retry.call_timeout_s
-            ),
-        )
-
-    async def disable_features(self, requester: str) -> pb.FeatureState:
-        """Turn the node's features off (idempotent)."""
-        return await self._call(
-            "DisableFeatures",
-            lambda stubs: stubs.features.DisableFeatures(
-                pb.DisableFeaturesRequest(requester=requester), timeout=self.retry.call_timeout_s
-            ),
-        )
-
-    async def feature_state(self) -> pb.FeatureState:
-        """Whether the node's features are on."""
-        return await self._call(
-            "GetFeatureState",
-            lambda stubs: stubs.features.GetFeatureState(
-                pb.GetFeatureStateRequest(), timeout=self.retry.call_timeout_s
-            ),
-        )
-
     # MetricsService
 
     async def device_metrics(self) -> pb.GetDeviceMetricsResponse:
@@ -257,11 +237,11 @@ class RuntimeClient:
 
 
 class _Stubs:
-    """The generated stubs of every Runtime service on one channel."""
+    """The channel and the generated stubs of every shared Runtime service on it."""
 
     def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
         self.runtime = pb_grpc.RuntimeServiceStub(channel)
         self.device = pb_grpc.DeviceServiceStub(channel)
         self.allocation = pb_grpc.AllocationServiceStub(channel)
-        self.features = pb_grpc.NodeFeatureServiceStub(channel)
         self.metrics = pb_grpc.MetricsServiceStub(channel)

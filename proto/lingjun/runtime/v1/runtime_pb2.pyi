@@ -7,7 +7,9 @@ The Runtime serves these services on unix sockets under
 /run/amp/eKitC/xdm/sockets/. The contract is additive and backward
 compatible: fields and RPCs are only ever added, never renumbered, retyped
 or removed (enforced by `make check-contract` against
-proto/released/runtime_v1.binpb).
+proto/released/runtime_v1.binpb). The node-feature switch of the same
+package, NodeFeatureService, is the Controller's interface and lives with it:
+Controller/api/proto/config_service.proto.
 """
 
 from collections import abc as _abc
@@ -855,101 +857,6 @@ class ListAllocationsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListAllocationsResponse: _TypeAlias = ListAllocationsResponse  # noqa: Y015
-
-@_typing.final
-class EnableFeaturesRequest(_message.Message):
-    """EnableFeaturesRequest asks to turn the node's features on."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    REQUESTER_FIELD_NUMBER: _builtins.int
-    requester: _builtins.str
-    """Who asks (e.g. the Job name), for the Runtime's audit log."""
-    def __init__(
-        self,
-        *,
-        requester: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["requester", b"requester"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___EnableFeaturesRequest: _TypeAlias = EnableFeaturesRequest  # noqa: Y015
-
-@_typing.final
-class DisableFeaturesRequest(_message.Message):
-    """DisableFeaturesRequest asks to turn the node's features off."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    REQUESTER_FIELD_NUMBER: _builtins.int
-    requester: _builtins.str
-    """Who asks (e.g. the Job name), for the Runtime's audit log."""
-    def __init__(
-        self,
-        *,
-        requester: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["requester", b"requester"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___DisableFeaturesRequest: _TypeAlias = DisableFeaturesRequest  # noqa: Y015
-
-@_typing.final
-class GetFeatureStateRequest(_message.Message):
-    """GetFeatureStateRequest has no fields."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    def __init__(
-        self,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___GetFeatureStateRequest: _TypeAlias = GetFeatureStateRequest  # noqa: Y015
-
-@_typing.final
-class FeatureState(_message.Message):
-    """FeatureState is whether the node's features are on."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    ENABLED_FIELD_NUMBER: _builtins.int
-    CHANGED_FIELD_NUMBER: _builtins.int
-    CHANGED_AT_UNIX_FIELD_NUMBER: _builtins.int
-    CHANGED_BY_FIELD_NUMBER: _builtins.int
-    enabled: _builtins.bool
-    """True when the features are on."""
-    changed: _builtins.bool
-    """False when the call found the state already as asked (idempotent no-op)."""
-    changed_at_unix: _builtins.int
-    """Unix time in seconds of the last change."""
-    changed_by: _builtins.str
-    """Who made the last change."""
-    def __init__(
-        self,
-        *,
-        enabled: _builtins.bool = ...,
-        changed: _builtins.bool = ...,
-        changed_at_unix: _builtins.int = ...,
-        changed_by: _builtins.str = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "changed_at_unix", b"changed_at_unix", "changed_by", b"changed_by", "enabled", b"enabled"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
-
-Global___FeatureState: _TypeAlias = FeatureState  # noqa: Y015
 
 @_typing.final
 class GetDeviceMetricsRequest(_message.Message):

@@ -7,7 +7,9 @@ The Runtime serves these services on unix sockets under
 /run/amp/eKitC/xdm/sockets/. The contract is additive and backward
 compatible: fields and RPCs are only ever added, never renumbered, retyped
 or removed (enforced by `make check-contract` against
-proto/released/runtime_v1.binpb).
+proto/released/runtime_v1.binpb). The node-feature switch of the same
+package, NodeFeatureService, is the Controller's interface and lives with it:
+Controller/api/proto/config_service.proto.
 """
 
 from collections import abc as _abc
@@ -179,61 +181,6 @@ class AllocationServiceServicer(metaclass=_abc_1.ABCMeta):
         """ListAllocations returns every container allocation the Runtime holds."""
 
 def add_AllocationServiceServicer_to_server(servicer: AllocationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
-
-class NodeFeatureServiceStub:
-    """NodeFeatureService switches the Runtime Kit features of the node on and off."""
-
-    @_typing.overload
-    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
-    @_typing.overload
-    def __new__(cls, channel: _aio.Channel) -> NodeFeatureServiceAsyncStub: ...
-    EnableFeatures: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.EnableFeaturesRequest, _runtime_pb2.FeatureState]
-    """EnableFeatures turns the node's features on. Idempotent."""
-    DisableFeatures: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.DisableFeaturesRequest, _runtime_pb2.FeatureState]
-    """DisableFeatures turns the node's features off. Idempotent."""
-    GetFeatureState: _grpc.UnaryUnaryMultiCallable[_runtime_pb2.GetFeatureStateRequest, _runtime_pb2.FeatureState]
-    """GetFeatureState reports whether the node's features are on."""
-
-@_typing.type_check_only
-class NodeFeatureServiceAsyncStub(NodeFeatureServiceStub):
-    """NodeFeatureService switches the Runtime Kit features of the node on and off."""
-
-    def __init__(self, channel: _aio.Channel) -> None: ...
-    EnableFeatures: _aio.UnaryUnaryMultiCallable[_runtime_pb2.EnableFeaturesRequest, _runtime_pb2.FeatureState]  # type: ignore[assignment]
-    """EnableFeatures turns the node's features on. Idempotent."""
-    DisableFeatures: _aio.UnaryUnaryMultiCallable[_runtime_pb2.DisableFeaturesRequest, _runtime_pb2.FeatureState]  # type: ignore[assignment]
-    """DisableFeatures turns the node's features off. Idempotent."""
-    GetFeatureState: _aio.UnaryUnaryMultiCallable[_runtime_pb2.GetFeatureStateRequest, _runtime_pb2.FeatureState]  # type: ignore[assignment]
-    """GetFeatureState reports whether the node's features are on."""
-
-class NodeFeatureServiceServicer(metaclass=_abc_1.ABCMeta):
-    """NodeFeatureService switches the Runtime Kit features of the node on and off."""
-
-    @_abc_1.abstractmethod
-    def EnableFeatures(
-        self,
-        request: _runtime_pb2.EnableFeaturesRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_runtime_pb2.FeatureState, _abc.Awaitable[_runtime_pb2.FeatureState]]:
-        """EnableFeatures turns the node's features on. Idempotent."""
-
-    @_abc_1.abstractmethod
-    def DisableFeatures(
-        self,
-        request: _runtime_pb2.DisableFeaturesRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_runtime_pb2.FeatureState, _abc.Awaitable[_runtime_pb2.FeatureState]]:
-        """DisableFeatures turns the node's features off. Idempotent."""
-
-    @_abc_1.abstractmethod
-    def GetFeatureState(
-        self,
-        request: _runtime_pb2.GetFeatureStateRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_runtime_pb2.FeatureState, _abc.Awaitable[_runtime_pb2.FeatureState]]:
-        """GetFeatureState reports whether the node's features are on."""
-
-def add_NodeFeatureServiceServicer_to_server(servicer: NodeFeatureServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class MetricsServiceStub:
     """MetricsService reports device, MIG instance and per-container metrics."""

@@ -1,1 +1,0 @@
-"""Public packages of the Exporter."""
