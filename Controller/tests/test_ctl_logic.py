@@ -11,26 +11,26 @@ from pytest_mock import MockerFixture
 
 from lj_runtimekit.controller.cmd.controller import main as controller_main
 from lj_runtimekit.controller.cmd.job_agent import main as agent_main
-from lj_runtimekit.controller.internal.controller import jobspec
-from lj_runtimekit.controller.internal.controller.config import (
+from lj_runtimekit.controller.internal.config.config import (
     ConfigError,
     ControllerSettings,
     JobSettings,
 )
-from lj_runtimekit.controller.internal.controller.health import HealthServer
-from lj_runtimekit.controller.internal.controller.job_controller import (
+from lj_runtimekit.controller.internal.controller.job_recorder import (
     JobView,
     termination_message,
 )
 from lj_runtimekit.controller.internal.controller.node_controller import parse_selector
-from lj_runtimekit.controller.internal.controller.operator import SETTLE_DELAYS_S, Controller
-from lj_runtimekit.controller.internal.controller.state import (
+from lj_runtimekit.controller.internal.health.server import HealthServer
+from lj_runtimekit.controller.internal.jobspec import jobspec
+from lj_runtimekit.controller.internal.nodestate.state import (
     NodeState,
     desired_action,
     label_value_is_invalid,
     transition,
 )
-from lj_runtimekit.controller.internal.controller.workqueue import Requeue, WorkQueue
+from lj_runtimekit.controller.internal.operator.operator import SETTLE_DELAYS_S, Controller
+from lj_runtimekit.controller.internal.workqueue.queue import Requeue, WorkQueue
 
 LONG_NODE = "gpu-" + "x" * 240 + ".example"
 

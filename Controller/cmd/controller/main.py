@@ -20,7 +20,7 @@ import kopf
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from lj_runtimekit.controller.internal.controller.config import (
+from lj_runtimekit.controller.internal.config.config import (
     DEFAULT_LABEL_KEY,
     DEFAULT_NAMESPACE,
     DEFAULT_SOCKET_DIR,
@@ -28,10 +28,10 @@ from lj_runtimekit.controller.internal.controller.config import (
     ControllerSettings,
     JobSettings,
 )
-from lj_runtimekit.controller.internal.controller.health import HealthServer
-from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
-from lj_runtimekit.controller.internal.controller.leader import LeaseSettings
-from lj_runtimekit.controller.internal.controller.operator import Controller, WatchSettings
+from lj_runtimekit.controller.internal.health.server import HealthServer
+from lj_runtimekit.controller.internal.kube.client import ApiError, Kube
+from lj_runtimekit.controller.internal.leaderelection.lease import LeaseSettings
+from lj_runtimekit.controller.internal.operator.operator import Controller, WatchSettings
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.flags import FlagParser, boolean
 from lj_runtimekit.proto.pkg.version import component_version

@@ -1,1 +1,1 @@
-"""Reconcilers: Nodes (label -> Job) and Jobs (result -> Node)."""
+"""The node reconciler (label -> Job) and its Job steps (a finished Job's result -> Node)."""

@@ -10,7 +10,7 @@ both enqueue it), so label flapping only ever acts on the latest wish:
    node is requeued until they have disappeared; a new Job is only ever created
    when no other Job of the node exists;
 3. the Job for the wished action: running -> the node's state names it;
-   succeeded/failed -> JobController records it;
+   succeeded/failed -> JobRecorder records it;
 4. no Job and the state not yet as wished -> create the Job (deterministic name:
    AlreadyExists means it is there already, never a duplicate) and record
    enabling/disabling with the Job's name and time.
@@ -21,11 +21,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from lj_runtimekit.controller.internal.controller import jobspec
-from lj_runtimekit.controller.internal.controller.config import ControllerSettings
-from lj_runtimekit.controller.internal.controller.job_controller import JobController, JobView
-from lj_runtimekit.controller.internal.controller.kube import AlreadyExistsError, Kube, Obj
-from lj_runtimekit.controller.internal.controller.state import (
+from lj_runtimekit.controller.internal.config.config import ControllerSettings
+from lj_runtimekit.controller.internal.controller.job_recorder import JobRecorder, JobView
+from lj_runtimekit.controller.internal.jobspec import jobspec
+from lj_runtimekit.controller.internal.kube.client import AlreadyExistsError, Kube, Obj
+from lj_runtimekit.controller.internal.nodestate.state import (
     IN_PROGRESS,
     Action,
     NodeState,
@@ -33,7 +33,7 @@ from lj_runtimekit.controller.internal.controller.state import (
     label_value_is_invalid,
     transition,
 )
-from lj_runtimekit.controller.internal.controller.workqueue import Requeue
+from lj_runtimekit.controller.internal.workqueue.queue import Requeue
 
 _log = logging.getLogger(__name__)
 DELETION_POLL_S = 1.0
@@ -78,10 +78,10 @@ def parse_selector(selector: str) -> list[SelectorTerm]:
 class NodeController:
     """Reconciles one node at a time (the work queue serializes per node)."""
 
-    def __init__(self, kube: Kube, settings: ControllerSettings, jobs: JobController) -> None:
+    def __init__(self, kube: Kube, settings: ControllerSettings, recorder: JobRecorder) -> None:
         self.kube = kube
         self.settings = settings
-        self.jobs = jobs
+        self.recorder = recorder
         self.scope = parse_selector(settings.node_selector)
         self.created = 0
         self._warned: dict[str, str] = {}
@@ -138,9 +138,9 @@ class NodeController:
             if waiting:
                 return Requeue(DELETION_POLL_S, "superseded Job deleting")
             if current.phase == "succeeded":
-                await self.jobs.record_success(node, state, current)
+                await self.recorder.record_success(node, state, current)
             else:
-                await self.jobs.record_failure(node, state, current)
+                await self.recorder.record_failure(node, state, current)
             return None
 
         if waiting:
@@ -153,13 +153,13 @@ class NodeController:
         """Delete a Job of the other action: the latest wish wins."""
         name = node["metadata"]["name"]
         propagation = "Foreground" if job.phase == "active" else "Background"
-        if await self.jobs.delete(job, propagation) and job.phase == "active":
+        if await self.recorder.delete(job, propagation) and job.phase == "active":
             _log.info(
                 "job superseded by a newer wish",
                 extra={"node": name, "job": job.ref, "wish": target or "none"},
             )
             self.kube.node_event(
-                self.jobs.event_namespace,
+                self.recorder.event_namespace,
                 node,
                 "Normal",
                 "FeatureJobSuperseded",
@@ -195,7 +195,7 @@ class NodeController:
         await self.kube.patch_node(name, transition(IN_PROGRESS[target], target, job_ref), None)
         _log.info("job created", extra={"node": name, "job": job_ref, "action": target})
         self.kube.node_event(
-            self.jobs.event_namespace,
+            self.recorder.event_namespace,
             node,
             "Normal",
             "FeaturesEnabling" if target == "enable" else "FeaturesDisabling",
@@ -222,5 +222,5 @@ class NodeController:
             extra={"node": name, "label": self.settings.label_key, "value": value},
         )
         self.kube.node_event(
-            self.jobs.event_namespace, node, "Warning", "InvalidLabelValue", message
+            self.recorder.event_namespace, node, "Warning", "InvalidLabelValue", message
         )

@@ -5,11 +5,11 @@ reconnection after a dropped stream, the inactivity timeout that catches a
 silently dead stream, per-object event batching. Its handlers here are
 `on.event` handlers that only enqueue the node's name: the outcome for a node
 depends on two kinds (the Node's label and the node's Jobs), so reconciliation
-is level-triggered and keyed by node (see node_controller). This also keeps
+is level-triggered and keyed by node (see internal/controller/). This also keeps
 kopf from storing anything on Nodes: no progress or diff-base annotations and
 no finalizers (there is no delete handler; a Node deletion is never blocked).
-Health endpoints are our own (health.py): they answer while a standby replica
-waits for the Lease, before kopf runs.
+Health endpoints are our own (internal/health/): they answer while a standby
+replica waits for the Lease, before kopf runs.
 
 Watches: Nodes with the enable label (plus --node-selector) cluster-wide, and
 Jobs labelled managed-by=lj-runtimekit-controller in the Jobs' namespace.
@@ -33,19 +33,19 @@ from typing import Any
 
 import kopf
 
-from lj_runtimekit.controller.internal.controller import jobspec
-from lj_runtimekit.controller.internal.controller.config import ControllerSettings
-from lj_runtimekit.controller.internal.controller.health import HealthServer
-from lj_runtimekit.controller.internal.controller.job_controller import JobController, JobView
-from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
-from lj_runtimekit.controller.internal.controller.leader import LeaderElector, LeaseSettings
+from lj_runtimekit.controller.internal.config.config import ControllerSettings
+from lj_runtimekit.controller.internal.controller.job_recorder import JobRecorder, JobView
 from lj_runtimekit.controller.internal.controller.node_controller import NodeController
-from lj_runtimekit.controller.internal.controller.state import (
+from lj_runtimekit.controller.internal.health.server import HealthServer
+from lj_runtimekit.controller.internal.jobspec import jobspec
+from lj_runtimekit.controller.internal.kube.client import ApiError, Kube
+from lj_runtimekit.controller.internal.leaderelection.lease import LeaderElector, LeaseSettings
+from lj_runtimekit.controller.internal.nodestate.state import (
     STATE_LABEL,
     NodeState,
     desired_action,
 )
-from lj_runtimekit.controller.internal.controller.workqueue import WorkQueue
+from lj_runtimekit.controller.internal.workqueue.queue import WorkQueue
 
 _log = logging.getLogger(__name__)
 NODE_EVENT_NAMESPACE = "default"
@@ -165,8 +165,8 @@ class Controller:
         self.watch = watch or WatchSettings()
         self.lease = lease
         self.health = health
-        self.jobs = JobController(kube, NODE_EVENT_NAMESPACE)
-        self.nodes = NodeController(kube, settings, self.jobs)
+        self.recorder = JobRecorder(kube, NODE_EVENT_NAMESPACE)
+        self.nodes = NodeController(kube, settings, self.recorder)
         self.queue = WorkQueue(self.nodes.reconcile, settings.workers)
         self.triggers = Triggers(settings.label_key)
 

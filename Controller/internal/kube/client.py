@@ -11,6 +11,7 @@ AlreadyExistsError for the reconciler to re-read and decide again.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import socket
@@ -30,12 +31,15 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from lj_runtimekit.controller.internal.controller.state import now_rfc3339
-
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 Obj = dict[str, Any]
 COMPONENT = "lj-runtimekit-controller"
+
+
+def now_rfc3339() -> str:
+    """Current UTC time, RFC 3339 with seconds."""
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ConflictError(RuntimeError):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from lj_runtimekit.controller.internal.controller.config import JobSettings
-from lj_runtimekit.controller.internal.controller.state import PREFIX, Action
+from lj_runtimekit.controller.internal.config.config import JobSettings
+from lj_runtimekit.controller.internal.nodestate.state import PREFIX, Action
 
 MANAGED_BY = "lj-runtimekit-controller"
 APP_NAME = "lj-runtimekit-job-agent"

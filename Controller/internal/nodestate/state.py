@@ -17,9 +17,10 @@ On the Node:
 
 from __future__ import annotations
 
-import datetime
 from dataclasses import dataclass
 from typing import Any, Literal, cast
+
+from lj_runtimekit.controller.internal.kube.client import now_rfc3339
 
 Action = Literal["enable", "disable"]
 State = Literal["enabling", "enabled", "disabling", "disabled", "failed"]
@@ -36,11 +37,6 @@ MESSAGE_LIMIT = 1024
 
 IN_PROGRESS: dict[Action, State] = {"enable": "enabling", "disable": "disabling"}
 DONE: dict[Action, State] = {"enable": "enabled", "disable": "disabled"}
-
-
-def now_rfc3339() -> str:
-    """Current UTC time, RFC 3339 with seconds."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from lj_runtimekit.controller.internal.controller.kube import ApiError, Kube
+from lj_runtimekit.controller.internal.kube.client import ApiError, Kube
 
 _log = logging.getLogger(__name__)
 

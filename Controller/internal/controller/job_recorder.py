@@ -10,6 +10,14 @@
 
 Every step is idempotent, so a restart between two steps repeats at most one
 event.
+
+Not a reconciler of its own: the node reconciler calls it for the node's Job of
+the wished action, under the node's work-queue key. Recording an outcome on the
+Node, deleting a Job and creating the node's next Job are thus never concurrent
+for one node; a reconciler keyed by Job would race the node reconciler (which
+could read the state from before the outcome, find the Job deleted and start
+the same action again) and would need the node's label to tell a current Job
+from a superseded one.
 """
 
 from __future__ import annotations
@@ -18,9 +26,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from lj_runtimekit.controller.internal.controller import jobspec
-from lj_runtimekit.controller.internal.controller.kube import Kube, Obj
-from lj_runtimekit.controller.internal.controller.state import (
+from lj_runtimekit.controller.internal.jobspec import jobspec
+from lj_runtimekit.controller.internal.kube.client import Kube, Obj
+from lj_runtimekit.controller.internal.nodestate.state import (
     DONE,
     Action,
     NodeState,
@@ -104,8 +112,9 @@ def termination_message(pods: list[Obj]) -> str | None:
     return None
 
 
-class JobController:
-    """Records finished Jobs on their Node and cleans up the successful ones."""
+class JobRecorder:
+    """The node reconciler's Job steps: records a finished Job on its Node, deletes Jobs
+    (successful ones once recorded, superseded ones)."""
 
     def __init__(self, kube: Kube, event_namespace: str) -> None:
         self.kube = kube

@@ -1,0 +1,1 @@
+"""The Controller's settings, validated at start-up."""

@@ -1,0 +1,1 @@
+"""Health endpoints (/healthz, /readyz)."""

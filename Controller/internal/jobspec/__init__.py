@@ -1,0 +1,1 @@
+"""The enable/disable Job of one node."""

@@ -1,0 +1,1 @@
+"""Kubernetes API access with bounded retries of transient failures."""

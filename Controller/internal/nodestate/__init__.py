@@ -1,0 +1,1 @@
+"""The per-node feature state machine kept on the Node."""
