@@ -220,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="fetch the metrics from this http(s) URL instead")
     p.set_defaults(func=cmd_check_metrics)
 
-    p = sub.add_parser("generate", help="write the plain YAML, kustomizations and Helm chart")
+    p = sub.add_parser(
+        "generate", help="write the plain YAML, kustomizations, Helm chart and Controller/config"
+    )
     p.add_argument("--deploy-dir", required=True)
     p.add_argument("--check", action="store_true", help="only report stale files")
     p.set_defaults(func=cmd_generate)

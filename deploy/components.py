@@ -46,6 +46,9 @@ class Component:
     kind: WorkloadKind
     workload: str
     images: tuple[Image, ...]
+    member_config: bool = False
+    """The member keeps a Kubebuilder-style `config/` (rbac/, manager/, default/) that
+    `lj-deploy generate` writes from the same objects as the manifest directory."""
 
     @property
     def app(self) -> str:
@@ -105,6 +108,7 @@ COMPONENTS: tuple[Component, ...] = (
             Image("controller", "lj-runtimekit-controller"),
             Image("job-agent", "lj-runtimekit-controller-job-agent"),
         ),
+        member_config=True,
     ),
 )
 

@@ -261,8 +261,8 @@ def _namespaced_rules(component: Component) -> list[Obj]:
     if component.name == "scheduler-framework":
         return _leases(SCHEDULER_LEASE)
     if component.name == "controller":
-        # As Controller/config/rbac/role.yaml: the enable/disable Jobs, a failed Job's
-        # pods (the agent's termination message), leader election.
+        # The enable/disable Jobs, a failed Job's pods (the agent's termination message),
+        # leader election (Controller/README.md, RBAC).
         return [
             _rule(["batch"], ["jobs"], [*_READ, "create", "patch", "delete"]),
             _rule([""], ["pods"], ["list"]),

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from lj_runtimekit.deploy.components import COMPONENTS, Component
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.versions import find_tools
 
@@ -78,6 +79,32 @@ def test_helm_lint_and_template_equal_the_plain_yaml(control_plane: ControlPlane
 def test_kustomize_equals_the_plain_yaml(directory: str, control_plane: ControlPlane) -> None:
     rendered = objects(run(tool("kubectl"), "kustomize", str(DEPLOY / directory)))
     assert rendered == plain(*(ALL if directory == "." else (directory,)))
+
+
+@pytest.mark.parametrize(
+    "component", [c for c in COMPONENTS if c.member_config], ids=lambda c: c.name
+)
+def test_member_config_applies_the_deploy_objects(
+    component: Component, control_plane: ControlPlane
+) -> None:
+    """`kubectl apply -k <Member>/config/default` gives the objects of deploy/<directory>/
+    (fully qualified images included), and config/rbac/ and config/manager/ split them."""
+    config = ROOT / component.member / "config"
+    kubectl = tool("kubectl")
+    rendered = objects(run(kubectl, "kustomize", str(config / "default")))
+    assert rendered == objects(run(kubectl, "kustomize", str(DEPLOY / component.directory)))
+    assert rendered == plain(component.directory)
+    rbac = objects(run(kubectl, "kustomize", str(config / "rbac")))
+    manager = objects(run(kubectl, "kustomize", str(config / "manager")))
+    assert {kind for kind, _, _ in rbac} == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+    }
+    assert {kind for kind, _, _ in manager} == {"ConfigMap", component.kind}
+    assert rbac | manager == rendered
 
 
 def test_helm_output_applies_to_the_api_server(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lj_runtimekit.deploy import generate, manifests
+from lj_runtimekit.deploy import cli, generate, manifests
 from lj_runtimekit.deploy.components import (
     BY_NAME,
     CHECKSUM_ANNOTATION,
@@ -50,6 +50,35 @@ def test_protocol_source_equals_the_built_in_defaults() -> None:
 
 def test_generated_files_are_current() -> None:
     assert generate.generate(DEPLOY, check=True) == [], "run: make -C deploy manifests"
+
+
+def test_generate_check_fails_on_a_hand_edited_controller_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Controller/config/ is generated too: an edit by hand or a file added by hand fails
+    `generate --check`, and `generate` puts the generated files back."""
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    (deploy / "protocol.yaml").write_text((DEPLOY / "protocol.yaml").read_text())
+    (tmp_path / "VERSION").write_text(VERSION + "\n")
+    generate.generate(deploy, check=False)
+    assert generate.generate(deploy, check=True) == []
+    config = tmp_path / "Controller" / "config"
+    manager = config / "manager" / "manager.yaml"
+    assert manager.read_text() == (ROOT / "Controller/config/manager/manager.yaml").read_text()
+    generated = manager.read_text()
+    manager.write_text(generated.replace("replicas: 2", "replicas: 3"))
+    extra = config / "rbac" / "extra_role.yaml"
+    extra.write_text("kind: Role\n")
+    assert sorted(generate.generate(deploy, check=True)) == [manager, extra]
+    assert cli.main(["generate", "--deploy-dir", str(deploy), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "stale Controller/config/manager/manager.yaml" in out
+    assert "stale Controller/config/rbac/extra_role.yaml" in out
+    generate.generate(deploy, check=False)
+    assert manager.read_text() == generated
+    assert not extra.exists()
+    assert generate.generate(deploy, check=True) == []
 
 
 def test_one_version_drives_images_and_chart() -> None:
