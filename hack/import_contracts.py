@@ -32,12 +32,11 @@ COMPONENTS = (
     "lj_runtimekit.controller",
     "lj_runtimekit.deploy",
 )
-TOOLING = ("lj_runtimekit.envtest", "lj_runtimekit.sandbox")
-TEST_KITS = (
-    "lj_runtimekit.testkit.kubelet",
-    "lj_runtimekit.testkit.scheduler",
+TOOLING = (
+    "lj_runtimekit.envtest",
+    "lj_runtimekit.testkit",
     "lj_runtimekit.runtimesim",
-    "lj_runtimekit.proto.cmd.runtime_sim",
+    "lj_runtimekit.sandbox",
 )
 SF = "lj_runtimekit.schedulerframework.internal."
 LAYERS = (SF + "plugins", SF + "framework", SF + "cache")

@@ -67,3 +67,27 @@ def test_the_shared_package_importing_a_component_is_caught(
         "shared module lj_runtimekit.proto.pkg.shared imports a component:"
         " lj_runtimekit.controller.pkg.featureclient"
     ]
+
+
+def test_production_importing_test_tooling_is_caught_and_tooling_may_import_anything(
+    contracts: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("from lj_runtimekit.testkit.waits import wait_for\n")
+    waits = tmp_path / "waits.py"
+    waits.write_text("")
+    simulator = tmp_path / "sim.py"
+    simulator.write_text(
+        "from lj_runtimekit.testkit import waits\n"
+        "from lj_runtimekit.deviceplugin.internal.plugin import plugin\n"
+    )
+    sources = [
+        ("lj_runtimekit.deviceplugin.internal.plugin.plugin", plugin, True),
+        ("lj_runtimekit.testkit.waits", waits, False),
+        ("lj_runtimekit.runtimesim.server", simulator, False),
+    ]
+    monkeypatch.setattr(contracts, "sources", lambda: iter(sources))
+    assert contracts.violations() == [
+        "production module lj_runtimekit.deviceplugin.internal.plugin.plugin imports test"
+        " tooling lj_runtimekit.testkit.waits"
+    ]
