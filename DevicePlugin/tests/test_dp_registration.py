@@ -134,7 +134,10 @@ async def test_sigterm_removes_own_sockets(make_bed: BedFactory) -> None:
     [
         (["--label-node=true"], "--label-node needs API server access"),
         (["--protocol=/nonexistent/protocol.yaml"], "cannot read protocol file"),
-        (["--kubelet-pods-url=ftp://x/pods"], "is not an http(s) URL"),
+        (
+            ["--kubelet-pods-url=ftp://x/pods"],
+            "--kubelet-pods-url: 'ftp://x/pods' must be an http:// or https:// URL",
+        ),
         (["--kubelet-pods-url="], "no source for the node's pods"),
     ],
 )

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from lj_runtimekit.envtest.controlplane import ControlPlane
+from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.proto.pkg.protocol import load_protocol
-from lj_runtimekit.schedulerframework.internal.kube.client import Kube
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import Args as GpuShareArgs
 
 P = load_protocol()
@@ -35,7 +35,7 @@ COMPETING = 4
 COMPETING_SIZE = 16
 
 
-def label_nodes(kube: Kube, names: Sequence[str]) -> list[str]:
+def label_nodes(kube: KubeClient, names: Sequence[str]) -> list[str]:
     """Topology and Runtime labels on every node; the last 48 become the competition nodes."""
     compete = list(names[-COMPETING_SIZE * 3 :])
 
@@ -89,7 +89,7 @@ def gang_pod(
     }
 
 
-def partial_gangs(kube: Kube, ns: str) -> tuple[int, dict[str, int]]:
+def partial_gangs(kube: KubeClient, ns: str) -> tuple[int, dict[str, int]]:
     """(gangs with 0 < bound < minimum, bound members per gang)."""
     pods, _ = kube.list_all(f"/api/v1/namespaces/{ns}/pods")
     bound: dict[str, int] = {}
@@ -105,13 +105,13 @@ def partial_gangs(kube: Kube, ns: str) -> tuple[int, dict[str, int]]:
 
 
 def run_gang_bench(
-    kube: Kube,
+    kube: KubeClient,
     cp: ControlPlane,
     work: Path,
     config: Path,
     node_names: Sequence[str],
-    make_namespace: Callable[[Kube, str], None],
-    bind_watch: Callable[[Kube, str], Any],
+    make_namespace: Callable[[KubeClient, str], None],
+    bind_watch: Callable[[KubeClient, str], Any],
     log: Callable[[str], None],
 ) -> dict[str, float]:
     ns = "bench-gang"

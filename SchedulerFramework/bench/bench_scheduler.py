@@ -46,11 +46,11 @@ import yaml
 from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig
 from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
 from lj_runtimekit.envtest.process import Process
+from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.proto.pkg.protocol import (
     ADMISSION_KUBELET_ORDER,
     load_protocol,
 )
-from lj_runtimekit.schedulerframework.internal.kube.client import Kube, load_api_client
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import Args as GpuShareArgs
 from lj_runtimekit.testkit.invariant import assignment_holdings, sharing_violations
 from lj_runtimekit.testkit.ports import free_port
@@ -84,7 +84,7 @@ def pod_body(name: str, scheduler: str, limits: dict[str, str]) -> dict[str, Any
     }
 
 
-def create_pods(kube: Kube, ns: str, scheduler: str, n: int, limits: dict[str, str]) -> None:
+def create_pods(kube: KubeClient, ns: str, scheduler: str, n: int, limits: dict[str, str]) -> None:
     def one(i: int) -> None:
         kube.request(
             "POST", f"/api/v1/namespaces/{ns}/pods", body=pod_body(f"p{i}", scheduler, limits)
@@ -103,7 +103,7 @@ class BindWatch:
     plugin's default mode, `kubelet-order` (see `announce_admission`), so the scheduler
     does not wait for it between two pods of one node."""
 
-    def __init__(self, kube: Kube, ns: str, plugins: Kube | None = None) -> None:
+    def __init__(self, kube: KubeClient, ns: str, plugins: KubeClient | None = None) -> None:
         self.kube = kube
         self.plugins = plugins or kube
         """The Device Plugins' own API connections (a pool as large as their writers)."""
@@ -171,7 +171,7 @@ class BindWatch:
         return (len(ts) - 1) / (ts[-1] - ts[0])
 
 
-def announce_admission(kube: Kube, names: list[str]) -> None:
+def announce_admission(kube: KubeClient, names: list[str]) -> None:
     """What each node's Device Plugin writes at start when it reads the kubelet's own pod
     list (the default): `annotations.node_admission: kubelet-order`."""
 
@@ -187,7 +187,7 @@ def announce_admission(kube: Kube, names: list[str]) -> None:
         list(pool.map(one, names))
 
 
-def make_namespace(kube: Kube, ns: str) -> None:
+def make_namespace(kube: KubeClient, ns: str) -> None:
     kube.request(
         "POST",
         "/api/v1/namespaces",
@@ -207,7 +207,7 @@ def make_namespace(kube: Kube, ns: str) -> None:
     )
 
 
-def delete_pods(kube: Kube, ns: str) -> None:
+def delete_pods(kube: KubeClient, ns: str) -> None:
     items, _ = kube.list_all(f"/api/v1/namespaces/{ns}/pods")
 
     def one(obj: dict[str, Any]) -> None:
@@ -250,7 +250,7 @@ def histogram_quantiles(text: str, name: str, qs: tuple[float, ...]) -> list[flo
     return out
 
 
-def overcommit_violations(kube: Kube) -> int:
+def overcommit_violations(kube: KubeClient) -> int:
     """Breaches of the sharing invariant in the scheduler's assignments of every pod."""
     pods, _ = kube.list_all("/api/v1/pods")
     return len(sharing_violations("scheduler", assignment_holdings(pods, P)))
@@ -263,7 +263,7 @@ def process_cpu_s(pid: int) -> float:
 
 
 def run_lj(
-    kube: Kube,
+    kube: KubeClient,
     cp: ControlPlane,
     work: Path,
     config: Path,
@@ -277,7 +277,7 @@ def run_lj(
     """
     make_namespace(kube, ns)
     create_pods(kube, ns, "lj-bench", n, limits)
-    watch = BindWatch(kube, ns, Kube(load_api_client(str(cp.kubeconfig_path), pool_size=64)))
+    watch = BindWatch(kube, ns, KubeClient.connect(str(cp.kubeconfig_path), pool_size=64))
     port = free_port()
     with (work / f"lj-scheduler-{ns}.log").open("wb") as out:
         lj = subprocess.Popen(
@@ -313,7 +313,7 @@ def _rounded(v: Any) -> Any:
 
 
 def run_kube_scheduler(
-    kube: Kube, cp: ControlPlane, work: Path, ns: str, n: int
+    kube: KubeClient, cp: ControlPlane, work: Path, ns: str, n: int
 ) -> tuple[float, float]:
     """The stock kube-scheduler places `n` whole-GPU pods; (pods/s, CPU ms per pod)."""
     make_namespace(kube, ns)
@@ -351,7 +351,7 @@ def run_kube_scheduler(
 
 
 def run_whole_rounds(
-    kube: Kube, cp: ControlPlane, work: Path, lj_cfg: Path, n: int, rounds: int
+    kube: KubeClient, cp: ControlPlane, work: Path, lj_cfg: Path, n: int, rounds: int
 ) -> tuple[dict[str, Any], int]:
     """Alternating whole-GPU rounds of both schedulers: (medians plus the per-round values,
     overcommit violations found after the lj-scheduler rounds)."""
@@ -423,7 +423,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     with ControlPlane(cfg) as cp:
         api = cp.api_client()
-        kube = Kube(api)
+        kube = KubeClient(api)
         log(f"control plane up in {cp.ready_s:.1f}s; creating {args.nodes} nodes x 8 GPUs")
         factory = NodeFactory(api, group="bench")
         specs = [GpuNodeSpec(name=f"gpu-{i:04d}") for i in range(args.nodes)]

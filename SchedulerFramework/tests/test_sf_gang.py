@@ -328,8 +328,8 @@ def test_queue_activate_moves_unschedulable_and_in_flight_pods() -> None:
 
 
 def test_a_profile_requiring_jobsets_needs_the_jobset_api() -> None:
+    from lj_runtimekit.proto.pkg.kube import KubeError
     from lj_runtimekit.schedulerframework.internal.config.config import parse_config
-    from lj_runtimekit.schedulerframework.internal.kube.client import KubeError
 
     plain = parse_config({}, "<t>")
     strict = parse_config(
@@ -346,7 +346,7 @@ def test_a_profile_requiring_jobsets_needs_the_jobset_api() -> None:
         asked.append(path)
 
     def broken(path: str) -> None:
-        raise KubeError("GET", path, 0, "connection refused")
+        raise KubeError(f"GET {path}", 0, "connection refused")
 
     assert cos.job_set_problem(plain, absent) is None
     assert asked == []  # not even asked

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from lj_runtimekit.deviceplugin.internal.allocate.allocator import Allocator
 from lj_runtimekit.deviceplugin.internal.allocate.records import ApiPodRecorder
-from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi, KubeConfigError
 from lj_runtimekit.deviceplugin.internal.nodelabels.labels import NodeLabeller
 from lj_runtimekit.deviceplugin.internal.plugin.manager import PluginManager
 from lj_runtimekit.deviceplugin.internal.plugin.server import EndpointError
@@ -31,6 +30,8 @@ from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, Runt
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError, evaluate
 from lj_runtimekit.proto.pkg.flags import FlagParser, boolean
+from lj_runtimekit.proto.pkg.kube import KubeClient, KubeConfigError, NoApiAccessError
+from lj_runtimekit.proto.pkg.kubeletpods import DEFAULT_KUBELET_PODS_URL, check_pods_url
 from lj_runtimekit.proto.pkg.protocol import (
     ADMISSION_KUBELET_ORDER,
     ADMISSION_SERIAL,
@@ -51,7 +52,6 @@ log = logging.getLogger("lj-device-plugin")
 
 DIST = "lj-runtimekit-deviceplugin"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
-DEFAULT_PODS_URL = "http://127.0.0.1:10255/pods"
 
 
 class StartError(Exception):
@@ -97,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
     p.env_flag(
         "--kubelet-pods-url",
         "LJ_DP_KUBELET_PODS_URL",
-        DEFAULT_PODS_URL,
+        DEFAULT_KUBELET_PODS_URL,
         "kubelet read-only pod list; empty: off, the API server's watch of the node's pods only",
     )
     p.env_flag(
@@ -157,7 +157,7 @@ class Config:
     node_name: str
     kubelet_pods_url: str
     pod_resources_socket: str
-    api: KubeApi | None
+    kube: KubeClient | None
     label_node: bool
     release_grace_s: float
     collect_interval_s: float
@@ -169,20 +169,24 @@ def _config(args: argparse.Namespace) -> Config:
         protocol = load_protocol(args.protocol)
     except ProtocolError as exc:
         raise StartError(str(exc)) from exc
+    kube: KubeClient | None
     try:
-        api = KubeApi.load(args.kubeconfig)
+        kube = KubeClient.connect(args.kubeconfig)
+    except NoApiAccessError:
+        kube = None
     except KubeConfigError as exc:
         raise StartError(str(exc)) from exc
-    if args.label_node and api is None:
+    if args.label_node and kube is None:
         raise StartError(
             "--label-node needs API server access: run in-cluster or pass --kubeconfig,"
             " or set --label-node=false"
         )
     if args.label_node and not args.node_name:
         raise StartError("--label-node needs the node name: set --node-name or NODE_NAME")
-    if args.kubelet_pods_url and not args.kubelet_pods_url.startswith(("http://", "https://")):
-        raise StartError(f"--kubelet-pods-url {args.kubelet_pods_url!r} is not an http(s) URL")
-    if not args.kubelet_pods_url and (api is None or not args.node_name):
+    problem = check_pods_url(args.kubelet_pods_url) if args.kubelet_pods_url else None
+    if problem is not None:
+        raise StartError(f"--kubelet-pods-url: {problem}")
+    if not args.kubelet_pods_url and (kube is None or not args.node_name):
         raise StartError(
             "no source for the node's pods: --kubelet-pods-url is empty and there is no API"
             " server access with a node name (--kubeconfig or in-cluster, and --node-name)"
@@ -198,7 +202,7 @@ def _config(args: argparse.Namespace) -> Config:
         node_name=args.node_name,
         kubelet_pods_url=args.kubelet_pods_url,
         pod_resources_socket=args.pod_resources_socket,
-        api=api,
+        kube=kube,
         label_node=args.label_node,
         release_grace_s=args.release_grace,
         collect_interval_s=max(args.collect_interval, 0.1),
@@ -208,8 +212,8 @@ def _config(args: argparse.Namespace) -> Config:
 
 async def _run(cfg: Config) -> None:
     runtime = RuntimeAccess(cfg.runtime_socket_dir, cfg.runtime_socket_name, RetryPolicy())
-    watch = PodWatch(cfg.api, cfg.node_name) if cfg.api is not None and cfg.node_name else None
-    pods = NodePods(cfg.kubelet_pods_url, cfg.node_name, cfg.api, watch=watch)
+    watch = PodWatch(cfg.kube, cfg.node_name) if cfg.kube is not None and cfg.node_name else None
+    pods = NodePods(cfg.kubelet_pods_url, cfg.node_name, cfg.kube, watch=watch)
     try:
         try:
             await pods.list_pods()
@@ -244,7 +248,7 @@ async def _run(cfg: Config) -> None:
 
 
 async def _serve(cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: ResourceManager) -> None:
-    recorder = ApiPodRecorder(cfg.api) if cfg.api else None
+    recorder = ApiPodRecorder(cfg.kube) if cfg.kube else None
     if recorder is None:
         log.warning("no API server access: allocation records are kept by the Runtime only")
     allocator = Allocator(
@@ -279,8 +283,8 @@ async def _serve(cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: Resour
         asyncio.create_task(rm.run(), name="runtime-watch"),
         asyncio.create_task(allocator.run_collector(stop, cfg.collect_interval_s), name="gc"),
     ]
-    if cfg.label_node and cfg.api is not None:
-        labeller = NodeLabeller(cfg.api, cfg.node_name)
+    if cfg.label_node and cfg.kube is not None:
+        labeller = NodeLabeller(cfg.kube, cfg.node_name)
         pending: asyncio.Queue[Snapshot] = asyncio.Queue()
         rm.add_listener(pending.put_nowait)
         # With the kubelet's own pod list a pod shows up as the kubelet starts admitting

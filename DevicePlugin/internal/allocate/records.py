@@ -8,12 +8,17 @@ a later, more complete one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Mapping
 
-from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
-
-from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi
+from lj_runtimekit.proto.pkg.kube import (
+    STRATEGIC_MERGE_PATCH,
+    KubeClient,
+    KubeError,
+    RetryPolicy,
+    call_async,
+)
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +26,9 @@ log = logging.getLogger(__name__)
 class ApiPodRecorder:
     """Merge-patches annotations onto pods, newest first, with bounded retries."""
 
-    def __init__(self, api: KubeApi, attempts: int = 5) -> None:
-        self._api = api
-        self._attempts = attempts
+    def __init__(self, kube: KubeClient, attempts: int = 5) -> None:
+        self._kube = kube
+        self._retry = RetryPolicy(attempts=attempts, timeout_s=None, max_backoff_s=5.0)
         self._latest: dict[tuple[str, str], dict[str, str]] = {}
         self._writers: dict[tuple[str, str], asyncio.Task[None]] = {}
 
@@ -44,19 +49,17 @@ class ApiPodRecorder:
     async def _write(self, key: tuple[str, str]) -> None:
         namespace, name = key
         while key in self._latest:
-            annotations = self._latest.pop(key)
-            retrying = AsyncRetrying(
-                stop=stop_after_attempt(self._attempts),
-                wait=wait_exponential(multiplier=0.2, max=5),
-                reraise=True,
-            )
+            body = {"metadata": {"annotations": self._latest.pop(key)}}
+            path = f"/api/v1/namespaces/{namespace}/pods/{name}"
             try:
-                async for attempt in retrying:
-                    with attempt:
-                        await asyncio.to_thread(
-                            self._api.annotate_pod, namespace, name, annotations
-                        )
-            except Exception as exc:
+                await call_async(
+                    f"annotate pod {namespace}/{name}",
+                    functools.partial(
+                        self._kube.request, "PATCH", path, body, content_type=STRATEGIC_MERGE_PATCH
+                    ),
+                    self._retry,
+                )
+            except KubeError as exc:
                 log.warning(
                     "pod record not written",
                     extra={"pod": f"{namespace}/{name}", "reason": str(exc)},

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
-
-from lj_runtimekit.deviceplugin.internal.kube.client import KubeApi
+from lj_runtimekit.proto.pkg.kube import (
+    STRATEGIC_MERGE_PATCH,
+    KubeClient,
+    KubeError,
+    RetryPolicy,
+    call_async,
+)
 
 if TYPE_CHECKING:
     from lj_runtimekit.deviceplugin.internal.rm.manager import Snapshot
@@ -100,10 +105,10 @@ def node_inventory(devices: Iterable[rpb.Device], runtime_up: bool = True) -> st
 class NodeLabeller:
     """Patches the labels onto the Node when they change."""
 
-    def __init__(self, api: KubeApi, node_name: str, attempts: int = 5) -> None:
-        self._api = api
+    def __init__(self, kube: KubeClient, node_name: str, attempts: int = 5) -> None:
+        self._kube = kube
         self.node_name = node_name
-        self._attempts = attempts
+        self._retry = RetryPolicy(attempts=attempts, timeout_s=None, max_backoff_s=5.0)
         self._applied: Mapping[str, str | None] | None = None
 
     async def follow(
@@ -145,18 +150,22 @@ class NodeLabeller:
         wanted = {**labels, **{f"annotation:{k}": v for k, v in (annotations or {}).items()}}
         if wanted == self._applied:
             return True
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._attempts),
-            wait=wait_exponential(multiplier=0.2, max=5),
-            reraise=True,
-        )
+        meta: dict[str, object] = {"labels": dict(labels)}
+        if annotations:
+            meta["annotations"] = dict(annotations)
         try:
-            async for attempt in retrying:
-                with attempt:
-                    await asyncio.to_thread(
-                        self._api.label_node, self.node_name, labels, annotations
-                    )
-        except Exception as exc:
+            await call_async(
+                f"label node {self.node_name}",
+                functools.partial(
+                    self._kube.request,
+                    "PATCH",
+                    f"/api/v1/nodes/{self.node_name}",
+                    {"metadata": meta},
+                    content_type=STRATEGIC_MERGE_PATCH,
+                ),
+                self._retry,
+            )
+        except KubeError as exc:
             log.warning(
                 "node labels not written", extra={"node": self.node_name, "reason": str(exc)}
             )

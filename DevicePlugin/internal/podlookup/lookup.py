@@ -16,8 +16,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from lj_runtimekit.proto.pkg.kube import KubeClient, KubeError
 from lj_runtimekit.proto.pkg.kubeletpods import KubeletPodsError, KubeletPodsReader
 
 if TYPE_CHECKING:
@@ -139,6 +140,16 @@ def parse_pod_list(body: bytes, source: str) -> list[PodInfo]:
     return [parse_pod(item) for item in data.get("items") or () if isinstance(item, dict)]
 
 
+def node_selector(node_name: str) -> dict[str, str]:
+    """The query that narrows an API server pod list or watch to the pods of `node_name`."""
+    return {"fieldSelector": f"spec.nodeName={node_name}"}
+
+
+def on_node(pod: PodInfo, node_name: str) -> bool:
+    """Whether `pod` is (or may be) this node's: bound to it, or not yet bound."""
+    return not pod.node_name or pod.node_name == node_name
+
+
 class _ParsedCache:
     """The last answer and its parse: consecutive Allocate calls of one admission mostly
     see the same bytes, and comparing bytes is far cheaper than parsing them again."""
@@ -152,13 +163,6 @@ class _ParsedCache:
             self._pods = parse_pod_list(body, source)
             self._body = body
         return list(self._pods)
-
-
-class PodApi(Protocol):
-    """The API server side: a PodList of the node as JSON bytes."""
-
-    def list_node_pods(self, node_name: str) -> bytes:
-        """The raw PodList of pods with `spec.nodeName == node_name`."""
 
 
 @dataclass
@@ -181,7 +185,7 @@ class NodePods:
         self,
         kubelet_url: str,
         node_name: str,
-        api: PodApi | None,
+        kube: KubeClient | None,
         *,
         timeout_s: float = 2.0,
         kubelet_retry_s: float = 30.0,
@@ -189,7 +193,7 @@ class NodePods:
     ) -> None:
         self._kubelet = KubeletPodsReader(kubelet_url, timeout_s) if kubelet_url else None
         self.node_name = node_name
-        self._api = api
+        self._kube = kube
         self._watch = watch
         self._timeout_s = timeout_s
         self._kubelet_retry_s = kubelet_retry_s
@@ -209,7 +213,7 @@ class NodePods:
     @property
     def has_api(self) -> bool:
         """Whether the API server can be asked (for `fresh`)."""
-        return self._api is not None and bool(self.node_name)
+        return self._kube is not None and bool(self.node_name)
 
     def describe(self) -> str:
         """The pod sources, for the start-up log line."""
@@ -281,14 +285,16 @@ class NodePods:
         return await self._list_api("not asked")
 
     async def _list_api(self, kubelet_error: str) -> list[PodInfo]:
-        api = self._api
-        assert api is not None
+        kube = self._kube
+        assert kube is not None
         try:
-            body = await asyncio.to_thread(api.list_node_pods, self.node_name)
-        except Exception as exc:
+            body = await asyncio.to_thread(
+                kube.request_bytes, "GET", "/api/v1/pods", query=node_selector(self.node_name)
+            )
+        except KubeError as exc:
             raise self._no_source(kubelet_error, f"the API server failed too: {exc}") from exc
         pods = parse_pod_list(body, "API server")
-        return [p for p in pods if not p.node_name or p.node_name == self.node_name]
+        return [p for p in pods if on_node(p, self.node_name)]
 
     def _log_once(self, key: str, message: str, fields: dict[str, object]) -> None:
         if key not in self._source.logged:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import socket
 import sys
@@ -25,6 +24,7 @@ from lj_runtimekit.exporter.internal.pods.source import NodePods, PodLister
 from lj_runtimekit.exporter.internal.server.http import MetricsServer, make_app
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.flags import FlagParser, port, positive_seconds
+from lj_runtimekit.proto.pkg.kube import in_cluster
 from lj_runtimekit.proto.pkg.kubeletpods import DEFAULT_KUBELET_PODS_URL, check_pods_url
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import (
@@ -178,8 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
     )
     fallback: PodLister | None = None
-    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-    if args.apiserver_fallback == "auto" and (args.kubeconfig or in_cluster):
+    if args.apiserver_fallback == "auto" and (args.kubeconfig or in_cluster()):
         fallback = ApiServerPods(args.node_name, args.kubeconfig, timeout_s=args.kubelet_timeout)
     kubelet = KubeletPods(args.kubelet_pods_url, args.kubelet_timeout)
     loop = CollectionLoop(

@@ -2,17 +2,17 @@
 
 Used only when the kubelet read-only port does not answer. It costs a LIST
 against the API server per collection, so the kubelet stays the first choice.
+The API client is built (and the official client imported) on the first list.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
-from typing import Any
 
 from lj_runtimekit.exporter.internal.pods.kubelet import PodSourceError
 from lj_runtimekit.exporter.internal.pods.model import Pod, PodListError, parse_pod_list
+from lj_runtimekit.proto.pkg.kube import KubeClient, KubeConfigError, KubeError
 
 
 class ApiServerPods:
@@ -22,7 +22,7 @@ class ApiServerPods:
         self.node_name = node_name
         self.kubeconfig = kubeconfig
         self.timeout_s = timeout_s
-        self._api: Any = None
+        self._kube: KubeClient | None = None
         self._lock = threading.Lock()
 
     @property
@@ -31,39 +31,26 @@ class ApiServerPods:
         origin = f"kubeconfig {self.kubeconfig}" if self.kubeconfig else "in-cluster config"
         return f"API server ({origin}) pods of node {self.node_name}"
 
-    def _core_api(self) -> Any:
+    def _client(self) -> KubeClient:
         with self._lock:
-            if self._api is None:
-                from kubernetes import client, config
-
+            if self._kube is None:
                 try:
-                    if self.kubeconfig:
-                        api_client = config.new_client_from_config(config_file=self.kubeconfig)
-                    else:
-                        config.load_incluster_config()
-                        api_client = client.ApiClient()
-                except (config.ConfigException, OSError, TypeError, ValueError) as exc:
+                    self._kube = KubeClient.connect(self.kubeconfig)
+                except KubeConfigError as exc:
                     raise PodSourceError(f"{self.where}: cannot load config: {exc}") from exc
-                self._api = client.CoreV1Api(api_client)
-            return self._api
+            return self._kube
 
     def _fetch(self) -> tuple[Pod, ...]:
-        from kubernetes.client.exceptions import ApiException
-
-        api = self._core_api()
+        kube = self._client()
         try:
-            response = api.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={self.node_name}",
-                _preload_content=False,
-                _request_timeout=self.timeout_s,
+            data = kube.request(
+                "GET",
+                "/api/v1/pods",
+                query={"fieldSelector": f"spec.nodeName={self.node_name}"},
+                timeout_s=self.timeout_s,
             )
-            data = json.loads(response.data)
-        except ApiException as exc:
-            raise PodSourceError(f"{self.where}: HTTP {exc.status} {exc.reason}") from exc
-        except (OSError, ValueError) as exc:
+        except (KubeError, ValueError) as exc:
             raise PodSourceError(f"{self.where}: {exc}") from exc
-        except Exception as exc:  # urllib3 errors do not share a narrower base
-            raise PodSourceError(f"{self.where}: {type(exc).__name__}: {exc}") from exc
         try:
             return parse_pod_list(data, self.where)
         except PodListError as exc:

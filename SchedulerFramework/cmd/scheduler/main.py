@@ -17,11 +17,11 @@ import uuid
 from collections.abc import Sequence
 from types import FrameType
 
-from kubernetes.config.config_exception import ConfigException
 from prometheus_client import start_http_server
 
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.flags import FlagParser, port
+from lj_runtimekit.proto.pkg.kube import Informer, KubeClient, KubeConfigError, RateLimiter
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.version import component_version
 from lj_runtimekit.schedulerframework.internal.config.config import (
@@ -30,12 +30,6 @@ from lj_runtimekit.schedulerframework.internal.config.config import (
     load_config,
 )
 from lj_runtimekit.schedulerframework.internal.extender.server import Extender, serve
-from lj_runtimekit.schedulerframework.internal.kube.client import (
-    Kube,
-    RateLimiter,
-    load_api_client,
-)
-from lj_runtimekit.schedulerframework.internal.kube.informer import Informer
 from lj_runtimekit.schedulerframework.internal.leaderelection.lease import LeaderElector
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling import plugin as coscheduling
 from lj_runtimekit.schedulerframework.internal.scheduler import metrics
@@ -155,12 +149,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     try:
         # One connection per binding thread, plus the watches, events and the lease.
-        api = load_api_client(args.kubeconfig, pool_size=config.bind_workers + 8)
-    except (ConfigException, OSError) as exc:
+        kube = KubeClient.connect(
+            args.kubeconfig,
+            pool_size=config.bind_workers + 8,
+            limiter=RateLimiter(config.qps, config.burst),
+        )
+    except KubeConfigError as exc:
         log.error("cannot configure the Kubernetes client: %s", exc)
         return 1
     identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    kube = Kube(api, RateLimiter(config.qps, config.burst))
     names = ",".join(p.scheduler_name for p in config.profiles)
     recorder = EventRecorder(kube, names, identity)
     scheduler = Scheduler(config, protocol, kube, recorder)

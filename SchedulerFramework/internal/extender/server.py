@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from lj_runtimekit.proto.pkg.kube import KubeError
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
     KubeObject,
     PodInfo,
@@ -29,7 +30,6 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     Code,
     CycleState,
 )
-from lj_runtimekit.schedulerframework.internal.kube.client import KubeError
 from lj_runtimekit.schedulerframework.internal.plugins import (
     nodeaffinity,
     noderesources,

@@ -14,9 +14,9 @@ import threading
 import time
 from datetime import UTC, datetime
 
+from lj_runtimekit.proto.pkg.kube import KubeClient, KubeError
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import KubeObject
 from lj_runtimekit.schedulerframework.internal.config.config import LeaderElection
-from lj_runtimekit.schedulerframework.internal.kube.client import Kube, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def _micro_time(t: float) -> str:
 
 
 class LeaderElector:
-    def __init__(self, kube: Kube, config: LeaderElection, identity: str) -> None:
+    def __init__(self, kube: KubeClient, config: LeaderElection, identity: str) -> None:
         self.kube = kube
         self.config = config
         self.identity = identity

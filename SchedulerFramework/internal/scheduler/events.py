@@ -16,8 +16,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from lj_runtimekit.proto.pkg.kube import MERGE_PATCH, KubeClient, KubeError
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
-from lj_runtimekit.schedulerframework.internal.kube.client import Kube, KubeError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,9 @@ def _now() -> str:
 
 
 class EventRecorder:
-    def __init__(self, kube: Kube | None, component: str, instance: str, size: int = 5000) -> None:
+    def __init__(
+        self, kube: KubeClient | None, component: str, instance: str, size: int = 5000
+    ) -> None:
         self.kube = kube
         self.component = component
         self.instance = instance
@@ -95,7 +97,7 @@ class EventRecorder:
                     "PATCH",
                     f"{base}/{name}",
                     body={"count": count + 1, "lastTimestamp": now},
-                    content_type="application/merge-patch+json",
+                    content_type=MERGE_PATCH,
                 )
                 self._sent[key] = (name, count + 1)
                 self._sent.move_to_end(key)

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from lj_runtimekit.proto.pkg.kube import KubeClient, KubeError
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
@@ -41,7 +42,6 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     error,
     unresolvable,
 )
-from lj_runtimekit.schedulerframework.internal.kube.client import Kube, KubeError
 from lj_runtimekit.schedulerframework.internal.plugins.registry import REGISTRY
 from lj_runtimekit.schedulerframework.internal.queue.queue import QueuedPod, SchedulingQueue
 from lj_runtimekit.schedulerframework.internal.scheduler import metrics
@@ -183,7 +183,7 @@ class Scheduler:
         self,
         config: Config,
         protocol: Protocol,
-        kube: Kube | None,
+        kube: KubeClient | None,
         recorder: EventRecorder | None = None,
     ) -> None:
         self.config = config
@@ -295,7 +295,7 @@ class Scheduler:
                 "POST", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding", body=body
             )
         except KubeError as exc:
-            return Status(Code.ERROR, (exc.reason,), "DefaultBinder")
+            return Status(Code.ERROR, (exc.message,), "DefaultBinder")
         return SUCCESS
 
     # -- informer handlers ----------------------------------------------------------------

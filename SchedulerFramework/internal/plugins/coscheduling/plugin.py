@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Gauge
 
 from lj_runtimekit.proto.pkg.featuregate import FEATURE_MINIMUMS, Feature, evaluate
+from lj_runtimekit.proto.pkg.kube import KubeError
 from lj_runtimekit.proto.pkg.version import InvalidVersionError
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
@@ -61,7 +62,6 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     unresolvable,
     unschedulable,
 )
-from lj_runtimekit.schedulerframework.internal.kube.client import KubeError
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import (
     EXCLUSIVE_TOPOLOGY,
     JOBSET_NAME,

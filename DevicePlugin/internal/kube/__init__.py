@@ -1,1 +1,0 @@
-"""Kubernetes API access (in-cluster or kubeconfig)."""

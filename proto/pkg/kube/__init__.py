@@ -1,0 +1,57 @@
+"""Kubernetes API access shared by the components: configuration, errors, retries, a JSON
+client and the informer. Importing it does not import the official client; building a
+client does."""
+
+from lj_runtimekit.proto.pkg.kube.client import (
+    MERGE_PATCH,
+    STRATEGIC_MERGE_PATCH,
+    KubeClient,
+    KubeObject,
+    RateLimiter,
+)
+from lj_runtimekit.proto.pkg.kube.config import (
+    KubeConfigError,
+    NoApiAccessError,
+    in_cluster,
+    load_api_client,
+    load_configuration,
+)
+from lj_runtimekit.proto.pkg.kube.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    GoneError,
+    KubeError,
+    NotFoundError,
+    api_error,
+    kube_error,
+    transient,
+)
+from lj_runtimekit.proto.pkg.kube.informer import Handler, Informer
+from lj_runtimekit.proto.pkg.kube.retry import RetryPolicy, call, call_async, log_retry
+
+__all__ = [
+    "MERGE_PATCH",
+    "STRATEGIC_MERGE_PATCH",
+    "AlreadyExistsError",
+    "ConflictError",
+    "GoneError",
+    "Handler",
+    "Informer",
+    "KubeClient",
+    "KubeConfigError",
+    "KubeError",
+    "KubeObject",
+    "NoApiAccessError",
+    "NotFoundError",
+    "RateLimiter",
+    "RetryPolicy",
+    "api_error",
+    "call",
+    "call_async",
+    "in_cluster",
+    "kube_error",
+    "load_api_client",
+    "load_configuration",
+    "log_retry",
+    "transient",
+]
