@@ -30,10 +30,10 @@ from lj_runtimekit.controller.internal.config.config import (
 )
 from lj_runtimekit.controller.internal.health.server import HealthServer
 from lj_runtimekit.controller.internal.kube.client import ApiError, Kube
-from lj_runtimekit.controller.internal.leaderelection.lease import LeaseSettings
 from lj_runtimekit.controller.internal.operator.operator import Controller, WatchSettings
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.flags import FlagParser, boolean
+from lj_runtimekit.proto.pkg.leaderelection import LeaseConfig
 from lj_runtimekit.proto.pkg.version import component_version
 
 DIST = "lj-runtimekit-controller"
@@ -216,7 +216,7 @@ async def _run(args: argparse.Namespace, settings: ControllerSettings) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
         lease = (
-            LeaseSettings(
+            LeaseConfig(
                 namespace=settings.job.namespace,
                 name=args.lease_name,
                 lease_duration_s=args.lease_duration,

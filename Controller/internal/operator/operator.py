@@ -39,13 +39,14 @@ from lj_runtimekit.controller.internal.controller.node_controller import NodeCon
 from lj_runtimekit.controller.internal.health.server import HealthServer
 from lj_runtimekit.controller.internal.jobspec import jobspec
 from lj_runtimekit.controller.internal.kube.client import ApiError, Kube
-from lj_runtimekit.controller.internal.leaderelection.lease import LeaderElector, LeaseSettings
 from lj_runtimekit.controller.internal.nodestate.state import (
     STATE_LABEL,
     NodeState,
     desired_action,
 )
 from lj_runtimekit.controller.internal.workqueue.queue import WorkQueue
+from lj_runtimekit.proto.pkg.kube import KubeClient
+from lj_runtimekit.proto.pkg.leaderelection import LeaderElector, LeaseConfig
 
 _log = logging.getLogger(__name__)
 NODE_EVENT_NAMESPACE = "default"
@@ -156,7 +157,7 @@ class Controller:
         kube: Kube,
         login: Callable[[], kopf.ConnectionInfo],
         watch: WatchSettings | None = None,
-        lease: LeaseSettings | None = None,
+        lease: LeaseConfig | None = None,
         health: HealthServer | None = None,
     ) -> None:
         self.settings = settings
@@ -238,16 +239,19 @@ class Controller:
                 await self.health.stop()
 
     async def _run(self, stop: asyncio.Event) -> int:
-        elector = LeaderElector(self.kube, self.lease) if self.lease else None
-        if elector is not None and not await elector.acquire(stop):
+        elector = LeaderElector(KubeClient(self.kube.api), self.lease) if self.lease else None
+        if elector is not None and not await elector.acquire_async(stop):
             return 0
         kopf_stop = asyncio.Event()
         self.queue.start()
         background: list[asyncio.Task[Any]] = [
             asyncio.create_task(self.resync_forever(), name="resync"),
         ]
-        if elector is not None:
-            background.append(asyncio.create_task(elector.renew_forever(), name="lease-renewal"))
+        renewal = (
+            asyncio.create_task(elector.renew_until_lost_async(), name="lease-renewal")
+            if elector is not None
+            else None
+        )
         operator = asyncio.create_task(
             kopf.operator(
                 registry=self.registry(),
@@ -260,8 +264,8 @@ class Controller:
             name="kopf",
         )
         waiters = [operator, asyncio.create_task(stop.wait(), name="stop")]
-        if elector is not None:
-            waiters.append(asyncio.create_task(elector.lost.wait(), name="lost"))
+        if renewal is not None:
+            waiters.append(renewal)
         _log.info(
             "controller running",
             extra={
@@ -272,11 +276,13 @@ class Controller:
             },
         )
         code = 0
+        lost = False
         if self.health is not None:
             self.health.ready = True
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            if elector is not None and elector.lost.is_set():
+            lost = renewal is not None and renewal.done() and not renewal.cancelled()
+            if lost:
                 code = 1
             if operator.done() and operator.exception() is not None:
                 _log.error("watching stopped", extra={"error": str(operator.exception())})
@@ -292,7 +298,7 @@ class Controller:
                     await task
             await self.queue.stop()
             await self.kube.drain_events()
-            if elector is not None and not elector.lost.is_set():
-                await elector.release()
+            if elector is not None and not lost:
+                await elector.release_async()
         _log.info("controller stopped", extra={"exit_code": code})
         return code

@@ -1,1 +1,0 @@
-"""Lease-based leader election."""
