@@ -22,6 +22,7 @@ from prometheus_client import start_http_server
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.flags import FlagParser, port
 from lj_runtimekit.proto.pkg.kube import Informer, KubeClient, KubeConfigError, RateLimiter
+from lj_runtimekit.proto.pkg.leaderelection import LeaderElector, LeaseConfig
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.version import component_version
 from lj_runtimekit.schedulerframework.internal.config.config import (
@@ -30,7 +31,6 @@ from lj_runtimekit.schedulerframework.internal.config.config import (
     load_config,
 )
 from lj_runtimekit.schedulerframework.internal.extender.server import Extender, serve
-from lj_runtimekit.schedulerframework.internal.leaderelection.lease import LeaderElector
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling import plugin as coscheduling
 from lj_runtimekit.schedulerframework.internal.scheduler import metrics
 from lj_runtimekit.schedulerframework.internal.scheduler.events import EventRecorder
@@ -208,13 +208,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     elector: LeaderElector | None = None
-    if config.leader_election.leader_elect:
-        elector = LeaderElector(kube, config.leader_election, identity)
-        if not elector.wait_for_leadership(stop):
+    le = config.leader_election
+    if le.leader_elect:
+        leader = elector = LeaderElector(
+            kube,
+            LeaseConfig(
+                namespace=le.resource_namespace,
+                name=le.resource_name,
+                identity=identity,
+                lease_duration_s=le.lease_duration_s,
+                renew_deadline_s=le.renew_deadline_s,
+                retry_period_s=le.retry_period_s,
+            ),
+        )
+        if not leader.acquire(stop):
             return 0
-        threading.Thread(
-            target=elector.renew_loop, args=(stop, lost), name="lease-renew", daemon=True
-        ).start()
+
+        def renew() -> None:
+            if leader.renew_until_lost(stop):
+                lost.set()
+
+        threading.Thread(target=renew, name="lease-renew", daemon=True).start()
     metrics.LEADER.set(1)
 
     server = None

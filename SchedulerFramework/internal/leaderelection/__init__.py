@@ -1,1 +1,0 @@
-"""LJ Runtime Kit Scheduler Framework."""
