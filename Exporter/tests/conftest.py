@@ -104,8 +104,11 @@ class Scrape:
         self.text = text
         self.samples: list[tuple[str, dict[str, str], float]] = []
         self.families: set[str] = set()
+        self.help: dict[str, str] = {}
+        """Family name -> its HELP text."""
         for family in text_string_to_metric_families(text):
             self.families.add(family.name)
+            self.help[family.name] = family.documentation
             for s in family.samples:
                 self.samples.append((s.name, dict(s.labels), s.value))
 

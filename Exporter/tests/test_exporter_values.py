@@ -210,6 +210,34 @@ def test_container_series_match_the_runtime(bed: Bed) -> None:
     assert (mig["device"], mig["mig_profile"]) == ("7", "3g.40gb")
 
 
+def test_mig_container_series_name_the_instance_they_are_relative_to(bed: Bed) -> None:
+    """A container on a MIG instance reports the Runtime's number, a share of that instance
+    (its labels name it; HELP says so); a container on a whole device or a slice has empty
+    MIG labels and a share of the device."""
+    s = bed.scrape
+    instance = bed.mig
+    (labels, used), *others = s.select("lj_runtimekit_container_utilization_ratio", pod="mig-2")
+    assert others == []
+    assert (labels["uuid"], labels["mig_profile"], labels["mig_instance_id"]) == (
+        bed.devices[7].id,
+        instance.profile,
+        str(instance.instance_id),
+    )
+    # The only container on the instance: the instance's utilization is its share plus
+    # idle noise, so the share is relative to the instance (3/7 of the GPU), not the GPU.
+    instance_util = s.value(
+        "lj_runtimekit_mig_utilization_ratio",
+        uuid=labels["uuid"],
+        mig_instance_id=labels["mig_instance_id"],
+    )
+    assert used <= instance_util < used + 0.05
+    relative = "MIG instance (mig_profile and mig_instance_id set) that instance"
+    for name in ("utilization_ratio", "core_allocated_ratio", "memory_allocated_ratio"):
+        assert relative in s.help[f"lj_runtimekit_container_{name}"]
+    for labels, _ in s.select("lj_runtimekit_container_utilization_ratio", pod="share-1"):
+        assert (labels["mig_profile"], labels["mig_instance_id"]) == ("", "")
+
+
 def test_allocation_series_from_pod_annotations(bed: Bed) -> None:
     s = bed.scrape
 

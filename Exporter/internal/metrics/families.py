@@ -257,7 +257,8 @@ def _container_families(
         return []
     util = _gauge(
         "container_utilization_ratio",
-        "Share of the device's compute the container uses, 0-1.",
+        "Share of the compute the container uses, 0-1, relative to what it holds: the device,"
+        " or for a MIG instance (mig_profile and mig_instance_id set) that instance.",
         CONTAINER_LABELS,
     )
     mem = _gauge(
@@ -265,14 +266,16 @@ def _container_families(
     )
     core_alloc = _gauge(
         "container_core_allocated_ratio",
-        "Share of the device's compute allocated to the container, 0-1 (1 for a whole device"
-        " or MIG instance).",
+        "Share of the compute allocated to the container, 0-1, relative to what it holds: the"
+        " device, or for a MIG instance (mig_profile and mig_instance_id set) that instance"
+        " (1 for a whole device or instance).",
         CONTAINER_LABELS,
     )
     mem_alloc = _gauge(
         "container_memory_allocated_ratio",
-        "Share of the device's memory allocated to the container, 0-1 (1 for a whole device"
-        " or MIG instance).",
+        "Share of the memory allocated to the container, 0-1, relative to what it holds: the"
+        " device, or for a MIG instance (mig_profile and mig_instance_id set) that instance"
+        " (1 for a whole device or instance).",
         CONTAINER_LABELS,
     )
     by_uid = pods.by_uid()
