@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -18,6 +19,8 @@ from lj_runtimekit.testkit.scheduler.fake import (
 )
 
 POLICY = PROTOCOL.annotations.gpu_policy
+NO_BACKOFF = {"podInitialBackoffSeconds": 0.001, "podMaxBackoffSeconds": 0.001}
+"""Pods moved back by a cluster change are tried again at once."""
 MakeCluster = Callable[[Mapping[str, Any] | None], FakeCluster]
 
 
@@ -125,6 +128,39 @@ def test_mig_and_tdm_never_on_one_gpu(cluster: FakeCluster) -> None:
     m2 = cluster.add_pod("mig2", {mig_res: "1"})
     cluster.schedule()
     assert cluster.node_of(m2) == ""  # the only 3g.40gb instance is taken
+    assert cluster.scheduler.cache.violations() == []
+
+
+def test_a_gpu_switching_mode_is_not_shared_by_tdm_and_mig(make_cluster: MakeCluster) -> None:
+    """The inventory switches a GPU's mode under a pod still holding it: the GPU is not handed
+    out in the other mode until that pod is gone."""
+    cluster = make_cluster(NO_BACKOFF)
+    mig_res = PROTOCOL.resources.mig("3g.40gb")
+    cluster.add_node("a", gpus=2, inventory=nvlink_inventory("a", count=2, groups=1))
+    tdm = cluster.add_pod("slice", {CORE: "30", MEM: "30"})
+    cluster.schedule()
+    assert decode_assignment(cluster.assignment(tdm))["c0"][0].device_id == "a-gpu0"
+    to_mig = nvlink_inventory("a", count=2, groups=1, mig={0: ["3g.40gb", "3g.40gb"]})
+    cluster.add_node("a", gpus=2, inventory=to_mig, extra={mig_res: "2"})
+    mig = cluster.add_pod("mig", {mig_res: "1"})
+    cluster.schedule()
+    assert cluster.node_of(mig) == ""  # gpu0 still carries the slice
+    cluster.delete_pod(tdm)
+    time.sleep(0.01)
+    cluster.schedule()
+    assert decode_assignment(cluster.assignment(mig))["c0"][0].device_id == "a-gpu0-mig0"
+    # back to TDM while the MIG instance is in use: no slice, no whole GPU on gpu0
+    cluster.add_node("a", gpus=2, inventory=nvlink_inventory("a", count=2, groups=1))
+    whole = cluster.add_pod("whole", {GPU: "2"})
+    later = cluster.add_pod("later", {CORE: "30", MEM: "30"})
+    cluster.schedule()
+    assert cluster.node_of(whole) == ""
+    assert decode_assignment(cluster.assignment(later))["c0"][0].device_id == "a-gpu1"
+    cluster.delete_pod(mig)
+    cluster.delete_pod(later)
+    time.sleep(0.01)
+    cluster.schedule()
+    assert cluster.node_of(whole) == "a"
     assert cluster.scheduler.cache.violations() == []
 
 

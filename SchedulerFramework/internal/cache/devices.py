@@ -174,9 +174,21 @@ class NodeDevices:
             dev.slices[owner] = (core, mem)
 
     def replace_devices(self, devices: list[DeviceState], from_inventory: bool) -> None:
-        """New inventory: rebuild the device table and re-apply every holding."""
+        """New inventory: rebuild the device table and re-apply every holding.
+
+        A MIG instance still held after its GPU left MIG mode stays on that GPU (it is in
+        use until its pod goes), so the GPU is given neither whole nor sliced meanwhile."""
         holdings = self.holdings
+        held_mig = {
+            s.device_id: parent.id
+            for shares in holdings.values()
+            for s in shares
+            if (parent := self._mig_parent.get(s.device_id)) is not None
+        }
         self.__init__(devices, from_inventory)  # type: ignore[misc]
+        for mig, parent_id in held_mig.items():
+            if mig not in self._mig_parent and parent_id in self.by_id:
+                self._mig_parent[mig] = self.by_id[parent_id]
         for owner, shares in holdings.items():
             self.apply(owner, shares)
 
@@ -195,7 +207,7 @@ class NodeDevices:
         return [
             mig
             for d in self.devices
-            if d.healthy and d.mode == "mig"
+            if d.healthy and d.mode == "mig" and not d.whole and not d.slices
             for mig, prof in d.mig_profiles.items()
             if prof == profile and mig not in d.mig_used
         ]

@@ -176,8 +176,8 @@ def _pick_mig(devices: NodeDevices, profile: str, policy: str, taken: set[str]) 
     best: str | None = None
     best_key: tuple[int, int] | None = None
     for d in devices.devices:
-        if not d.healthy or d.mode != "mig":
-            continue
+        if not d.healthy or d.mode != "mig" or d.whole or d.slices:
+            continue  # a GPU still given whole or sliced (its mode just changed) offers nothing
         free = [
             m
             for m, p in d.mig_profiles.items()
