@@ -19,7 +19,7 @@ from lj_runtimekit.exporter.internal.metrics.families import build_families
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics, status_families
 from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
 from lj_runtimekit.exporter.internal.pods.source import NodePods, PodRead
-from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError
+from lj_runtimekit.proto.pkg.featuregate import GateReport, RuntimeTooOldError
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.proto.pkg.runtimeclient import (
     RuntimeCallError,
@@ -58,6 +58,7 @@ class CollectionLoop:
         self._runtime_up: bool | None = None
         self._kubelet_up: bool | None = None
         self._gate_messages: tuple[str, ...] = ()
+        self._last_gates: GateReport | None = None
         self._container_error: str | None = None
         self._logged_problems: set[str] = set()
         self.started_at = time.monotonic()
@@ -96,6 +97,8 @@ class CollectionLoop:
         """One collection: read both sources concurrently, then publish."""
         started = time.perf_counter()
         runtime, pod_read = await asyncio.gather(self._read_runtime(), self._pods.read())
+        if runtime is not None:
+            self._last_gates = runtime.gates
         self._note_pods(pod_read)
         allocations: Allocations | None = None
         if pod_read.view is not None:
@@ -110,6 +113,7 @@ class CollectionLoop:
             runtime_up=runtime is not None,
             kubelet_up=pod_read.kubelet_up,
             gates=runtime.gates if runtime else None,
+            last_gates=self._last_gates,
             pods_source=pod_read.view.source if pod_read.view else None,
             pods_count=len(pod_read.view.pods) if pod_read.view else 0,
             collected_at_unix=time.time(),

@@ -53,11 +53,17 @@ def status_families(
     runtime_up: bool,
     kubelet_up: bool,
     gates: GateReport | None,
+    last_gates: GateReport | None,
     pods_source: str | None,
     pods_count: int,
     collected_at_unix: float,
 ) -> list[Metric]:
-    """runtime_up, kubelet_up, the `_info` metric, feature gates and the pods view."""
+    """runtime_up, kubelet_up, the `_info` metric, feature gates and the pods view.
+
+    `gates` is this collection's (None when the Runtime was unreadable); `last_gates` is
+    the last collection's that read the Runtime: the `_info` series keeps its labels while
+    the Runtime is down, so it stays one series (empty values until the first read).
+    """
     runtime = GaugeMetricFamily(
         PREFIX + "runtime_up",
         "1 when the last collection could read the Runtime, else 0.",
@@ -70,19 +76,18 @@ def status_families(
         labels=["node"],
     )
     kubelet.add_metric([node], 1.0 if kubelet_up else 0.0)
-    enabled = sorted(gates.enabled) if gates else []
     info = InfoMetricFamily(
         PREFIX + "exporter",
-        "Exporter version, the Runtime version it reads (empty while unknown) and the gated"
-        " features on.",
+        "Exporter version, the Runtime version it last read and the gated features on for it"
+        " (both kept while the Runtime is down; empty until the first read).",
         labels=["node"],
     )
     info.add_metric(
         [node],
         {
             "version": component_version,
-            "runtime_version": str(gates.runtime_version) if gates else "",
-            "features": ",".join(enabled),
+            "runtime_version": str(last_gates.runtime_version) if last_gates else "",
+            "features": ",".join(sorted(last_gates.enabled)) if last_gates else "",
         },
     )
     features = GaugeMetricFamily(
