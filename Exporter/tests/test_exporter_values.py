@@ -273,8 +273,11 @@ def test_status_series(bed: Bed) -> None:
     assert s.value("lj_runtimekit_feature_enabled", feature="container-metrics") == 1
     assert s.value("lj_runtimekit_exporter_collection_errors_total", source="runtime") == 0
     assert s.value("lj_runtimekit_exporter_collection_duration_seconds_count") == 1
-    assert s.value("lj_runtimekit_exporter_process_resident_memory_bytes") > 0
-    assert all(name.startswith("lj_runtimekit_") for name in s.names())
+    # prometheus_client's process collector under the standard names, nothing hand-made.
+    assert s.value("process_resident_memory_bytes") > 0
+    assert s.value("process_cpu_seconds_total") > 0
+    assert not any("_process_" in name for name in s.names())
+    assert all(name.startswith(("lj_runtimekit_", "process_")) for name in s.names())
 
 
 def test_http_gzip_healthz_and_not_found(bed: Bed) -> None:

@@ -141,7 +141,9 @@ class ExporterMetrics:
         self._lock = threading.Lock()
         self._snapshot = Snapshot()
         self._encoders: dict[str, Encoder] = {}
-        ProcessCollector(namespace=PREFIX + "exporter", registry=self.registry)
+        # The standard `process_*` names (RSS, CPU, fds, start time), as every Prometheus
+        # client library exports them.
+        ProcessCollector(registry=self.registry)
         self.scrape_duration = Histogram(
             PREFIX + "exporter_scrape_duration_seconds",
             "Time to render /metrics.",
