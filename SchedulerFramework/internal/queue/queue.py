@@ -177,12 +177,13 @@ class SchedulingQueue:
                 self._where[uid] = "unschedulable"
 
     def requeue_backoff(self, qp: QueuedPod) -> None:
-        """An error (not a rejection), e.g. a failed bind: retry after backoff."""
+        """An error (not a rejection), e.g. a failed bind: retry after backoff. A pod the
+        watch deleted (or saw bound) meanwhile is not queued again."""
         with self._cond:
             uid = qp.pod.uid
             self._in_flight.discard(uid)
             if uid not in self._pods:
-                self._pods[uid] = qp
+                return
             qp.backoff_until = time.monotonic() + self._backoff_duration(qp.attempts)
             self._push_backoff(qp)
 

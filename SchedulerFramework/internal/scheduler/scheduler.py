@@ -345,7 +345,10 @@ class Scheduler:
             if was_terminal or devices_changed:
                 self.queue.move_all_to_active_or_backoff()
             return
-        if pod.terminal or pod.deleting or pod.scheduler_name not in self.frameworks:
+        if pod.deleting:
+            self.queue.delete(pod.uid)  # never scheduled again, whatever its attempt is doing
+            return
+        if pod.terminal or pod.scheduler_name not in self.frameworks:
             return
         if pod.uid in self._cache.pods:
             return  # assumed: its binding is in flight
@@ -567,12 +570,12 @@ class Scheduler:
             self.bind_failures += 1
             self._forget(b)
             self._admitted(pod.uid)
-            log.warning(
-                "binding failed: %s", status.message(), extra={"pod": pod.key, "node": b.node}
-            )
-            self.event(pod, "Warning", "FailedScheduling", f"Binding rejected: {status.message()}")
-            if "already assigned" in status.message() or "not found" in status.message():
-                self.queue.done(pod.uid)  # bound elsewhere or gone: the watch tells the truth
+            message = status.message()
+            log.warning("binding failed: %s", message, extra={"pod": pod.key, "node": b.node})
+            self.event(pod, "Warning", "FailedScheduling", f"Binding rejected: {message}")
+            if any(m in message for m in ("already assigned", "not found", "being deleted")):
+                # bound elsewhere, gone or going: the watch tells the truth
+                self.queue.done(pod.uid)
             else:
                 self.queue.requeue_backoff(b.queued)
         finally:

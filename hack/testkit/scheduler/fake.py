@@ -115,6 +115,11 @@ class FakeCluster:
             return error("not found")
         if obj["spec"].get("nodeName"):
             return error(f"pod {pod.key} is already assigned to node {obj['spec']['nodeName']}")
+        if obj["metadata"].get("deletionTimestamp"):
+            return error(
+                f'Operation cannot be fulfilled on pods/binding "{pod.name}": pod {pod.name} is '
+                "being deleted, cannot be assigned to a host"
+            )
         if self.fail_binds > 0:
             self.fail_binds -= 1
             return error("injected bind failure")
@@ -213,6 +218,12 @@ class FakeCluster:
         obj["metadata"]["annotations"][PROTOCOL.annotations.assigned_devices] = assignment
         self.scheduler.on_pod("MODIFIED", copy.deepcopy(obj))
         return uid
+
+    def terminate_pod(self, uid: str) -> None:
+        """The pod is being deleted (its grace period runs): the deletion timestamp is set."""
+        obj = self.pods[uid]
+        obj["metadata"]["deletionTimestamp"] = "2025-01-01T00:00:00Z"
+        self.scheduler.on_pod("MODIFIED", copy.deepcopy(obj))
 
     def delete_pod(self, uid: str) -> None:
         obj = self.pods.pop(uid)
