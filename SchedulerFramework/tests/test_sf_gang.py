@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 
 import pytest
@@ -174,6 +175,25 @@ def test_four_competing_gangs_three_fit_no_deadlock() -> None:
         c.delete_pod(u)
     flush(c)
     assert all(nodes_of(c, gangs[none[0]]))
+
+
+def test_a_pod_turned_away_by_a_gang_claim_is_tried_again_once_the_claim_goes() -> None:
+    c = FakeCluster({"podInitialBackoffSeconds": 0.001, "podMaxBackoffSeconds": 0.001})
+    MADE.append(c)
+    c.add_node("n0", labels={"pin": "yes"})
+    c.add_node("n1")
+    ann = {A.gang_group: "g", A.gang_min_members: "2"}
+    members = [c.add_pod("g-0", {GPU: "2"}, annotations=ann)]
+    # tried between the gang's two members, while the gang's plan holds n0
+    pinned = c.add_pod("pinned", {GPU: "1"}, nodeSelector={"pin": "yes"})
+    members.append(c.add_pod("g-1", {GPU: "2"}, annotations=ann))
+    c.schedule()
+    assert nodes_of(c, members) == ["n0", "n0"]
+    assert any("held for a gang being placed" in e for e in c.events(pinned, "FailedScheduling"))
+    assert c.scheduler.queue.counts()["unschedulable"] == 0  # the claim went: moved at once
+    time.sleep(0.01)
+    c.schedule()
+    assert c.node_of(pinned) == "n0"
 
 
 def test_exclusive_topology_gives_each_job_a_whole_block() -> None:

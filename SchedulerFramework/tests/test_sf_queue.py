@@ -57,6 +57,22 @@ def test_event_during_the_cycle_sends_the_pod_to_backoff() -> None:
     assert q.counts()["backoff"] == 1
 
 
+def test_moving_some_pods_leaves_the_others_parked() -> None:
+    q = SchedulingQueue(initial_backoff_s=30, max_backoff_s=30)
+    for name in ("turned-away", "other", "in-flight"):
+        q.add(pod(name))
+    for _ in range(2):
+        qp = q.pop(0)
+        assert qp is not None
+        q.add_unschedulable(qp)
+    busy = q.pop(0)
+    assert busy is not None
+    q.move_to_active_or_backoff(["turned-away", "in-flight"])
+    assert q.counts() == {"active": 0, "backoff": 1, "unschedulable": 1, "in_flight": 1}
+    q.add_unschedulable(busy)  # failed in the cycle the move came in: backoff, not parked
+    assert q.counts() == {"active": 0, "backoff": 2, "unschedulable": 1, "in_flight": 0}
+
+
 def test_pod_update_retries_at_once_and_delete_forgets() -> None:
     q = SchedulingQueue(initial_backoff_s=5)
     q.add(pod("a"))

@@ -216,6 +216,11 @@ class Handle(Protocol):
         """Moves these pending pods to the active queue now (upstream Handle.Activate)."""
         ...
 
+    def move_to_active_or_backoff(self, uids: Iterable[str]) -> None:
+        """What turned these pods away is gone: the unschedulable ones are tried again (after
+        their backoff), not left for the periodic flush."""
+        ...
+
     def after_cycle(self, fn: Callable[[], None]) -> None:
         """Runs `fn` in the scheduling thread once the current cycle has released the cache
         lock (e.g. allowing a gang's waiting pods, which submits their binds)."""

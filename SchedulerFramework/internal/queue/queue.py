@@ -50,6 +50,8 @@ class SchedulingQueue:
         self._where: dict[str, str] = {}
         self._in_flight: set[str] = set()
         self._activate_in_flight: set[str] = set()
+        self._moved_in_flight: set[str] = set()
+        """in flight when a change that may let them fit came: to backoff if they fail"""
         self.scheduling_cycle = 0
         self._move_request_cycle = -1
         self._closed = False
@@ -116,6 +118,7 @@ class SchedulingQueue:
             self._unschedulable.pop(uid, None)
             self._where.pop(uid, None)
             self._activate_in_flight.discard(uid)
+            self._moved_in_flight.discard(uid)
 
     def pop(self, timeout_s: float | None = None) -> QueuedPod | None:
         """The next pod to schedule (None on timeout or close)."""
@@ -152,6 +155,7 @@ class SchedulingQueue:
         with self._cond:
             self._in_flight.discard(uid)
             self._activate_in_flight.discard(uid)
+            self._moved_in_flight.discard(uid)
             if self._where.get(uid) == "in_flight":
                 self._where.pop(uid, None)
                 self._pods.pop(uid, None)
@@ -161,6 +165,8 @@ class SchedulingQueue:
         with self._cond:
             uid = qp.pod.uid
             self._in_flight.discard(uid)
+            moved = uid in self._moved_in_flight
+            self._moved_in_flight.discard(uid)
             if uid not in self._pods:
                 return  # deleted meanwhile
             now = time.monotonic()
@@ -169,7 +175,7 @@ class SchedulingQueue:
                 self._activate_in_flight.discard(uid)
                 qp.backoff_until = 0.0
                 self._push_active(qp)
-            elif self._move_request_cycle >= qp.cycle:
+            elif moved or self._move_request_cycle >= qp.cycle:
                 self._push_backoff(qp)  # something changed while it was being scheduled
             else:
                 qp.unschedulable_since = now
@@ -182,6 +188,7 @@ class SchedulingQueue:
         with self._cond:
             uid = qp.pod.uid
             self._in_flight.discard(uid)
+            self._moved_in_flight.discard(uid)
             if uid not in self._pods:
                 return
             qp.backoff_until = time.monotonic() + self._backoff_duration(qp.attempts)
@@ -196,6 +203,19 @@ class SchedulingQueue:
             self._unschedulable.clear()
             for qp in pods:
                 self._move(qp, now)
+
+    def move_to_active_or_backoff(self, uids: Iterable[str]) -> None:
+        """What turned these pods away is gone (a gang's claim on a node): the unschedulable
+        ones go to the active queue, or to backoff while it lasts; one being scheduled goes
+        to backoff instead of the unschedulable pods if it fails."""
+        with self._cond:
+            now = time.monotonic()
+            for uid in uids:
+                where = self._where.get(uid)
+                if where == "unschedulable":
+                    self._move(self._unschedulable.pop(uid), now)
+                elif where == "in_flight":
+                    self._moved_in_flight.add(uid)
 
     def activate(self, uids: Iterable[str]) -> None:
         """Moves these pods from unschedulable or backoff to the active queue now."""

@@ -241,6 +241,9 @@ class Scheduler:
     def activate(self, uids: Iterable[str]) -> None:
         self.queue.activate(uids)
 
+    def move_to_active_or_backoff(self, uids: Iterable[str]) -> None:
+        self.queue.move_to_active_or_backoff(uids)
+
     def after_cycle(self, fn: Callable[[], None]) -> None:
         self._after_cycle.append(fn)
 

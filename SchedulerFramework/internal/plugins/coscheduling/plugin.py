@@ -197,6 +197,8 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
         self._gangs: dict[str, _Gang] = {}
         self._claims: dict[str, str] = {}
         """node -> gang whose plan holds it"""
+        self._turned_away: dict[str, set[str]] = {}
+        """gang -> pods its claims kept off a node (tried again when a claim of it goes)"""
         self._jobsets: dict[tuple[str, str], tuple[int | None, float]] = {}
         self._gates: dict[str, str | None] = {}
         self._lock = threading.RLock()
@@ -280,6 +282,14 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                 if self._claims.get(n) == g.key:
                     del self._claims[n]
         g.plan = None
+        self._retry_turned_away(g.key)
+
+    def _retry_turned_away(self, key: str) -> None:
+        """A claim of the gang went: the pods its claims kept off nodes are tried again now,
+        not at the periodic flush of unschedulable pods."""
+        turned_away = self._turned_away.pop(key, None)
+        if turned_away:
+            self.handle.move_to_active_or_backoff(turned_away)
 
     def _gc(self, now: float) -> None:
         for g in list(self._gangs.values()):
@@ -529,6 +539,7 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
         owner = self._claims.get(node.name)
         if owner is None or owner == state.read(STATE_KEY):
             return SUCCESS
+        self._turned_away.setdefault(owner, set()).add(pod.uid)
         return unschedulable("node(s) held for a gang being placed")
 
     # -- Reserve / Permit -----------------------------------------------------------------
@@ -559,6 +570,7 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                 p.member_at[pod.uid] = (job, node_name)
                 if p.node_full(node_name) and self._claims.get(node_name) == key:
                     del self._claims[node_name]
+                    self._retry_turned_away(key)
         return SUCCESS
 
     def unreserve(self, state: CycleState, pod: PodInfo, node_name: str) -> None:
