@@ -176,3 +176,31 @@ def test_feature_gates_follow_the_runtime_version(live: Live) -> None:
         "container metrics back",
         lambda s: len(s.select("lj_runtimekit_container_utilization_ratio")) == 2,
     )
+
+
+def test_xid_errors_carry_the_xid_code(live: Live) -> None:
+    """An XID fault is counted under the code the Runtime names in the health reason; the
+    codes of a device add up to the Runtime's counter; other faults count none."""
+    exporter = live.exporter
+    devices = exporter.scrape().select("lj_runtimekit_device_info")
+    uuid = {labels["device"]: labels["uuid"] for labels, _ in devices}
+
+    def xids(s: Any, device: str) -> dict[str, float]:
+        found = s.select("lj_runtimekit_device_xid_errors_total", device=device)
+        return {labels["xid"]: value for labels, value in found}
+
+    assert xids(exporter.scrape(), "2") == {"": 0}
+    live.sim.set_health(uuid["2"], healthy=False, reason="XID 79")
+    exporter.wait_scrape("XID 79 on device 2", lambda s: xids(s, "2") == {"": 0, "79": 1})
+    live.sim.set_health(uuid["2"], healthy=True)
+    live.sim.set_health(uuid["2"], healthy=False, reason="XID 48")
+    live.sim.set_health(uuid["3"], healthy=False, reason="ECC double-bit error")
+    after = exporter.wait_scrape(
+        "XID 48 on device 2, device 3 unhealthy",
+        lambda s: (
+            xids(s, "2") == {"": 0, "48": 1, "79": 1}
+            and s.value("lj_runtimekit_device_healthy", device="3") == 0
+        ),
+    )
+    assert xids(after, "3") == {"": 0}
+    assert xids(after, "0") == {"": 0}

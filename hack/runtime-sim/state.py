@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from lj_runtimekit.runtimesim.node import NodeSpec
 log = logging.getLogger(__name__)
 
 EventType = Literal["snapshot", "modified"]
+XID_REASON = re.compile(r"\bXID (\d+)\b")
+"""How a health reason names an XID error (`XID 79`): only such a reason counts one."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,9 @@ class NodeState:
     def set_health(self, device_id: str, healthy: bool, reason: str) -> bool:
         """Set the health of a device or MIG instance; return whether it changed.
 
-        Raises KeyError for an unknown ID.
+        A device turning (or staying) unhealthy with a reason that names an XID code
+        (`XID 79`) counts one XID error; other reasons (ECC, none) count none. Raises
+        KeyError for an unknown ID.
         """
         if device_id not in self._health:
             raise KeyError(device_id)
@@ -133,7 +138,8 @@ class NodeState:
         self._health[device_id] = new
         instance = self._instances.get(device_id)
         parent = self._by_id[instance.parent_id] if instance else self._by_id[device_id]
-        if not healthy and instance is None:
+        if not healthy and instance is None and XID_REASON.search(new.reason):
+            # The XID's code is in the reason the Runtime reports (ListDevices, WatchDevices).
             self.xid_errors[device_id] += 1
         self._publish("modified", (self.view(parent),))
         log.info(

@@ -18,6 +18,7 @@ from lj_runtimekit.exporter.internal.collector.runtime import read_runtime
 from lj_runtimekit.exporter.internal.metrics.families import build_families
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics, status_families
 from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
+from lj_runtimekit.exporter.internal.metrics.xid import XidCodes
 from lj_runtimekit.exporter.internal.pods.source import NodePods, PodRead
 from lj_runtimekit.proto.pkg.featuregate import GateReport, RuntimeTooOldError
 from lj_runtimekit.proto.pkg.protocol import Protocol
@@ -59,6 +60,7 @@ class CollectionLoop:
         self._kubelet_up: bool | None = None
         self._gate_messages: tuple[str, ...] = ()
         self._last_gates: GateReport | None = None
+        self._xids = XidCodes()
         self._container_error: str | None = None
         self._logged_problems: set[str] = set()
         self.started_at = time.monotonic()
@@ -105,7 +107,7 @@ class CollectionLoop:
             allocations = pod_allocations(pod_read.view.pods, self._protocol.annotations)
             self._note_problems(allocations.problems)
         families: list[Metric] = build_families(
-            self._node, self._protocol.resources, runtime, pod_read.view, allocations
+            self._node, self._protocol.resources, runtime, pod_read.view, allocations, self._xids
         )
         families += status_families(
             node=self._node,

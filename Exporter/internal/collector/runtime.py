@@ -22,16 +22,13 @@ async def read_runtime(client: RuntimeClient) -> RuntimeView:
     """Read the Runtime once; RuntimeUnavailableError / RuntimeCallError / RuntimeTooOldError.
 
     Device samples are taken before container samples: the Runtime's container
-    samples describe the device sample taken just before them.
+    samples describe the device sample taken just before them. The inventory is
+    read after both, so a health reason (the code of an XID the device sample
+    counted) is at least as recent as the counters.
     """
     info = await client.runtime_info()
     gates = evaluate(info.version)
     gates.require_base()
-    devices = await client.list_devices()
-    devices = [d for d in devices if _kind_enabled(d.kind, gates)]
-    if not gates.is_enabled(Feature.MIG):
-        for device in devices:
-            del device.mig_instances[:]
     samples = await client.device_metrics()
     containers: tuple[pb.ContainerMetrics, ...] | None = None
     container_error: str | None = None
@@ -40,6 +37,11 @@ async def read_runtime(client: RuntimeClient) -> RuntimeView:
             containers = tuple((await client.container_metrics()).containers)
         except RuntimeCallError as exc:
             container_error = str(exc)
+    devices = await client.list_devices()
+    devices = [d for d in devices if _kind_enabled(d.kind, gates)]
+    if not gates.is_enabled(Feature.MIG):
+        for device in devices:
+            del device.mig_instances[:]
     return RuntimeView(
         version=str(gates.runtime_version),
         gates=gates,

@@ -21,6 +21,7 @@ from lj_runtimekit.exporter.internal.allocation.assignments import (
     share_percents,
 )
 from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
+from lj_runtimekit.exporter.internal.metrics.xid import XidCodes
 from lj_runtimekit.exporter.internal.pods.model import PodView
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg import devicekind
@@ -79,8 +80,10 @@ def build_families(
     runtime: RuntimeView | None,
     pods: PodView | None,
     allocations: Allocations | None,
+    xids: XidCodes,
 ) -> list[Metric]:
-    """The device, MIG, container and allocation families of one collection."""
+    """The device, MIG, container and allocation families of one collection (`xids` splits
+    the devices' XID counters by code across collections)."""
     if runtime is None:
         return []
     families: list[Metric] = []
@@ -110,7 +113,12 @@ def build_families(
         "ECC errors since the Runtime started, by type (corrected, uncorrected).",
         (*DEVICE_LABELS, "type"),
     )
-    xid = _counter("device_xid_errors", "XID errors since the Runtime started.", DEVICE_LABELS)
+    xid = _counter(
+        "device_xid_errors",
+        "XID errors since the Runtime started, by XID code (the code the device's health reason"
+        " named when the count rose; empty when it named none).",
+        (*DEVICE_LABELS, "xid"),
+    )
     healthy = _gauge(
         "device_healthy", "1 when the Runtime reports the device healthy, else 0.", DEVICE_LABELS
     )
@@ -178,7 +186,9 @@ def build_families(
         energy.add_metric(labels, sample.energy_joules)
         ecc.add_metric([*labels, "corrected"], float(sample.ecc_corrected_errors))
         ecc.add_metric([*labels, "uncorrected"], float(sample.ecc_uncorrected_errors))
-        xid.add_metric(labels, float(sample.xid_errors))
+        by_code = xids.update(device.id, sample.xid_errors, device.health_reason)
+        for code in sorted(by_code, key=lambda c: (len(c), c)):
+            xid.add_metric([*labels, code], float(by_code[code]))
         for mig in sample.mig_instances:
             ilabels_or_none = mig_labels.get(mig.instance_id)
             if ilabels_or_none is None:

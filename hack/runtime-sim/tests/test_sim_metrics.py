@@ -104,13 +104,19 @@ async def test_metrics_reflect_allocations(tmp_path: Path) -> None:
 
 
 async def test_unhealthy_device_counts_xid(tmp_path: Path) -> None:
+    """An XID fault counts one XID error and its code is in the reported health reason;
+    other reasons count none."""
     with SimulatorProcess(tmp_path / "s", EXAMPLE_NODES / "tdm-8gpu.yaml") as sim:
         async with grpc.aio.insecure_channel(sim.runtime_target) as channel:
-            devices = (
-                await rpc.DeviceServiceStub(channel).ListDevices(pb.ListDevicesRequest())
-            ).devices
+            inventory = rpc.DeviceServiceStub(channel)
+            devices = (await inventory.ListDevices(pb.ListDevicesRequest())).devices
             sim.set_health(devices[2].id, healthy=False, reason="XID 79")
+            reported = (await inventory.ListDevices(pb.ListDevicesRequest())).devices[2]
+            sim.set_health(devices[2].id, healthy=False, reason="XID 48")  # another one
             sim.set_health(devices[2].id, healthy=True)
+            sim.set_health(devices[3].id, healthy=False, reason="ECC double-bit error")
+            sim.set_health(devices[4].id, healthy=False)
             metrics = rpc.MetricsServiceStub(channel)
             sample = await metrics.GetDeviceMetrics(pb.GetDeviceMetricsRequest())
-    assert [d.xid_errors for d in sample.devices] == [0, 0, 1, 0, 0, 0, 0, 0]
+    assert (reported.health, reported.health_reason) == (pb.HEALTH_UNHEALTHY, "XID 79")
+    assert [d.xid_errors for d in sample.devices] == [0, 0, 2, 0, 0, 0, 0, 0]
