@@ -7,13 +7,14 @@ from collections.abc import Iterator, Mapping
 
 import pytest
 
+from lj_runtimekit.proto.pkg.protocol import decode_assignment
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling import plugin as cos
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import (
     EXCLUSIVE_TOPOLOGY,
     JOB_KEY,
     JOBSET_NAME,
 )
-from lj_runtimekit.testkit.scheduler.fake import GPU, PROTOCOL, FakeCluster
+from lj_runtimekit.testkit.scheduler.fake import CORE, GPU, MEM, PROTOCOL, FakeCluster
 from lj_runtimekit.testkit.waits import wait_for
 
 A = PROTOCOL.annotations
@@ -153,6 +154,40 @@ def test_timeout_releases_every_member_and_devices() -> None:
     assert any("backing off" in e for u in uids[:2] for e in c.events(u, "FailedScheduling"))
 
 
+def test_a_plan_not_met_by_its_timeout_is_not_made_again_unchanged() -> None:
+    c = FakeCluster(
+        {
+            "profiles": [
+                {"pluginConfig": [{"name": "Coscheduling", "args": {"backoffSeconds": 0.1}}]}
+            ]
+        }
+    )
+    MADE.append(c)
+    for i in range(3):
+        c.add_node(f"n{i}")
+    ann = {A.gang_group: "u", A.gang_min_members: "3", A.gang_timeout_seconds: "0.3"}
+    uids = [c.add_pod(f"u{i}", {GPU: "8"}, annotations=ann) for i in range(2)]
+    # the third member never passes Filter on the planned nodes
+    stuck = c.add_pod("u2", {GPU: "8"}, annotations=ann, nodeSelector={"nowhere": "x"})
+    c.schedule()
+    assert len(c.scheduler.cache.pods) == 2  # two reserved, waiting
+    wait_for(lambda: not c.scheduler.cache.pods, 10, "the gang released", interval_s=0.02)
+    coscheduling = c.scheduler.frameworks["lj-scheduler"].plugin("Coscheduling")
+    assert isinstance(coscheduling, cos.Coscheduling)
+    time.sleep(0.2)  # the gang's backoff is over
+    flush(c)
+    assert not c.scheduler.cache.pods  # nothing reserved again ...
+    assert coscheduling.claims() == {}  # ... and no node held for the same plan
+    assert any(
+        "would be planned again unchanged" in e for e in c.events(uids[0], "FailedScheduling")
+    ), c.events(uids[0])
+    # the member that did not fit is replaced: the gang is planned and placed
+    c.delete_pod(stuck)
+    uids.append(c.add_pod("u2b", {GPU: "8"}, annotations=ann))
+    flush(c)
+    assert all(nodes_of(c, uids))
+
+
 def test_four_competing_gangs_three_fit_no_deadlock() -> None:
     c = topo_cluster(blocks=1, switches=3, nodes=4)  # 12 nodes, room for three 4-pod gangs
     gangs: dict[str, list[str]] = {f"g{k}": [] for k in range(4)}
@@ -194,6 +229,31 @@ def test_a_pod_turned_away_by_a_gang_claim_is_tried_again_once_the_claim_goes() 
     time.sleep(0.01)
     c.schedule()
     assert c.node_of(pinned) == "n0"
+
+
+def test_a_gang_of_slices_is_planned_from_what_fits_on_the_devices() -> None:
+    """Two 60 % slices never share a GPU: 8 such members fit on an 8-GPU node, not the 13
+    that its 800 % of core would suggest."""
+    c = topo_cluster(blocks=1, switches=1, nodes=2)
+    ann = {A.gang_group: "s", A.gang_min_members: "16"}
+    uids = [c.add_pod(f"s-{i}", {CORE: "60", MEM: "10"}, annotations=ann) for i in range(16)]
+    c.schedule()
+    assert sorted(nodes_of(c, uids)) == ["b0s0n0"] * 8 + ["b0s0n1"] * 8
+    assert not any("outside gang" in e for u in uids for e in c.events(u))
+    devices = {(c.node_of(u), decode_assignment(c.assignment(u))["c0"][0].device_id) for u in uids}
+    assert len(devices) == 16
+    # one more than fits: no plan, nothing reserved, nothing claimed
+    ann = {A.gang_group: "t", A.gang_min_members: "17"}
+    c.add_node("b0s0n2", labels={L.topology_block: "b0", L.topology_switch: "s0"})
+    c.add_node("b0s0n3", labels={L.topology_block: "b0", L.topology_switch: "s0"}, gpus=1)
+    more = [c.add_pod(f"t-{i}", {CORE: "60", MEM: "10"}, annotations=ann) for i in range(17)]
+    c.schedule()
+    assert not any(nodes_of(c, more))
+    assert any("no room for the 17 still to place" in e for e in c.events(more[0]))
+    assert not [p for p in c.scheduler.cache.pods.values() if p.assumed]
+    coscheduling = c.scheduler.frameworks["lj-scheduler"].plugin("Coscheduling")
+    assert isinstance(coscheduling, cos.Coscheduling)
+    assert coscheduling.claims() == {}
 
 
 def test_exclusive_topology_gives_each_job_a_whole_block() -> None:

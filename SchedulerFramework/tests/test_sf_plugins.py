@@ -7,7 +7,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lj_runtimekit.proto.pkg.protocol import decode_assignment
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
 from lj_runtimekit.schedulerframework.internal.extender.server import Extender
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.assign import copies_that_fit
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import (
+    parse_device_request,
+)
 from lj_runtimekit.testkit.scheduler.fake import (
     CORE,
     GPU,
@@ -162,6 +167,43 @@ def test_a_gpu_switching_mode_is_not_shared_by_tdm_and_mig(make_cluster: MakeClu
     cluster.schedule()
     assert cluster.node_of(whole) == "a"
     assert cluster.scheduler.cache.violations() == []
+
+
+def test_copies_that_fit_count_the_devices_one_by_one(cluster: FakeCluster) -> None:
+    mig_res = PROTOCOL.resources.mig("1g.10gb")
+    inv = nvlink_inventory("a", mig={7: ["1g.10gb"] * 3})
+    cluster.add_node("a", inventory=inv, extra={mig_res: "3"})
+    cluster.add_pod("taken", {CORE: "50", MEM: "50"})
+    cluster.schedule()  # gpu0 half used
+
+    def fit(
+        containers: list[Mapping[str, str]], init: list[Mapping[str, str]] | None = None
+    ) -> int:
+        pod = parse_pod(
+            {
+                "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+                "spec": {
+                    "containers": [
+                        {"name": f"c{i}", "resources": {"limits": dict(c)}}
+                        for i, c in enumerate(containers)
+                    ],
+                    "initContainers": [
+                        {"name": f"i{i}", "resources": {"limits": dict(c)}}
+                        for i, c in enumerate(init or [])
+                    ],
+                },
+            }
+        )
+        req = parse_device_request(pod, PROTOCOL)
+        assert req is not None
+        return copies_that_fit(cluster.scheduler.cache.nodes["a"].devices, req, "binpack", 100)
+
+    assert fit([{CORE: "60", MEM: "10"}]) == 6  # one per free TDM GPU, none on gpu0
+    assert fit([{CORE: "25", MEM: "10"}]) == 2 + 6 * 4
+    assert fit([{CORE: "60"}, {CORE: "60"}]) == 3  # a pod's two slices need two GPUs
+    assert fit([{CORE: "30"}], init=[{CORE: "60"}]) == 6  # together on one GPU: 60 % each
+    assert fit([{mig_res: "2"}]) == 1
+    assert fit([{GPU: "2"}, {CORE: "50"}]) == 2  # 2 whole + a slice: 3 GPUs and gpu0's half
 
 
 def test_topology_picks_an_nvlink_island_then_numa(cluster: FakeCluster) -> None:

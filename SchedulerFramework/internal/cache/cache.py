@@ -113,6 +113,9 @@ class Cache:
         self.slice_room = RankedBuckets()
         self._slice_room_of: dict[str, int] = {}
         self.generation = 0
+        """Bumped on every change of a node or a pod."""
+        self.node_generation = 0
+        """Bumped on every change of a node (labels, taints, allocatable, devices), or removal."""
 
     # -- indexes --------------------------------------------------------------------------
 
@@ -202,6 +205,7 @@ class Cache:
             node.update(obj, self.protocol)
             self._reindex(node)
             self.generation += 1
+            self.node_generation += 1
             return node
 
     def remove_node(self, name: str) -> None:
@@ -216,6 +220,7 @@ class Cache:
                 del self.nodes[name]
                 self._drop_index(name)
             self.generation += 1
+            self.node_generation += 1
 
     def node_infos(self) -> Iterator[NodeInfo]:
         return (n for n in self.nodes.values() if n.present)

@@ -70,6 +70,7 @@ from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import 
     gang_of,
     jobset_size,
 )
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.assign import copies_that_fit
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import device_request
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import RequestError
 from lj_runtimekit.schedulerframework.internal.plugins.networktopology.placement import (
@@ -135,6 +136,8 @@ class _Plan:
     gate_note: str = ""
     used: dict[str, dict[str, int]] = field(default_factory=dict)
     member_at: dict[str, tuple[str, str]] = field(default_factory=dict)
+    tried: set[str] = field(default_factory=set)
+    """members sent to the planned nodes (a member tried and not reserved did not fit)"""
 
     def free_nodes(self, job: str) -> list[str]:
         used = self.used.get(job, {})
@@ -145,6 +148,16 @@ class _Plan:
             self.used.get(job, {}).get(node, 0) >= nodes.get(node, 0)
             for job, nodes in self.slots.items()
         )
+
+
+@dataclass(frozen=True)
+class _Unmet:
+    """A plan that was not met by its timeout: made again unchanged, it would fail again."""
+
+    slots: dict[str, dict[str, int]]
+    node_generation: int
+    """The nodes as they were (Cache.node_generation): a node change may let it be met."""
+    reason: str
 
 
 @dataclass
@@ -162,6 +175,13 @@ class _Gang:
     max_size: int | None = None
     failed: tuple[object, Status] | None = None
     """(cluster state, status) of the last failed plan"""
+    unmet: _Unmet | None = None
+    """The last plan, if it was not met; forgotten when the gang's members change"""
+
+    def forget_failures(self) -> None:
+        """The gang's members changed: a failed or unmet plan may go otherwise now."""
+        self.failed = None
+        self.unmet = None
 
     def placed(self) -> int:
         running = {u for u, p in self.members.items() if p.node_name}
@@ -244,7 +264,8 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             if etype == "DELETED" or pod.terminal:
                 if g is None:
                     return
-                g.members.pop(pod.uid, None)
+                if g.members.pop(pod.uid, None) is not None:
+                    g.forget_failures()
                 if pod.uid not in g.waiting:
                     g.reserved.discard(pod.uid)
                 g.permitted.discard(pod.uid)
@@ -255,6 +276,8 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             if g is None:
                 g = self._gangs[key] = _Gang(key)
             new = pod.uid not in g.members
+            if new:
+                g.forget_failures()
             g.members[pod.uid] = pod
             if pod.node_name:
                 g.reserved.discard(pod.uid)
@@ -294,7 +317,26 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
     def _gc(self, now: float) -> None:
         for g in list(self._gangs.values()):
             if g.plan is not None and g.plan.deadline < now and not g.waiting:
+                self._plan_unmet(g, None)
                 self._drop_plan(g)
+
+    def _plan_unmet(self, g: _Gang, reserved: str | None) -> None:
+        """The gang's plan is dropped at its timeout: remember it as not met when members
+        were tried on it and did not fit (members that had no turn yet prove nothing);
+        `reserved`: a member that was reserved until just now."""
+        if g.plan is None:
+            return
+        unfit = sorted(p.key for p in g.pending() if p.uid in g.plan.tried and p.uid != reserved)
+        if not unfit:
+            return
+        shown = ", ".join(unfit[:3]) + (f" and {len(unfit) - 3} more" if len(unfit) > 3 else "")
+        g.unmet = _Unmet(
+            {job: dict(nodes) for job, nodes in g.plan.slots.items()},
+            self.handle.cache.node_generation,
+            f"gang {g.key}: the placement planned last was not met by its timeout ({shown} did "
+            "not fit the planned nodes) and would be planned again unchanged; waiting for a "
+            "change of the gang's members or of the nodes",
+        )
 
     def _update_gauges(self) -> None:
         WAITING_GANGS.set(sum(1 for g in self._gangs.values() if g.waiting))
@@ -323,8 +365,10 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
         reason = self._gates[version]
         return None if reason is None else f"node {node.name} {reason}"
 
-    def _slots(self, pod: PodInfo, node: NodeInfo) -> int:
-        """How many copies of `pod` fit on the node now (it passed the filters: >= 1)."""
+    def _slots(self, pod: PodInfo, node: NodeInfo, need: int) -> int:
+        """How many copies of `pod` fit on the node now (it passed the filters: >= 1): its
+        free cpu, memory, pods and devices, the devices counted one by one (a slice or MIG
+        pod: at most `need`, the members still to place)."""
         n = 1 << 20
         for r, v in pod.requests.items():
             if v > 0 and r in node.allocatable:
@@ -336,6 +380,9 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
         if req is not None and req.only_whole:
             kind = req.asks[0].kind
             n = min(n, self.handle.cache.free_whole(kind, node.name) // req.whole_total[kind])
+        elif req is not None:
+            policy = req.policy_override or "binpack"
+            n = copies_that_fit(node.devices, req, policy, min(n, need))
         return max(n, 1)
 
     def _max_size(self, pod: PodInfo) -> int | None:
@@ -400,7 +447,7 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                 if any((k, node.labels.get(k)) in held_exclusive for k, _ in held_exclusive):
                     continue
                 infos[node.name] = node
-                cands.setdefault(node.name, {})[job] = self._slots(reps[job], node)
+                cands.setdefault(node.name, {})[job] = self._slots(reps[job], node, need)
         a = self.protocol.labels
         candidates = [
             Candidate(
@@ -441,6 +488,14 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                 f"gang {g.key}: {g.placed()}/{spec.min_members} members placed, no room for the "
                 f"{need} still to place: {exc}"
             )
+        unmet = g.unmet
+        if (
+            unmet is not None
+            and unmet.node_generation == self.handle.cache.node_generation
+            and unmet.slots == slots
+        ):
+            return unschedulable(unmet.reason)
+        g.unmet = None
         g.plan = _Plan(slots, now + spec.timeout_s, how, note)
         for nodes in slots.values():
             for n in nodes:
@@ -526,6 +581,7 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                 g.failed = None
             if g.plan is None:
                 return None, SUCCESS
+            g.plan.tried.add(pod.uid)
             nodes = g.plan.free_nodes(spec.job)
             if not nodes:
                 nodes = [n for job in g.plan.slots for n in g.plan.free_nodes(job)]
@@ -593,13 +649,17 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                 p.used[job][node] -= 1
             if was_waiting and not g.releasing:
                 deleted = pod.uid not in g.members
-                self._release(g, "a member was deleted" if deleted else "its timeout", deleted)
+                reason = "a member was deleted" if deleted else "its timeout"
+                self._release(g, reason, deleted, pod.uid)
             self._update_gauges()
 
-    def _release(self, g: _Gang, reason: str, deleted: bool) -> None:
-        """Every waiting member of the gang gives its reservation back; the gang backs off."""
+    def _release(self, g: _Gang, reason: str, deleted: bool, member: str) -> None:
+        """Every waiting member of the gang gives its reservation back (`member`, whose
+        rejection released the gang, already has); the gang backs off."""
         g.releasing = True
         try:
+            if not deleted:
+                self._plan_unmet(g, member)
             self._drop_plan(g)
             if not deleted:
                 g.backoff_until = time.monotonic() + self.args.backoff_seconds

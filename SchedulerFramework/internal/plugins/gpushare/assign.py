@@ -6,9 +6,10 @@ changes nothing; the plugin applies the result to the cache at Reserve.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
-from lj_runtimekit.proto.pkg.protocol import DeviceShare
+from lj_runtimekit.proto.pkg.protocol import DeviceShare, pod_shares
 from lj_runtimekit.schedulerframework.internal.cache.devices import DeviceState, NodeDevices
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import (
     ContainerAsk,
@@ -190,3 +191,62 @@ def _pick_mig(devices: NodeDevices, profile: str, policy: str, taken: set[str]) 
         if best_key is None or key < best_key:
             best, best_key = sorted(free)[0], key
     return best
+
+
+def copies_that_fit(devices: NodeDevices, request: DeviceRequest, policy: str, limit: int) -> int:
+    """How many pods asking `request` the node's devices hold, placed one after another as
+    `assign` places them (at most `limit`): what a gang plans its members from. Two 60 %
+    slices never share a GPU, so an 8-GPU node holds 8 of them, whatever its 800 % of core.
+
+    A pod of one slice (or whose slices go on one device) and a pod of MIG instances are
+    counted; other pods are placed on a scratch copy of the devices."""
+    asks = request.asks
+    if request.only_slices and (len(asks) == 1 or any(a.reuse for a in asks)):
+        core = max(
+            max((a.core for a in asks if a.reuse), default=0),
+            sum(a.core for a in asks if not a.reuse),
+        )
+        memory = max(
+            max((a.memory for a in asks if a.reuse), default=0),
+            sum(a.memory for a in asks if not a.reuse),
+        )
+        n = 0
+        for d in devices.devices:
+            if d.kind == asks[0].kind and d.sliceable:
+                n += min(
+                    d.core_free // core if core else limit,
+                    d.memory_free // memory if memory else limit,
+                )
+        return min(n, limit)
+    if all(a.mig for a in asks):
+        need: dict[str, int] = {}
+        init: dict[str, int] = {}
+        for a in asks:
+            for profile, count in a.mig:
+                if a.reuse:
+                    init[profile] = max(init.get(profile, 0), count)
+                else:
+                    need[profile] = need.get(profile, 0) + count
+        for profile, count in init.items():
+            need[profile] = max(need.get(profile, 0), count)
+        return min(
+            limit, *(len(devices.free_mig(profile)) // count for profile, count in need.items())
+        )
+    scratch = NodeDevices(
+        [
+            dataclasses.replace(
+                d, whole=set(d.whole), slices=dict(d.slices), mig_used=dict(d.mig_used)
+            )
+            for d in devices.devices
+        ],
+        devices.from_inventory,
+    )
+    reuse = {a.container for a in asks if a.reuse}
+    n = 0
+    while n < limit:
+        placed = assign(scratch, request, policy)
+        if placed is None:
+            break
+        scratch.apply(f"copy-{n}", pod_shares(placed, reuse))
+        n += 1
+    return n
