@@ -25,6 +25,7 @@ from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
 GIB = 2**30
+XID_DEVICE = 5
 
 
 @dataclass
@@ -78,6 +79,9 @@ def bed(lj: Any) -> Iterator[Bed]:
             lj.PROTOCOL.annotations.allocated_devices,
         )
         pods["bad"].annotations[lj.PROTOCOL.annotations.allocated_devices] = "{not json"
+        # An XID fault on a free GPU: its code is a label (and the dashboard shows it).
+        for simulator in (sim, twin):
+            simulator.set_health(devices[XID_DEVICE].id, healthy=False, reason="XID 79")
 
         kubelet = lj.kubelet_pods(list(pods.values()))
         exporter = lj.ExporterProcess(
@@ -132,18 +136,22 @@ def test_device_series_match_the_runtime(bed: Bed) -> None:
         )
         assert s.value("lj_runtimekit_device_power_watts", **labels) == m.power_watts
         assert s.value("lj_runtimekit_device_energy_joules_total", **labels) == m.energy_joules
-        assert s.value("lj_runtimekit_device_xid_errors_total", **labels) == m.xid_errors
+        xids = s.select("lj_runtimekit_device_xid_errors_total", **labels)
+        assert sum(value for _, value in xids) == m.xid_errors
         assert (
             s.value("lj_runtimekit_device_ecc_errors_total", type="corrected", **labels)
             == m.ecc_corrected_errors
         )
-        assert s.value("lj_runtimekit_device_healthy", **labels) == 1
+        healthy = 0 if device.index == XID_DEVICE else 1
+        assert s.value("lj_runtimekit_device_healthy", **labels) == healthy
         mode = "mig" if device.index >= 6 else "tdm"
         assert s.value("lj_runtimekit_device_mode", mode=mode, **labels) == 1
         assert s.value("lj_runtimekit_device_mode", mode="exclusive", **labels) == 0
         info = s.select("lj_runtimekit_device_info", **labels)[0][0]
         assert info["pci_bus_id"] == device.pci_bus_id
         assert info["resource"] == "alibabacloud.com/gpu"
+    xids = s.select("lj_runtimekit_device_xid_errors_total", device=str(XID_DEVICE))
+    assert {labels["xid"]: value for labels, value in xids} == {"": 0, "79": 1}
 
 
 def test_mig_series_carry_profile_and_instance_id(bed: Bed) -> None:
@@ -430,39 +438,110 @@ def test_prometheus_scrapes_and_promql_returns_the_pod_value(
     assert float(up[0]["value"][1]) == 1
 
 
-_METRIC = re.compile(r"\blj_runtimekit_[a-z0-9_]+")
+_METRIC = re.compile(r"\b(?:lj_runtimekit|process)_[a-z0-9_]+")
 _VARIABLES = {"$node": ".*", "$namespace": ".*", "$pod": ".*", "$__rate_interval": "1m"}
+_LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+_GROUPING = re.compile(r"\b(?:by|group_left|group_right)\s*\(([^)]*)\)")
+_LABEL_VALUES = re.compile(r"label_values\((.+), *(\w+)\)")
 
 
-def _dashboard_queries(path: Path) -> list[str]:
+@dataclass(frozen=True)
+class _Query:
+    """One dashboard query: where it is, its PromQL, the labels its panel reads."""
+
+    where: str
+    expr: str
+    grouped_by: frozenset[str]
+    """Labels of `by (...)`, `group_left (...)`, `group_right (...)`: on every result series."""
+    shown: frozenset[str]
+    """Labels of the legend (or a variable's label): on some result series."""
+
+
+def _dashboard_queries(path: Path) -> list[_Query]:
     dashboard = json.loads(path.read_text())
-    exprs: list[str] = []
+    queries: list[_Query] = []
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
-            exprs.append(target["expr"])
+            expr = target["expr"]
+            grouped = {
+                label.strip()
+                for labels in _GROUPING.findall(expr)
+                for label in labels.split(",")
+                if label.strip()
+            }
+            # histogram_quantile consumes `le`.
+            if "histogram_quantile" in expr:
+                grouped.discard("le")
+            queries.append(
+                _Query(
+                    f"panel {panel['title']!r} {target['refId']}",
+                    expr,
+                    frozenset(grouped),
+                    frozenset(_LEGEND_LABEL.findall(target.get("legendFormat", ""))),
+                )
+            )
     for variable in dashboard["templating"]["list"]:
         query = variable.get("query")
         if isinstance(query, dict):
-            exprs.append(query["query"])
-    return exprs
+            match = _LABEL_VALUES.fullmatch(query["query"])
+            assert match, f"variable {variable['name']}: not label_values(...): {query}"
+            queries.append(
+                _Query(
+                    f"variable {variable['name']!r}",
+                    match.group(1),
+                    frozenset(),
+                    frozenset({match.group(2)}),
+                )
+            )
+    return queries
 
 
 def test_dashboard_queries_use_real_metrics_and_return_data(
     bed: Bed, prometheus: Prometheus, lj: Any
 ) -> None:
-    exprs = _dashboard_queries(lj.DASHBOARD)
-    assert len(exprs) >= 20
+    """Every panel and variable query is valid PromQL over metrics the exporter serves,
+    returns data from a real Prometheus scraping it, and every label the panel reads (its
+    legend's `{{label}}`, `by (...)`, `group_left (...)`) is on the result."""
+    queries = _dashboard_queries(lj.DASHBOARD)
+    assert len(queries) >= 20
     served = bed.exporter.scrape().names()
-    for expr in exprs:
-        names = set(_METRIC.findall(expr))
-        assert names, f"dashboard query uses no exporter metric: {expr}"
+    for query in queries:
+        names = set(_METRIC.findall(query.expr))
+        assert names, f"{query.where} uses no exporter metric: {query.expr}"
         missing = names - served
-        assert not missing, f"dashboard query {expr!r} uses metrics not served: {missing}"
-    # Every panel query is valid PromQL and finds series in a real Prometheus.
-    for expr in exprs:
-        match = re.fullmatch(r"label_values\((.+), *(\w+)\)", expr)
-        if match:
-            expr = match.group(1)
+        assert not missing, f"{query.where} uses metrics not served: {missing}"
+    for query in queries:
+        expr = query.expr
         for name, value in _VARIABLES.items():
             expr = expr.replace(name, value)
-        _vector(prometheus, expr, lj)
+        result = _vector(prometheus, expr, lj)
+        labels = [set(series["metric"]) for series in result]
+        for label in query.grouped_by:
+            lacking = [series for series in labels if label not in series]
+            assert not lacking, f"{query.where}: {label!r} missing from {lacking}: {expr}"
+        for label in query.shown:
+            assert any(label in series for series in labels), (
+                f"{query.where}: no result series has {label!r} ({labels}): {expr}"
+            )
+
+
+_SHARES = re.compile(
+    r"lj_runtimekit_container_(?:utilization|core_allocated|memory_allocated)_ratio\{([^}]*)\}"
+)
+_AGGREGATION = re.compile(r"\b(?:sum|avg|min|max)\b")
+
+
+def test_dashboard_keeps_mig_shares_apart_from_device_shares(lj: Any) -> None:
+    """A container's ratios on a MIG instance are shares of that instance: a dashboard query
+    aggregating container ratios filters on mig_instance_id or keeps it as a group, so it
+    never adds shares of an instance to shares of a device."""
+    checked = 0
+    for query in _dashboard_queries(lj.DASHBOARD):
+        if not _AGGREGATION.search(query.expr):
+            continue
+        for selector in _SHARES.findall(query.expr):
+            checked += 1
+            assert "mig_instance_id" in selector or "mig_instance_id" in query.grouped_by, (
+                f"{query.where} adds MIG instance shares to device shares: {query.expr}"
+            )
+    assert checked >= 2
