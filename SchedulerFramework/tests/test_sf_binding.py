@@ -1,12 +1,19 @@
-"""The binding cycle on the in-memory framework: failed binds and deleted pods."""
+"""The binding cycle on the in-memory framework: failed binds, binds without an answer,
+deleted pods."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from lj_runtimekit.proto.pkg.kube import KubeError
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.types import Status
+from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import Scheduler
 from lj_runtimekit.testkit.scheduler.fake import GPU, FakeCluster
+from lj_runtimekit.testkit.waits import wait_for
 
 
 def test_a_pod_deleted_while_its_binding_fails_is_not_queued_again(cluster: FakeCluster) -> None:
@@ -49,3 +56,80 @@ def test_a_pod_being_deleted_leaves_the_queue(cluster: FakeCluster) -> None:
     cluster.schedule()
     assert not cluster.scheduler.queue.has(uid)
     assert cluster.scheduler.cache.free_whole("gpu", "n0") == 8
+
+
+class NoAnswer:
+    """An API server whose answer to a Binding never arrives: it writes the Binding
+    (`commit`) or not, and the watch shows nothing until the test delivers it."""
+
+    def __init__(self, cluster: FakeCluster, commit: bool) -> None:
+        self.cluster = cluster
+        self.commit = commit
+
+    def request(self, method: str, path: str, body: Any = None, **_: Any) -> dict[str, Any]:
+        obj = self.cluster.pods[body["metadata"]["uid"]]
+        if self.commit:
+            obj["spec"]["nodeName"] = body["target"]["name"]
+            obj["metadata"]["annotations"].update(body["metadata"]["annotations"])
+        raise KubeError(f"{method} {path}", 0, "Read timed out. (read timeout=30)")
+
+
+def lose_first_answer(cluster: FakeCluster, commit: bool) -> None:
+    """The first Binding goes through the scheduler's API client and gets no answer; the
+    others are answered by the in-memory API server."""
+    answered = cluster.scheduler.bind_pod
+    first = True
+
+    def bind(pod: PodInfo, node_name: str, annotations: Mapping[str, str]) -> Status:
+        nonlocal first
+        if not first:
+            return answered(pod, node_name, annotations)
+        first = False
+        cluster.scheduler.kube = NoAnswer(cluster, commit)  # type: ignore[assignment]
+        return Scheduler.bind_pod(cluster.scheduler, pod, node_name, annotations)
+
+    cluster.scheduler.bind_pod = bind  # type: ignore[method-assign]
+
+
+def test_a_binding_without_an_answer_holds_its_devices_until_the_watch_shows_it(
+    cluster: FakeCluster,
+) -> None:
+    cluster.add_node("n0")
+    lose_first_answer(cluster, commit=True)
+    first = cluster.add_pod("first", {GPU: "8"})
+    cluster.schedule()
+    second = cluster.add_pod("second", {GPU: "8"})
+    cluster.schedule()
+    assert cluster.node_of(second) == ""  # the first one's GPUs are still held
+    cluster.scheduler.on_pod("MODIFIED", copy.deepcopy(cluster.pods[first]))  # the watch, late
+    cluster.admit_pod(first)
+    assert not cluster.scheduler.cache.is_assumed(first)  # confirmed
+    assert not cluster.scheduler.queue.has(first)
+    assert cluster.node_of(second) == ""
+    assert cluster.scheduler.cache.violations() == []
+
+
+def test_a_binding_without_an_answer_is_tried_again_when_the_pod_never_shows_bound(
+    make_cluster: Callable[[Mapping[str, Any] | None], FakeCluster],
+) -> None:
+    cluster = make_cluster({"podInitialBackoffSeconds": 0.001, "podMaxBackoffSeconds": 0.001})
+    cluster.scheduler.assumed_expiry_s = 0.3
+    cluster.add_node("n0")
+    lose_first_answer(cluster, commit=False)
+    first = cluster.add_pod("first", {GPU: "8"})
+    cluster.schedule()
+    second = cluster.add_pod("second", {GPU: "8"})
+    cluster.schedule()
+    assert cluster.node_of(second) == ""
+    assert cluster.scheduler.cache.is_assumed(first)
+    wait_for(
+        lambda: not cluster.scheduler.cache.is_assumed(first),
+        10,
+        "the assumption expired",
+        interval_s=0.02,
+    )
+    assert any("did not show bound within 0.3s" in e for e in cluster.events(first))
+    time.sleep(0.01)
+    cluster.schedule()
+    assert cluster.node_of(first) == "n0"
+    assert cluster.node_of(second) == ""

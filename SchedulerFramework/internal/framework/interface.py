@@ -209,7 +209,8 @@ class Handle(Protocol):
         ...
 
     def bind_pod(self, pod: PodInfo, node_name: str, annotations: Mapping[str, str]) -> Status:
-        """Writes the Binding (with annotations: one write per pod)."""
+        """Writes the Binding (with annotations: one write per pod); an ERROR with
+        `outcome_unknown` when no answer came (the Binding may have been written)."""
         ...
 
     def activate(self, uids: Iterable[str]) -> None:

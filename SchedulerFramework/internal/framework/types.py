@@ -28,6 +28,9 @@ class Status:
     code: Code = Code.SUCCESS
     reasons: tuple[str, ...] = ()
     plugin: str = ""
+    outcome_unknown: bool = False
+    """An ERROR after which the write may still have taken effect (no answer, a timeout): the
+    scheduler keeps what it assumed until the watch tells."""
 
     @property
     def ok(self) -> bool:
@@ -41,7 +44,9 @@ class Status:
         return ", ".join(self.reasons)
 
     def with_plugin(self, plugin: str) -> Status:
-        return self if self.plugin else Status(self.code, self.reasons, plugin)
+        return (
+            self if self.plugin else Status(self.code, self.reasons, plugin, self.outcome_unknown)
+        )
 
 
 SUCCESS = Status()

@@ -53,6 +53,12 @@ from lj_runtimekit.schedulerframework.internal.scheduler.events import EventReco
 
 log = logging.getLogger(__name__)
 
+ASSUMED_EXPIRY_S = 60.0
+"""How long a pod whose Binding got no answer stays assumed when the watch never shows it
+bound (kube-scheduler's assumed-pod expiry; the API server gives up on a request after 60 s)."""
+UNKNOWN_OUTCOME_STATUSES = frozenset({0, 504})
+"""No answer, or the server's own timeout: the Binding may still have been written."""
+
 
 def failure_message(total_nodes: int, diagnosis: Diagnosis) -> str:
     """Upstream's FitError text: "0/N nodes are available: 3 reason, 5 reason."."""
@@ -216,6 +222,7 @@ class Scheduler:
         ]
         self.bound = 0
         self.bind_failures = 0
+        self.assumed_expiry_s = ASSUMED_EXPIRY_S
 
     # -- Handle ---------------------------------------------------------------------------
 
@@ -298,7 +305,8 @@ class Scheduler:
                 "POST", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding", body=body
             )
         except KubeError as exc:
-            return Status(Code.ERROR, (exc.message,), "DefaultBinder")
+            unknown = exc.status in UNKNOWN_OUTCOME_STATUSES
+            return Status(Code.ERROR, (exc.message,), "DefaultBinder", unknown)
         return SUCCESS
 
     # -- informer handlers ----------------------------------------------------------------
@@ -570,6 +578,9 @@ class Scheduler:
                     pod, "Normal", "Scheduled", f"Successfully assigned {pod.key} to {b.node}"
                 )
                 return
+            if status.outcome_unknown:
+                self._await_outcome(b, status.message())
+                return
             self.bind_failures += 1
             self._forget(b)
             self._admitted(pod.uid)
@@ -583,6 +594,35 @@ class Scheduler:
                 self.queue.requeue_backoff(b.queued)
         finally:
             self._bind_done(b)
+
+    def _await_outcome(self, b: _Binding, message: str) -> None:
+        """A Binding without an answer may have been written: the pod stays assumed (devices
+        held, its node's admission too) until the watch shows it bound (confirmed) or
+        deleted, at most `assumed_expiry_s`; then it is forgotten and tried again."""
+        pod = b.queued.pod
+        log.warning(
+            "binding outcome unknown, placement held until the watch shows the pod: %s",
+            message,
+            extra={"pod": pod.key, "node": b.node},
+        )
+
+        def expire() -> None:
+            with self._cache.lock:
+                if not self._cache.is_assumed(pod.uid):
+                    return  # bound after all, or deleted
+                self._forget(b)
+            self.bind_failures += 1
+            self._admitted(pod.uid)
+            self.event(
+                pod,
+                "Warning",
+                "FailedScheduling",
+                f"Binding rejected: {message} (no answer; the pod did not show bound within "
+                f"{self.assumed_expiry_s:g}s)",
+            )
+            self.queue.requeue_backoff(b.queued)
+
+        self._timers.add(self.assumed_expiry_s, expire)
 
     def stop(self) -> None:
         self.queue.close()
