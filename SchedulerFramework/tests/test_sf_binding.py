@@ -4,6 +4,7 @@ deleted pods."""
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -133,3 +134,31 @@ def test_a_binding_without_an_answer_is_tried_again_when_the_pod_never_shows_bou
     cluster.schedule()
     assert cluster.node_of(first) == "n0"
     assert cluster.node_of(second) == ""
+
+
+def test_stopping_drops_the_queued_binds_and_waits_only_for_the_one_sent(
+    make_cluster: Callable[[Mapping[str, Any] | None], FakeCluster],
+) -> None:
+    cluster = make_cluster({"bindWorkers": 1})
+    cluster.add_node("n0")
+    answered = cluster.scheduler.bind_pod
+    release = threading.Event()
+    sent: list[str] = []
+
+    def slow(pod: PodInfo, node_name: str, annotations: Mapping[str, str]) -> Status:
+        sent.append(pod.name)
+        release.wait(10)
+        return answered(pod, node_name, annotations)
+
+    cluster.scheduler.bind_pod = slow  # type: ignore[method-assign]
+    uids = [cluster.add_pod(f"p{i}", {"cpu": "1"}) for i in range(4)]
+    cluster.schedule(wait_binds=False)  # one bind sent, three queued behind it
+    wait_for(lambda: sent, 5, "the first bind sent", interval_s=0.01)
+    stopper = threading.Thread(target=cluster.scheduler.stop)
+    stopper.start()
+    time.sleep(0.2)
+    release.set()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    assert sent == ["p0"]
+    assert [cluster.node_of(u) for u in uids] == ["n0", "", "", ""]

@@ -254,6 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         while not stop.wait(0.5) and not lost.is_set():
             pass
         stop.set()
+        scheduler.stop()  # binds not sent yet are dropped; the loop ends after its cycle
         loop.join(timeout=10)
     stop.set()
     for inf in informers:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,6 +223,7 @@ class Scheduler:
         self.bound = 0
         self.bind_failures = 0
         self.assumed_expiry_s = ASSUMED_EXPIRY_S
+        self._stopping = False
 
     # -- Handle ---------------------------------------------------------------------------
 
@@ -497,6 +498,9 @@ class Scheduler:
     def _submit(self, binding: _Binding) -> None:
         with self._idle:
             self._binds_in_flight += 1
+        if self._stopping:
+            self._drop_bind(binding)
+            return
         assigned = self._protocol.annotations.assigned_devices
         if (
             assigned in binding.state.binding_annotations
@@ -520,10 +524,22 @@ class Scheduler:
 
     def _start_bind(self, binding: _Binding) -> None:
         try:
-            self._pool.submit(self._bind, binding)
+            future = self._pool.submit(self._bind, binding)
         except RuntimeError:  # pool shut down
-            self._bind_done(binding)
-            self._forget(binding)
+            self._drop_bind(binding)
+            return
+
+        def dropped(f: Future[None]) -> None:
+            if f.cancelled():  # by stop(): never sent
+                self._drop_bind(binding)
+
+        future.add_done_callback(dropped)
+
+    def _drop_bind(self, binding: _Binding) -> None:
+        """A bind never sent (the scheduler stops): its placement is forgotten."""
+        self._bind_done(binding)
+        self._forget(binding)
+        self._admitted(binding.queued.pod.uid)
 
     def _bind_done(self, binding: _Binding) -> None:
         if binding.slot:
@@ -625,9 +641,16 @@ class Scheduler:
         self._timers.add(self.assumed_expiry_s, expire)
 
     def stop(self) -> None:
+        """Stops at once: no new cycle, no new bind (the binds not sent yet are dropped: a
+        replica that lost its lease must not bind, the new leader places those pods), pods
+        waiting at Permit are rejected; returns once the binds already sent are answered."""
+        if self._stopping:
+            return
+        self._stopping = True
         self.queue.close()
-        self._pool.shutdown(wait=True, cancel_futures=False)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         with self._waiting_lock:
             waiting = list(self._waiting.values())
         for w in waiting:
             w.reject("", "scheduler stopping")
+        self._pool.shutdown(wait=True)
