@@ -8,6 +8,8 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 from lj_runtimekit.proto.pkg.protocol import decode_assignment
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
+from lj_runtimekit.schedulerframework.internal.framework.types import CycleState, Status
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling import plugin as cos
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import (
     EXCLUSIVE_TOPOLOGY,
@@ -186,6 +188,28 @@ def test_a_plan_not_met_by_its_timeout_is_not_made_again_unchanged() -> None:
     uids.append(c.add_pod("u2b", {GPU: "8"}, annotations=ann))
     flush(c)
     assert all(nodes_of(c, uids))
+
+
+def test_a_permit_timeout_in_the_gap_before_the_gangs_allow_binds_nothing_partial() -> None:
+    c = topo_cluster(blocks=1, switches=1, nodes=2)
+    uids = gang(c, "gap", 2)
+    coscheduling = c.scheduler.frameworks["lj-scheduler"].plugin("Coscheduling")
+    assert isinstance(coscheduling, cos.Coscheduling)
+    permit = coscheduling.permit
+
+    def permit_then_timer(state: CycleState, pod: PodInfo, node_name: str) -> tuple[Status, float]:
+        out = permit(state, pod, node_name)
+        if pod.uid == uids[1]:  # the gang is complete; the first member's timer fires now
+            first = c.scheduler.get_waiting_pod(uids[0])
+            if first is not None:
+                first.reject(cos.NAME, "rejected due to timeout at Permit")
+        return out
+
+    coscheduling.permit = permit_then_timer  # type: ignore[method-assign]
+    c.schedule()
+    placed = nodes_of(c, uids)
+    assert all(placed) or not any(placed), placed
+    assert all(placed)  # the gang was complete before the timer: its allow stands
 
 
 def test_four_competing_gangs_three_fit_no_deadlock() -> None:

@@ -186,9 +186,14 @@ class WaitingPod(Protocol):
 
     def pending_plugins(self) -> list[str]: ...
 
-    def allow(self, plugin: str) -> None: ...
+    def allow(self, plugin: str) -> None:
+        """Takes effect at once: a later rejection (the timer) is ignored. Allowed in a
+        scheduling cycle, the pod's bind starts once the cycle is over."""
+        ...
 
-    def reject(self, plugin: str, message: str) -> None: ...
+    def reject(self, plugin: str, message: str) -> None:
+        """Unreserves the pod and hands it back (ignored once it is allowed or rejected)."""
+        ...
 
 
 class Handle(Protocol):
@@ -220,11 +225,6 @@ class Handle(Protocol):
     def move_to_active_or_backoff(self, uids: Iterable[str]) -> None:
         """What turned these pods away is gone: the unschedulable ones are tried again (after
         their backoff), not left for the periodic flush."""
-        ...
-
-    def after_cycle(self, fn: Callable[[], None]) -> None:
-        """Runs `fn` in the scheduling thread once the current cycle has released the cache
-        lock (e.g. allowing a gang's waiting pods, which submits their binds)."""
         ...
 
     def filter_nodes(self, pod: PodInfo, skip: str) -> list[NodeInfo]:

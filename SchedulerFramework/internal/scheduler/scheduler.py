@@ -169,12 +169,16 @@ class _WaitingPod:
         self._scheduler._waiting_done(self, None)
 
     def reject(self, plugin: str, message: str) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self._scheduler._timers.cancel(self._timer)
-        self._scheduler._waiting_done(self, Status(Code.UNSCHEDULABLE, (message,), plugin))
+        # Under the cache lock, as a scheduling cycle runs: a rejection (a Permit timer, a
+        # deletion) comes either before the cycle in which a plugin allows the pod, and that
+        # cycle sees it released, or after it, and finds the pod allowed.
+        with self._scheduler.cache.lock:
+            with self._lock:
+                if self._done:
+                    return
+                self._done = True
+            self._scheduler._timers.cancel(self._timer)
+            self._scheduler._waiting_done(self, Status(Code.UNSCHEDULABLE, (message,), plugin))
 
     def _timeout(self) -> None:
         self.reject(
@@ -217,6 +221,9 @@ class Scheduler:
         self._waiting_lock = threading.Lock()
         self._node_signatures: dict[str, tuple[object, ...]] = {}
         self._after_cycle: list[Callable[[], None]] = []
+        """run by the scheduling thread once its cycle has let the cache lock go"""
+        self._cycle_thread: int | None = None
+        """the thread running a scheduling cycle, while it does"""
         self._pod_listeners = [
             p for f in self.frameworks.values() for p in f.plugins if isinstance(p, PodEventPlugin)
         ]
@@ -251,9 +258,6 @@ class Scheduler:
 
     def move_to_active_or_backoff(self, uids: Iterable[str]) -> None:
         self.queue.move_to_active_or_backoff(uids)
-
-    def after_cycle(self, fn: Callable[[], None]) -> None:
-        self._after_cycle.append(fn)
 
     def _run_after_cycle(self) -> None:
         while self._after_cycle:
@@ -422,9 +426,11 @@ class Scheduler:
                 self.queue.requeue_backoff(qp)
 
     def schedule_one(self, qp: QueuedPod) -> None:
+        self._cycle_thread = threading.get_ident()
         try:
             self._schedule_one(qp)
         finally:
+            self._cycle_thread = None
             self._run_after_cycle()
 
     def _schedule_one(self, qp: QueuedPod) -> None:
@@ -559,7 +565,12 @@ class Scheduler:
             self._waiting.pop(waiting.pod.uid, None)
         b = waiting.binding
         if rejection is None:
-            self._submit(b)
+            if self._cycle_thread == threading.get_ident():
+                # allowed in a cycle (a gang's last member): bound once the cycle is over, as
+                # the bind may wait for a slot, which must not happen under the cache lock
+                self._after_cycle.append(lambda: self._submit(b))
+            else:
+                self._submit(b)
             return
         b.framework.run_unreserve(b.state, b.queued.pod, b.node)
         self._cache.forget_pod(b.queued.pod.uid)

@@ -704,8 +704,9 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                 g.waiting.clear()
                 self._drop_plan(g)
                 self._update_gauges()
-                if waiting:
-                    self.handle.after_cycle(lambda: self._allow(waiting))
+                # allowed now, in this cycle: a member's Permit timer firing before the
+                # cycle is over finds it allowed (its bind starts when the cycle ends)
+                self._allow(waiting)
                 return SUCCESS, 0.0
             now = time.monotonic()
             deadline = g.plan.deadline if g.plan is not None else now + spec.timeout_s
