@@ -1,5 +1,5 @@
 """The binding cycle on the in-memory framework: failed binds, binds without an answer,
-deleted pods."""
+deleted pods, stopping; the PodScheduled condition of pods that cannot be placed."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ from typing import Any
 from lj_runtimekit.proto.pkg.kube import KubeError
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.types import Status
+from lj_runtimekit.schedulerframework.internal.scheduler.conditions import (
+    SCHEDULER_ERROR,
+    UNSCHEDULABLE,
+    scheduled_false,
+)
 from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import Scheduler
 from lj_runtimekit.testkit.scheduler.fake import GPU, FakeCluster
 from lj_runtimekit.testkit.waits import wait_for
@@ -162,3 +167,42 @@ def test_stopping_drops_the_queued_binds_and_waits_only_for_the_one_sent(
     assert not stopper.is_alive()
     assert sent == ["p0"]
     assert [cluster.node_of(u) for u in uids] == ["n0", "", "", ""]
+
+
+def test_pod_scheduled_false_written_as_kube_scheduler_writes_it(
+    make_cluster: Callable[[Mapping[str, Any] | None], FakeCluster],
+) -> None:
+    pending = {"status": {"phase": "Pending"}}
+    first = scheduled_false(pending, UNSCHEDULABLE, "0/1 nodes are available: x.", "t1")
+    assert first == {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/1 nodes are available: x.",
+        "lastProbeTime": None,
+        "lastTransitionTime": "t1",
+    }
+    shown = {"status": {"conditions": [first]}}
+    assert scheduled_false(shown, UNSCHEDULABLE, "0/1 nodes are available: x.", "t2") is None
+    changed = scheduled_false(shown, SCHEDULER_ERROR, "Binding rejected: y", "t2")
+    assert changed is not None
+    assert changed["lastTransitionTime"] == "t1"  # still False: the transition time stays
+    # the scheduler writes it for a pod that cannot be placed, and for a failed bind
+    cluster = make_cluster({"podInitialBackoffSeconds": 0.001, "podMaxBackoffSeconds": 0.001})
+    uid = cluster.add_pod("nowhere", {GPU: "1"})
+    cluster.schedule()
+    ((written_uid, condition),) = cluster.scheduler.conditions.written
+    assert written_uid == uid
+    assert (condition["reason"], condition["message"]) == (
+        "Unschedulable",
+        f"0/0 nodes are available: pod asks for 1 {GPU} in all but the largest node has 0.",
+    )
+    cluster.fail_binds = 1
+    cluster.add_node("n0")
+    time.sleep(0.01)
+    cluster.schedule()
+    assert cluster.scheduler.conditions.written[-1][1]["reason"] == "SchedulerError"
+    assert (
+        "Binding rejected: injected bind failure"
+        in cluster.scheduler.conditions.written[-1][1]["message"]
+    )

@@ -13,7 +13,9 @@ from kubernetes import client as k8s_client
 
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory, Taint
+from lj_runtimekit.proto.pkg.kube import STRATEGIC_MERGE_PATCH, KubeClient, KubeError
 from lj_runtimekit.proto.pkg.protocol import decode_assignment, encode_inventory, load_protocol
+from lj_runtimekit.schedulerframework.internal.scheduler.conditions import status_patch
 from lj_runtimekit.testkit.scheduler.fake import (
     nvlink_inventory,
     preferred_affinity,
@@ -310,3 +312,65 @@ def test_preferred_affinity_and_prefer_no_schedule_on_kwok_nodes(
     # Binpack pulls to the fuller tainted node (tolerated here); the preference for z1 wins.
     prefer_z1 = preferred_affinity((100, "zone", "z1"))
     assert place("prefers-z1", affinity=prefer_z1, tolerations=tolerate) == plain
+
+
+def test_an_unschedulable_pod_shows_pod_scheduled_false_until_it_is_bound(
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: NodeFactory,
+    scheduler: SchedulerProcess,
+) -> None:
+    core = k8s_client.CoreV1Api(api_client)
+    node = node_factory.create(f"{namespace}-n0")
+    annotate_inventory(core, node)
+    name = f"lj-{namespace}"
+    selector = {**node_factory.selector, "gpu-ready": "yes"}  # no node has it yet
+    core.create_namespaced_pod(namespace, pod("waits", name, selector, {GPU: "1"}))
+
+    def condition() -> Any:
+        p = core.read_namespaced_pod("waits", namespace)
+        found = [c for c in p.status.conditions or () if c.type == "PodScheduled"]
+        return found[0] if found else None
+
+    wait_for(
+        lambda: condition() is not None,
+        60,
+        "PodScheduled written",
+        describe=lambda: str(events(core, namespace, "waits")),
+    )
+    c = condition()
+    assert (c.status, c.reason) == ("False", "Unschedulable")
+    assert "nodes are available" in c.message
+    assert "node(s) didn't match Pod's node affinity/selector" in c.message
+    version = core.read_namespaced_pod("waits", namespace).metadata.resource_version
+
+    def failures() -> int:
+        return sum(
+            e.count or 1
+            for e in core.list_namespaced_event(namespace).items
+            if e.involved_object.name == "waits" and e.reason == "FailedScheduling"
+        )
+
+    # a node change that does not help: tried again, same reason, the condition is not written
+    core.patch_node(node, {"metadata": {"labels": {"unrelated": "x"}}})
+    wait_for(lambda: failures() >= 2, 60, "a second attempt", describe=scheduler.text)
+    time.sleep(1.0)
+    assert core.read_namespaced_pod("waits", namespace).metadata.resource_version == version
+    assert condition().last_transition_time == c.last_transition_time
+    core.patch_node(node, {"metadata": {"labels": {"gpu-ready": "yes"}}})
+    wait_for(lambda: "waits" in bound(core, namespace), 60, "pod bound", describe=scheduler.text)
+    wait_for(lambda: condition().status == "True", 30, "PodScheduled=True after the Binding")
+    # a write decided on the pod before it was bound is refused: it never marks the bound pod
+    stale = status_patch(
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "x"},
+        version,
+    )
+    with pytest.raises(KubeError) as refused:
+        KubeClient(api_client).request(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/waits/status",
+            body=stale,
+            content_type=STRATEGIC_MERGE_PATCH,
+        )
+    assert refused.value.status == 409
+    assert condition().status == "True"

@@ -32,7 +32,8 @@ class EventRecord:
     message: str
 
 
-def _now() -> str:
+def api_time() -> str:
+    """The time now as the API server writes it (RFC 3339, seconds)."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -87,7 +88,7 @@ class EventRecorder:
     def _send(self, r: EventRecord) -> None:
         assert self.kube is not None
         key = (r.uid, r.reason, r.message)
-        now = _now()
+        now = api_time()
         previous = self._sent.get(key)
         base = f"/api/v1/namespaces/{r.namespace}/events"
         if previous is not None:

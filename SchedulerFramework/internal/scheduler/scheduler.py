@@ -49,6 +49,11 @@ from lj_runtimekit.schedulerframework.internal.scheduler.admission import (
     AdmissionGate,
     in_admission,
 )
+from lj_runtimekit.schedulerframework.internal.scheduler.conditions import (
+    SCHEDULER_ERROR,
+    UNSCHEDULABLE,
+    ConditionWriter,
+)
 from lj_runtimekit.schedulerframework.internal.scheduler.events import EventRecorder
 
 log = logging.getLogger(__name__)
@@ -202,6 +207,8 @@ class Scheduler:
         self._cache = Cache(protocol)
         self.queue = SchedulingQueue(config.pod_initial_backoff_s, config.pod_max_backoff_s)
         self.recorder = recorder or EventRecorder(None, "lj-scheduler", "test")
+        self.conditions = ConditionWriter(kube)
+        """PodScheduled=False on the pods that cannot be placed"""
         self.frameworks: dict[str, Framework] = {}
         for profile in config.profiles:
             plugins = [
@@ -494,7 +501,11 @@ class Scheduler:
         metrics.ATTEMPTS.labels("unschedulable", fwk.scheduler_name).inc()
         log.info("pod unschedulable: %s", message, extra={"pod": qp.pod.key})
         self.event(qp.pod, "Warning", "FailedScheduling", message)
-        if status.code == Code.ERROR:
+        internal = status.code == Code.ERROR
+        if not self._stopping:  # pods rejected at Permit as the scheduler stops are not at fault
+            reason = SCHEDULER_ERROR if internal else UNSCHEDULABLE
+            self.conditions.unschedulable(qp.pod, reason, message)
+        if internal:
             self.queue.requeue_backoff(qp)
         else:
             self.queue.add_unschedulable(qp)
@@ -618,6 +629,7 @@ class Scheduler:
                 # bound elsewhere, gone or going: the watch tells the truth
                 self.queue.done(pod.uid)
             else:
+                self.conditions.unschedulable(pod, SCHEDULER_ERROR, f"Binding rejected: {message}")
                 self.queue.requeue_backoff(b.queued)
         finally:
             self._bind_done(b)
@@ -640,13 +652,12 @@ class Scheduler:
                 self._forget(b)
             self.bind_failures += 1
             self._admitted(pod.uid)
-            self.event(
-                pod,
-                "Warning",
-                "FailedScheduling",
+            why = (
                 f"Binding rejected: {message} (no answer; the pod did not show bound within "
-                f"{self.assumed_expiry_s:g}s)",
+                f"{self.assumed_expiry_s:g}s)"
             )
+            self.event(pod, "Warning", "FailedScheduling", why)
+            self.conditions.unschedulable(pod, SCHEDULER_ERROR, why)
             self.queue.requeue_backoff(b.queued)
 
         self._timers.add(self.assumed_expiry_s, expire)
@@ -665,3 +676,4 @@ class Scheduler:
         for w in waiting:
             w.reject("", "scheduler stopping")
         self._pool.shutdown(wait=True)
+        self.conditions.stop()

@@ -1,0 +1,150 @@
+"""The pod condition PodScheduled=False, written as kube-scheduler writes it.
+
+A pod the scheduler cannot place gets condition `PodScheduled` with status
+`False`, reason `Unschedulable` and the failure message (reason
+`SchedulerError` when an internal error, such as a failed bind, stopped it);
+the cluster-autoscaler scales up only for pods with it. As kube-scheduler
+does: a strategic merge patch of the pod's status conditions, only when the
+condition changes (status, reason or message), its lastTransitionTime moved
+only when the status does. The Binding sets `PodScheduled=True` (the API
+server does that).
+
+The writes go through one thread and a bounded queue, so a failing pod never
+makes the scheduling loop wait on the API server (a full queue drops the
+write; the pod's next failure writes again). Each patch carries the
+resourceVersion of the pod object the failure was decided on: the API server
+refuses it (409) when the pod changed since, so a late write never marks a
+pod that was bound meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any
+
+from lj_runtimekit.proto.pkg.kube import STRATEGIC_MERGE_PATCH, KubeClient, KubeError
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import KubeObject, PodInfo
+from lj_runtimekit.schedulerframework.internal.scheduler.events import api_time
+
+log = logging.getLogger(__name__)
+
+POD_SCHEDULED = "PodScheduled"
+UNSCHEDULABLE = "Unschedulable"
+"""Reason: no node fits the pod (v1.PodReasonUnschedulable)."""
+SCHEDULER_ERROR = "SchedulerError"
+"""Reason: an internal error stopped the pod's scheduling (v1.PodReasonSchedulerError)."""
+
+
+def scheduled_false(obj: KubeObject, reason: str, message: str, now: str) -> dict[str, Any] | None:
+    """The PodScheduled=False condition to write on pod `obj`, or None when the pod shows
+    it already (podutil.UpdatePodCondition: lastTransitionTime kept while the status is)."""
+    old: dict[str, Any] | None = None
+    for c in (obj.get("status") or {}).get("conditions") or ():
+        if isinstance(c, dict) and c.get("type") == POD_SCHEDULED:
+            old = c
+    was_false = old is not None and old.get("status") == "False"
+    if (
+        old is not None
+        and was_false
+        and (old.get("reason"), old.get("message"))
+        == (
+            reason,
+            message,
+        )
+    ):
+        return None
+    since = old.get("lastTransitionTime") if old is not None and was_false else None
+    return {
+        "type": POD_SCHEDULED,
+        "status": "False",
+        "reason": reason,
+        "message": message,
+        "lastProbeTime": None,
+        "lastTransitionTime": since or now,
+    }
+
+
+def status_patch(condition: dict[str, Any], resource_version: str) -> dict[str, Any]:
+    """The strategic merge patch of the pod's status that writes `condition`, refused (409)
+    when the pod's resourceVersion is no longer `resource_version` (none: unconditional)."""
+    body: dict[str, Any] = {"status": {"conditions": [condition]}}
+    if resource_version:
+        body["metadata"] = {"resourceVersion": resource_version}
+    return body
+
+
+class ConditionWriter:
+    """Writes PodScheduled=False on pods that cannot be placed (asynchronous, bounded)."""
+
+    def __init__(self, kube: KubeClient | None, size: int = 5000) -> None:
+        self.kube = kube
+        self._queue: queue.Queue[tuple[str, str, str, dict[str, Any]] | None] = queue.Queue(
+            maxsize=size
+        )
+        self.dropped = 0
+        self._forbidden = False
+        self.written: list[tuple[str, dict[str, Any]]] = []
+        """(pod uid, condition), kept when there is no API client (unit tests)."""
+        self._thread = threading.Thread(target=self._run, name="pod-conditions", daemon=True)
+        if kube is not None:
+            self._thread.start()
+
+    def unschedulable(self, pod: PodInfo, reason: str, message: str) -> None:
+        """`pod` (as last seen) could not be placed: `reason` and `message`."""
+        condition = scheduled_false(pod.obj, reason, message, api_time())
+        if condition is None:
+            return
+        if self.kube is None:
+            self.written.append((pod.uid, condition))
+            return
+        version = str((pod.obj.get("metadata") or {}).get("resourceVersion") or "")
+        try:
+            self._queue.put_nowait((pod.namespace, pod.name, version, condition))
+        except queue.Full:
+            self.dropped += 1
+
+    def stop(self) -> None:
+        """Drops the writes not sent yet and ends the thread."""
+        if self.kube is None:
+            return
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        assert self.kube is not None
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            namespace, name, version, condition = item
+            try:
+                self.kube.request(
+                    "PATCH",
+                    f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+                    body=status_patch(condition, version),
+                    content_type=STRATEGIC_MERGE_PATCH,
+                )
+            except KubeError as exc:
+                if exc.status in (404, 409):  # gone, or changed since (bound, updated)
+                    continue
+                if exc.status == 403:
+                    if not self._forbidden:  # said once: it holds for every pod
+                        self._forbidden = True
+                        log.warning(
+                            "pod conditions not written: the scheduler's role needs patch on "
+                            "pods/status: %s",
+                            exc,
+                        )
+                    continue
+                log.warning(
+                    "pod condition not written: %s", exc, extra={"pod": f"{namespace}/{name}"}
+                )
+            except Exception:
+                log.exception("pod condition not written")
