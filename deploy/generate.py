@@ -1,5 +1,6 @@
 """Writes the plain YAML, the kustomizations, the Helm chart and the members' Kubebuilder-style
-`config/` (the Controller's) from manifests.py.
+`config/` (the Controller's) from manifests.py, and the Exporter's alerting rules (a plain
+rule file and an optional PrometheusRule) from alerts.py.
 
 Everything here is derived from one place (manifests.py, deploy/protocol.yaml
 and VERSION); `lj-deploy generate --check` fails when a committed file is
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from lj_runtimekit.deploy.alerts import alert_files
 from lj_runtimekit.deploy.components import (
     BY_NAME,
     COMPONENTS,
@@ -302,6 +304,7 @@ def all_files(deploy_dir: Path) -> dict[Path, str]:
         | kustomizations(deploy_dir, opts)
         | helm_chart(deploy_dir, opts)
         | member_configs(deploy_dir, opts)
+        | alert_files(deploy_dir, opts)
     )
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as text_string_to_metric_families_om,
 )
@@ -328,6 +329,15 @@ def test_promtool_check_metrics_passes(bed: Bed, lj: Any) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == ""  # no lint warnings either
+
+
+def test_alert_rules_use_only_served_metrics(bed: Bed, lj: Any) -> None:
+    rules_file = lj.REPO / "deploy" / "exporter" / "monitoring" / "alerts.yaml"
+    rules = yaml.safe_load(rules_file.read_text())
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    used = {name for expr in exprs for name in _METRIC.findall(expr)}
+    assert "lj_runtimekit_device_healthy" in used
+    assert used <= bed.scrape.names(), used - bed.scrape.names()
 
 
 # --- a real Prometheus ------------------------------------------------------------------
