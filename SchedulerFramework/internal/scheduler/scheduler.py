@@ -647,8 +647,8 @@ class Scheduler:
 
         def expire() -> None:
             with self._cache.lock:
-                if not self._cache.is_assumed(pod.uid):
-                    return  # bound after all, or deleted
+                if self._stopping or not self._cache.is_assumed(pod.uid):
+                    return  # bound after all, deleted, or no longer ours to schedule
                 self._forget(b)
             self.bind_failures += 1
             self._admitted(pod.uid)
