@@ -389,7 +389,8 @@ def test_least_privilege_rbac_is_enough(
     try:
         system.label(node, LABEL, "true")
         wait_state(system, node, "enabled", 2 * T)
-        assert "FeaturesEnabled" in system.reasons(node)
+        # Posted in the background, after the state: it may lag the state by a moment.
+        wait_for(lambda: "FeaturesEnabled" in system.reasons(node), T, "the Normal event")
         system.label(node, LABEL, None)
         wait_state(system, node, "disabled", 2 * T)
         assert "Forbidden" not in op.log()

@@ -18,7 +18,6 @@ from typing import Any
 
 import kopf
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from lj_runtimekit.controller.internal.config.config import (
     DEFAULT_LABEL_KEY,
@@ -29,10 +28,16 @@ from lj_runtimekit.controller.internal.config.config import (
     JobSettings,
 )
 from lj_runtimekit.controller.internal.health.server import HealthServer
-from lj_runtimekit.controller.internal.kube.client import ApiError, Kube
+from lj_runtimekit.controller.internal.kube.client import Kube
 from lj_runtimekit.controller.internal.operator.operator import Controller, WatchSettings
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.flags import FlagParser, boolean
+from lj_runtimekit.proto.pkg.kube import (
+    KubeConfigError,
+    KubeError,
+    load_api_client,
+    load_configuration,
+)
 from lj_runtimekit.proto.pkg.leaderelection import LeaseConfig
 from lj_runtimekit.proto.pkg.version import component_version
 
@@ -160,21 +165,11 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
 
 
 def load_kube(kubeconfig: str, threads: int) -> tuple[k8s.ApiClient, Any]:
-    """API client and a function giving kopf the same credentials (re-read on each login)."""
-
-    def configuration() -> k8s.Configuration:
-        c = k8s.Configuration()
-        if kubeconfig:
-            k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=c)
-        else:
-            k8s_config.load_incluster_config(client_configuration=c)
-        return c
-
-    config = configuration()
-    config.connection_pool_maxsize = threads
+    """API client and a function giving kopf the same credentials (re-read on each login);
+    an empty `kubeconfig` means in-cluster. KubeConfigError when neither is usable."""
 
     def connection() -> kopf.ConnectionInfo:
-        c = configuration()
+        c = load_configuration(kubeconfig)
         header = c.get_api_key_with_prefix("authorization") or c.get_api_key_with_prefix(
             "BearerToken"
         )
@@ -189,16 +184,16 @@ def load_kube(kubeconfig: str, threads: int) -> tuple[k8s.ApiClient, Any]:
             private_key_path=c.key_file,
         )
 
-    return k8s.ApiClient(config), connection
+    return load_api_client(kubeconfig, threads), connection
 
 
 async def preflight(kube: Kube, settings: ControllerSettings) -> None:
     """Fail early and clearly when the API is unreachable or permissions are missing."""
-    await kube.call(
+    await kube.call_json(
         "list nodes (needs RBAC list on nodes)",
         lambda: kube.core.list_node(limit=1, _preload_content=False, _request_timeout=(5, 15)),
     )
-    await kube.call(
+    await kube.call_json(
         f"list jobs in {settings.job.namespace} (needs RBAC list on batch/jobs)",
         lambda: kube.batch.list_namespaced_job(
             settings.job.namespace, limit=1, _preload_content=False, _request_timeout=(5, 15)
@@ -254,9 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.setup(args.log_level, args.log_format)
     try:
         return asyncio.run(_run(args, settings))
-    except k8s_config.ConfigException as exc:
+    except KubeConfigError as exc:
         _log.error("no Kubernetes credentials", extra={"error": str(exc)})
-    except ApiError as exc:
+    except KubeError as exc:
         _log.error("Kubernetes API check failed", extra={"error": str(exc)})
     except KeyboardInterrupt:
         return 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from lj_runtimekit.controller.internal.config.config import ControllerSettings
 from lj_runtimekit.controller.internal.controller.job_recorder import JobRecorder, JobView
 from lj_runtimekit.controller.internal.jobspec import jobspec
-from lj_runtimekit.controller.internal.kube.client import AlreadyExistsError, Kube, Obj
+from lj_runtimekit.controller.internal.kube.client import Kube, Obj
 from lj_runtimekit.controller.internal.nodestate.state import (
     IN_PROGRESS,
     Action,
@@ -34,6 +34,7 @@ from lj_runtimekit.controller.internal.nodestate.state import (
     transition,
 )
 from lj_runtimekit.controller.internal.workqueue.queue import Requeue
+from lj_runtimekit.proto.pkg.kube import AlreadyExistsError
 
 _log = logging.getLogger(__name__)
 DELETION_POLL_S = 1.0

@@ -1,1 +1,1 @@
-"""Kubernetes API access with bounded retries of transient failures."""
+"""The Controller's Kubernetes API calls, on the shared API layer (proto/pkg/kube)."""

@@ -1,11 +1,12 @@
-"""The Kubernetes API calls of the Controller, with bounded retries of transient failures.
+"""The Kubernetes API calls of the Controller, on the shared API layer (proto/pkg/kube).
 
 The official client is synchronous; calls run on a dedicated thread pool sized
-to the reconcile workers. Responses are parsed as plain JSON dicts (the
-client's model classes are slow to build and not needed). 429, 5xx and
-connection failures are retried with exponential backoff (tenacity) for a
-bounded time; 404 reads as "gone"; 409 is raised as ConflictError or
-AlreadyExistsError for the reconciler to re-read and decide again.
+to the reconcile workers. Responses are read there and parsed as plain JSON
+dicts (the client's model classes are slow to build and not needed). Failures are the
+shared KubeError types and transient ones (429, 5xx, no answer) are retried
+with the shared bounded policy (`call_async`); 404 reads as "gone"; 409 is
+ConflictError or AlreadyExistsError (by the server's reason) for the
+reconciler to re-read and decide again.
 """
 
 from __future__ import annotations
@@ -19,66 +20,26 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import urllib3
 from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
-from tenacity import (
-    AsyncRetrying,
-    before_sleep_log,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential_jitter,
+
+from lj_runtimekit.proto.pkg.kube import (
+    ConflictError,
+    KubeError,
+    KubeObject,
+    NotFoundError,
+    RetryPolicy,
+    call_async,
 )
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-Obj = dict[str, Any]
+Obj = KubeObject
 COMPONENT = "lj-runtimekit-controller"
 
 
 def now_rfc3339() -> str:
     """Current UTC time, RFC 3339 with seconds."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class ConflictError(RuntimeError):
-    """409: the object changed since it was read (optimistic concurrency)."""
-
-
-class AlreadyExistsError(RuntimeError):
-    """409 AlreadyExists on create."""
-
-
-class ApiError(RuntimeError):
-    """A non-transient API failure (or a transient one that outlasted the retries)."""
-
-    def __init__(self, what: str, status: int | None, detail: str) -> None:
-        super().__init__(f"{what}: {status or 'no answer'}: {detail}")
-        self.status = status
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, ApiException):
-        return exc.status in (429, 500, 502, 503, 504) or exc.status == 0
-    return isinstance(
-        exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError | socket.timeout
-    )
-
-
-def _message(exc: ApiException) -> str:
-    try:
-        body = json.loads(exc.body or "{}")
-    except ValueError:
-        return str(exc.reason)
-    return str(body.get("message") or exc.reason)
-
-
-def _reason(exc: ApiException) -> str:
-    try:
-        return str(json.loads(exc.body or "{}").get("reason", ""))
-    except ValueError:
-        return ""
 
 
 class Kube:
@@ -96,9 +57,7 @@ class Kube:
         self.timeout = (min(5.0, request_timeout_s), request_timeout_s)
         self.core = k8s.CoreV1Api(api)
         self.batch = k8s.BatchV1Api(api)
-        self.coordination = k8s.CoordinationV1Api(api)
-        self.retry_timeout_s = retry_timeout_s
-        self.retry_attempts = retry_attempts
+        self.retry = RetryPolicy(attempts=retry_attempts, timeout_s=retry_timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
         self.instance = socket.gethostname()
         self._events: set[asyncio.Task[None]] = set()
@@ -109,37 +68,25 @@ class Kube:
         self.api.close()
 
     async def call(self, what: str, fn: Callable[[], _T]) -> _T:
-        loop = asyncio.get_running_loop()
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(_transient),
-            stop=stop_after_attempt(self.retry_attempts) | stop_after_delay(self.retry_timeout_s),
-            wait=wait_exponential_jitter(initial=0.2, max=5.0),
-            before_sleep=before_sleep_log(_log, logging.WARNING),
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    return await loop.run_in_executor(self._pool, fn)
-        except ApiException as exc:
-            raise ApiError(what, exc.status, _message(exc)) from exc
-        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-            raise ApiError(what, None, str(exc)) from exc
-        raise AssertionError("unreachable: tenacity returns or raises")
+        """`fn()` on the thread pool, transient failures retried; a KubeError naming `what`."""
+        return await call_async(what, fn, self.retry, executor=self._pool)
 
     @staticmethod
     def _json(response: Any) -> Obj:
         data: Obj = json.loads(response.data or b"{}")
         return data
 
+    async def call_json(self, what: str, fn: Callable[[], Any]) -> Obj:
+        """`call` of a typed API method (`_preload_content=False`): the answer read and parsed
+        on the pool, which also hands its connection back."""
+        return await self.call(what, lambda: self._json(fn()))
+
     async def maybe(self, what: str, fn: Callable[[], Any]) -> Obj | None:
-        """Call returning the parsed object, None on 404."""
+        """`call_json`, None on 404."""
         try:
-            return self._json(await self.call(what, fn))
-        except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
+            return await self.call_json(what, fn)
+        except NotFoundError:
+            return None
 
     # Nodes
 
@@ -153,7 +100,8 @@ class Kube:
         )
 
     async def patch_node(self, name: str, patch: Obj, resource_version: str | None) -> Obj | None:
-        """Patch the Node (strategic merge: maps merge, null removes a key).
+        """Patch the Node (strategic merge: maps merge, null removes a key); None when it
+        does not exist.
 
         With `resource_version`, only if the Node is unchanged (else ConflictError).
         """
@@ -162,17 +110,12 @@ class Kube:
                 **patch,
                 "metadata": {**patch["metadata"], "resourceVersion": resource_version},
             }
-        try:
-            return await self.maybe(
-                f"patch node {name}",
-                lambda: self.core.patch_node(
-                    name, patch, _preload_content=False, _request_timeout=self.timeout
-                ),
-            )
-        except ApiError as exc:
-            if exc.status == 409:
-                raise ConflictError(f"node {name} changed while being reconciled") from exc
-            raise
+        return await self.maybe(
+            f"patch node {name}",
+            lambda: self.core.patch_node(
+                name, patch, _preload_content=False, _request_timeout=self.timeout
+            ),
+        )
 
     def iter_nodes(self, selector: str, page: int = 500) -> Iterator[Obj]:
         """Every Node matching `selector`, listed in pages (blocking; call from a thread)."""
@@ -199,42 +142,39 @@ class Kube:
 
     # Jobs and pods
 
-    async def list_jobs(self, namespace: str, selector: str) -> list[Obj]:
-        """Jobs in `namespace` matching `selector`."""
-        data = self._json(
-            await self.call(
-                f"list jobs {namespace} {selector}",
-                lambda: self.batch.list_namespaced_job(
-                    namespace,
-                    label_selector=selector,
-                    _preload_content=False,
-                    _request_timeout=self.timeout,
-                ),
-            )
+    async def _list(
+        self, kind: str, method: Callable[..., Any], namespace: str, selector: str
+    ) -> list[Obj]:
+        """The `kind` objects in `namespace` matching `selector` (`method` lists them)."""
+        data = await self.call_json(
+            f"list {kind} {namespace} {selector}",
+            lambda: method(
+                namespace,
+                label_selector=selector,
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            ),
         )
         items: list[Obj] = data.get("items", [])
         return items
+
+    async def list_jobs(self, namespace: str, selector: str) -> list[Obj]:
+        """Jobs in `namespace` matching `selector`."""
+        return await self._list("jobs", self.batch.list_namespaced_job, namespace, selector)
 
     async def create_job(self, manifest: Obj) -> Obj:
         """Create the Job; AlreadyExistsError when one of that name exists."""
         namespace = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
-        try:
-            return self._json(
-                await self.call(
-                    f"create job {namespace}/{name}",
-                    lambda: self.batch.create_namespaced_job(
-                        namespace,
-                        manifest,
-                        _preload_content=False,
-                        _request_timeout=self.timeout,
-                    ),
-                )
-            )
-        except ApiError as exc:
-            if exc.status == 409:
-                raise AlreadyExistsError(f"job {namespace}/{name} already exists") from exc
-            raise
+        return await self.call_json(
+            f"create job {namespace}/{name}",
+            lambda: self.batch.create_namespaced_job(
+                namespace,
+                manifest,
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            ),
+        )
 
     async def delete_job(self, namespace: str, name: str, uid: str, propagation: str) -> bool:
         """Delete this exact Job (uid precondition); False when it is already gone."""
@@ -242,7 +182,7 @@ class Kube:
             propagation_policy=propagation, preconditions=k8s.V1Preconditions(uid=uid)
         )
         try:
-            await self.call(
+            deleted = await self.maybe(
                 f"delete job {namespace}/{name}",
                 lambda: self.batch.delete_namespaced_job(
                     name,
@@ -252,11 +192,9 @@ class Kube:
                     _request_timeout=self.timeout,
                 ),
             )
-        except ApiError as exc:
-            if exc.status in (404, 409):  # gone, or a new Job of that name (not ours to delete)
-                return False
-            raise
-        return True
+        except ConflictError:  # a new Job of that name: not ours to delete
+            return False
+        return deleted is not None
 
     async def annotate_job(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         """Merge annotations into the Job (404 ignored)."""
@@ -273,19 +211,7 @@ class Kube:
 
     async def list_pods(self, namespace: str, selector: str) -> list[Obj]:
         """Pods in `namespace` matching `selector`."""
-        data = self._json(
-            await self.call(
-                f"list pods {namespace} {selector}",
-                lambda: self.core.list_namespaced_pod(
-                    namespace,
-                    label_selector=selector,
-                    _preload_content=False,
-                    _request_timeout=self.timeout,
-                ),
-            )
-        )
-        items: list[Obj] = data.get("items", [])
-        return items
+        return await self._list("pods", self.core.list_namespaced_pod, namespace, selector)
 
     # Events
 
@@ -327,13 +253,13 @@ class Kube:
             "count": 1,
         }
         try:
-            await self.call(
+            await self.call_json(
                 f"create event for node {meta['name']}",
                 lambda: self.core.create_namespaced_event(
                     namespace, body, _preload_content=False, _request_timeout=self.timeout
                 ),
             )
-        except ApiError as exc:
+        except KubeError as exc:
             _log.warning(
                 "event not posted",
                 extra={"node": meta["name"], "reason": reason, "error": str(exc)},

@@ -38,14 +38,14 @@ from lj_runtimekit.controller.internal.controller.job_recorder import JobRecorde
 from lj_runtimekit.controller.internal.controller.node_controller import NodeController
 from lj_runtimekit.controller.internal.health.server import HealthServer
 from lj_runtimekit.controller.internal.jobspec import jobspec
-from lj_runtimekit.controller.internal.kube.client import ApiError, Kube
+from lj_runtimekit.controller.internal.kube.client import Kube
 from lj_runtimekit.controller.internal.nodestate.state import (
     STATE_LABEL,
     NodeState,
     desired_action,
 )
 from lj_runtimekit.controller.internal.workqueue.queue import WorkQueue
-from lj_runtimekit.proto.pkg.kube import KubeClient
+from lj_runtimekit.proto.pkg.kube import KubeClient, KubeError
 from lj_runtimekit.proto.pkg.leaderelection import LeaderElector, LeaseConfig
 
 _log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ class Controller:
                 everything = False
                 if count:
                     _log.info("resync", extra={"nodes_queued": count})
-            except ApiError as exc:
+            except KubeError as exc:
                 _log.warning("resync failed", extra={"error": str(exc)})
             await asyncio.sleep(settle.pop(0) if settle else self.settings.resync_period_s)
 
