@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2
 from lj_runtimekit.runtimesim.allocation import ContainerAllocation, Target
+from lj_runtimekit.runtimesim.node import KIND_FACTS
 
 ANNOTATION_PREFIX = "lingjun.com/"
-CDI_KINDS = {"gpu": "lingjun.com/gpu", "ppu": "lingjun.com/ppu", "amd": "lingjun.com/amd"}
 LIBRARY_ROOT = "/run/amp/eKitC/xdm/lib"
 
 
@@ -49,7 +49,9 @@ def build_spec(allocation: ContainerAllocation) -> runtime_pb2.InjectionSpec:
             f"{ANNOTATION_PREFIX}devices": ",".join(ids),
         }
     )
-    spec.cdi_devices.extend(f"{CDI_KINDS[t.device.kind]}={t.grant.device_id}" for t in targets)
+    spec.cdi_devices.extend(
+        f"{KIND_FACTS[t.device.kind].cdi_kind}={t.grant.device_id}" for t in targets
+    )
     return spec
 
 

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 
 from lj_runtimekit.runtimesim.node import (
+    KIND_FACTS,
     DeviceSpec,
     Kind,
     LinkKind,
@@ -15,7 +16,6 @@ from lj_runtimekit.runtimesim.node import (
 )
 
 _ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_DNS, "runtime-sim.lingjun.com")
-_ID_PREFIX: dict[Kind, str] = {"gpu": "GPU", "ppu": "PPU", "amd": "AMD"}
 PCIE_BANDWIDTH_GBPS = 32
 
 
@@ -57,7 +57,7 @@ class DeviceInfo:
 
 def device_id(node_name: str, kind: Kind, index: int) -> str:
     """Stable device ID, e.g. ``GPU-<uuid>``, derived from the node name and index."""
-    return f"{_ID_PREFIX[kind]}-{uuid.uuid5(_ID_NAMESPACE, f'{node_name}/{index}')}"
+    return f"{KIND_FACTS[kind].id_prefix}-{uuid.uuid5(_ID_NAMESPACE, f'{node_name}/{index}')}"
 
 
 def mig_instance_id(node_name: str, index: int, position: int) -> str:

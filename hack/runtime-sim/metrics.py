@@ -16,12 +16,10 @@ from dataclasses import dataclass
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2
 from lj_runtimekit.runtimesim.allocation import AllocationRequest, Allocator, Target
 from lj_runtimekit.runtimesim.inventory import DeviceInfo
-from lj_runtimekit.runtimesim.node import MIG_COMPUTE_SLICES, Kind
+from lj_runtimekit.runtimesim.node import KIND_FACTS, MIG_COMPUTE_SLICES
 from lj_runtimekit.runtimesim.state import NodeState
 
 SAMPLE_PERIOD_S = 1.0
-_IDLE_WATTS: dict[Kind, float] = {"gpu": 60.0, "ppu": 50.0, "amd": 45.0}
-_MAX_WATTS: dict[Kind, float] = {"gpu": 400.0, "ppu": 350.0, "amd": 300.0}
 _IDLE_NOISE = 0.03
 _DRIVER_OVERHEAD_BYTES = 256 * 2**20
 
@@ -132,7 +130,8 @@ class MetricsModel:
         sample.utilization_ratio = round(util, 4)
         sample.memory_used_bytes = min(device.memory_bytes, used + overhead)
         sample.temperature_celsius = round(32 + 45 * util + rng.uniform(-1, 1), 2)
-        idle, peak = _IDLE_WATTS[device.kind], _MAX_WATTS[device.kind]
+        facts = KIND_FACTS[device.kind]
+        idle, peak = facts.idle_watts, facts.max_watts
         sample.power_watts = round(idle + (peak - idle) * util + rng.uniform(-2, 2), 2)
         self._energy[device.id] += sample.power_watts * SAMPLE_PERIOD_S
         sample.energy_joules = round(self._energy[device.id], 2)

@@ -15,6 +15,7 @@ from typing import Literal, cast
 
 import yaml
 
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2
 from lj_runtimekit.proto.pkg.version import InvalidVersionError, parse_version
 
 Kind = Literal["gpu", "ppu", "amd"]
@@ -22,7 +23,26 @@ Mode = Literal["exclusive", "tdm", "mig"]
 LinkKind = Literal["pcie", "nvlink"]
 Topology = Literal["all-to-all", "pairs"]
 
-KINDS: tuple[Kind, ...] = ("gpu", "ppu", "amd")
+
+@dataclass(frozen=True)
+class KindFacts:
+    """What the simulated Runtime reports and injects for one device kind."""
+
+    enum: runtime_pb2.DeviceKind.ValueType
+    id_prefix: str
+    """Device IDs are `<prefix>-<uuid>`."""
+    cdi_kind: str
+    idle_watts: float
+    max_watts: float
+
+
+KIND_FACTS: dict[Kind, KindFacts] = {
+    "gpu": KindFacts(runtime_pb2.DEVICE_KIND_GPU, "GPU", "lingjun.com/gpu", 60.0, 400.0),
+    "ppu": KindFacts(runtime_pb2.DEVICE_KIND_PPU, "PPU", "lingjun.com/ppu", 50.0, 350.0),
+    "amd": KindFacts(runtime_pb2.DEVICE_KIND_AMD, "AMD", "lingjun.com/amd", 45.0, 300.0),
+}
+"""One row per kind the simulator serves (its device paths are in injection.py)."""
+KINDS: tuple[Kind, ...] = tuple(KIND_FACTS)
 MODES: tuple[Mode, ...] = ("exclusive", "tdm", "mig")
 TOPOLOGIES: tuple[Topology, ...] = ("all-to-all", "pairs")
 

@@ -22,16 +22,12 @@ from lj_runtimekit.runtimesim.allocation import (
 )
 from lj_runtimekit.runtimesim.injection import build_spec
 from lj_runtimekit.runtimesim.metrics import MetricsModel
+from lj_runtimekit.runtimesim.node import KIND_FACTS
 from lj_runtimekit.runtimesim.state import DeviceView, Health, NodeState
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 API_VERSION = "v1"
-_KINDS = {
-    "gpu": runtime_pb2.DEVICE_KIND_GPU,
-    "ppu": runtime_pb2.DEVICE_KIND_PPU,
-    "amd": runtime_pb2.DEVICE_KIND_AMD,
-}
 _MODES = {
     "exclusive": runtime_pb2.DEVICE_MODE_EXCLUSIVE,
     "tdm": runtime_pb2.DEVICE_MODE_TDM,
@@ -70,7 +66,7 @@ def device_message(view: DeviceView) -> runtime_pb2.Device:
     return runtime_pb2.Device(
         id=info.id,
         index=info.index,
-        kind=_KINDS[info.kind],
+        kind=KIND_FACTS[info.kind].enum,
         model=info.model,
         memory_bytes=info.memory_bytes,
         numa_node=info.numa_node,
