@@ -43,8 +43,12 @@ lint: check-generated check-contract ## ruff, mypy --strict, import contracts, g
 	$(UV) run python hack/typecheck.py
 	$(UV) run python hack/import_contracts.py
 
+.PHONY: check-floors
+check-floors: ## Resolve every direct dependency at its declared floor (uv lowest-direct) in a temporary copy, run the unit tests there
+	python3 hack/check_floors.py --workers $(UNIT_WORKERS)
+
 .PHONY: test
-test: deps sync lint ## Run lint and every test (the CI command)
+test: deps sync lint check-floors ## Run lint, the dependency floors check and every test (the CI command)
 	$(UV) run pytest
 
 .PHONY: unit
