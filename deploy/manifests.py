@@ -245,6 +245,8 @@ def _rules(component: Component) -> list[Obj]:
             _rule([""], ["nodes"], _READ),
             _rule([""], ["pods"], _READ),
             _rule([""], ["pods/binding"], ["create"]),
+            # The PodScheduled=False condition (reason and message) on a pod it cannot place.
+            _rule([""], ["pods/status"], ["patch"]),
             # Coscheduling reads a JobSet's size for its gang.
             _rule(["jobset.x-k8s.io"], ["jobsets"], ["get"]),
             _EVENTS,
