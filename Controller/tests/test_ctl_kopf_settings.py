@@ -1,0 +1,19 @@
+"""The kopf settings the Controller runs with: built without a cluster, so the dependency
+floor check (make check-floors) catches a kopf too old for them."""
+
+from __future__ import annotations
+
+from lj_runtimekit.controller.internal.config.config import ControllerSettings, JobSettings
+from lj_runtimekit.controller.internal.jobspec import jobspec
+from lj_runtimekit.controller.internal.operator.operator import WatchSettings, kopf_settings
+
+
+def test_watches_are_narrowed_on_the_server_and_nothing_is_written_by_kopf() -> None:
+    settings = ControllerSettings(job=JobSettings(image="i"), node_selector="pool=gpu")
+    s = kopf_settings(settings, WatchSettings(server_timeout_s=60.5))
+    assert s.watching.label_selectors["", "v1", "nodes"] == settings.node_watch_selector
+    assert s.watching.label_selectors["batch", "v1", "jobs"] == jobspec.JOB_SELECTOR
+    assert s.watching.server_timeout == 60
+    assert s.watching.chunk_size == 500
+    assert not s.posting.enabled
+    assert s.scanning.disabled
