@@ -22,6 +22,8 @@ from kubernetes import client as k8s
 STATE = "lj-runtimekit.io/feature-state"
 JOB_ANNOTATION = "lj-runtimekit.io/feature-job"
 MESSAGE = "lj-runtimekit.io/feature-message"
+ATTEMPTS = "lj-runtimekit.io/feature-attempts"
+RETRY_AT = "lj-runtimekit.io/feature-retry-at"
 JOB_SELECTOR = "app.kubernetes.io/managed-by=lj-runtimekit-controller"
 GROUP_LABEL = "envtest.lj-runtimekit.io/group"
 TEST_IMAGE = "registry.invalid/lj-runtimekit/job-agent:test"

@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 import yaml
 from controller_harness import (  # type: ignore[import-not-found]
+    ATTEMPTS,
     GROUP_LABEL,
     JOB_ANNOTATION,
     MESSAGE,
+    RETRY_AT,
     Cluster,
     JobWatch,
     OperatorProcess,
@@ -196,6 +198,86 @@ def test_failed_job_is_kept_with_warning_event_carrying_the_agent_message(
         describe=cluster.describe,
     )
     wait_for(lambda: cluster.reasons(node).count("FeatureJobFailed") == 2, T, "second failure")
+
+
+def test_retryable_failure_is_retried_with_backoff_across_a_restart_up_to_the_cap(
+    start_operator: StartOperator, node_factory: NodeFactory, cluster: Cluster, namespace: str
+) -> None:
+    message = "enable failed: Runtime unreachable at /run/lj-runtime/runtime.sock"
+    annotations = failure_annotations(3, message)  # exit 3: Runtime unreachable, retryable
+    flags = (
+        "--leader-elect=false",
+        "--job-pod-annotations=" + ",".join(f"{k}={v}" for k, v in annotations.items()),
+        "--job-backoff-limit=0",
+        "--retry-base=3",
+        "--retry-limit=3",
+    )
+    node = node_factory.create(f"{namespace}-retry", enable=False)
+    op = start_operator(*flags)
+    with JobWatch(cluster.batch.api_client, namespace) as jobs:
+        cluster.label(node, LABEL, "true")
+        wait_for(
+            lambda: cluster.annotations(node).get(ATTEMPTS) == "1",
+            T,
+            "first failure recorded with its attempt",
+            describe=lambda: f"{cluster.annotations(node)} {cluster.describe()}",
+        )
+        assert cluster.state(node) == "failed"
+        assert "attempt 1 of 3: retrying in 3 s" in cluster.annotations(node)[MESSAGE]
+        assert cluster.annotations(node)[RETRY_AT]
+        op.stop(signal.SIGKILL)  # the backoff lives on the Node, not in the process
+
+        start_operator(*flags)
+        wait_for(
+            lambda: (
+                "attempt 3 of 3: no more automatic retries"
+                in cluster.annotations(node).get(MESSAGE, "")
+            ),
+            2 * T,
+            "the third failure stops the retries",
+            describe=lambda: f"{cluster.annotations(node)} {cluster.describe()}",
+        )
+        annotations_now = cluster.annotations(node)
+        assert cluster.state(node) == "failed"
+        assert RETRY_AT not in annotations_now
+        assert message in annotations_now[MESSAGE]
+        time.sleep(8)  # past any further backoff: nothing more happens
+        assert jobs.total_created() == 3
+        assert jobs.max_concurrent == 1
+    assert cluster.reasons(node).count("FeatureJobFailed") == 3
+    assert len(node_jobs(cluster, node)) == 1  # the last failed Job is kept
+
+
+def test_permanent_failure_is_not_retried_until_the_label_is_reapplied(
+    start_operator: StartOperator, node_factory: NodeFactory, cluster: Cluster, namespace: str
+) -> None:
+    annotations = failure_annotations(4, "enable refused: Runtime 1.12.0 is too old")
+    start_operator(
+        "--leader-elect=false",
+        "--job-pod-annotations=" + ",".join(f"{k}={v}" for k, v in annotations.items()),
+        "--retry-base=1",
+    )
+    node = node_factory.create(f"{namespace}-perm", enable=False)
+    cluster.label(node, LABEL, "true")
+    wait_state(cluster, node, "failed")
+    first = node_jobs(cluster, node)
+    assert "not retried (permanent)" in cluster.annotations(node)[MESSAGE]
+    assert RETRY_AT not in cluster.annotations(node)
+    time.sleep(4)
+    assert [j.metadata.uid for j in node_jobs(cluster, node)] == [first[0].metadata.uid]
+
+    cluster.label(node, LABEL, "false")
+    cluster.label(node, LABEL, "true")
+    wait_for(
+        lambda: any(
+            j.metadata.labels.get("lj-runtimekit.io/action") == "enable"
+            and j.metadata.uid != first[0].metadata.uid
+            for j in node_jobs(cluster, node)
+        ),
+        T,
+        "a new enable Job after the label was re-applied",
+        describe=cluster.describe,
+    )
 
 
 def test_restart_mid_way_resumes_without_duplicates(

@@ -4,6 +4,7 @@ validation, the keyed work queue, and the command line's handling of operator mi
 from __future__ import annotations
 
 import asyncio
+import datetime
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from lj_runtimekit.controller.internal.config.config import (
     ConfigError,
     ControllerSettings,
     JobSettings,
+    RetryPolicy,
 )
 from lj_runtimekit.controller.internal.controller.job_recorder import (
     JobView,
@@ -27,9 +29,14 @@ from lj_runtimekit.controller.internal.nodestate.state import (
     NodeState,
     desired_action,
     label_value_is_invalid,
+    retry_time,
     transition,
 )
-from lj_runtimekit.controller.internal.operator.operator import SETTLE_DELAYS_S, Controller
+from lj_runtimekit.controller.internal.operator.operator import (
+    SETTLE_DELAYS_S,
+    Controller,
+    Triggers,
+)
 from lj_runtimekit.controller.internal.workqueue.queue import Requeue, WorkQueue
 
 LONG_NODE = "gpu-" + "x" * 240 + ".example"
@@ -136,6 +143,64 @@ def test_state_round_trip_and_settled() -> None:
     assert label_value_is_invalid("yes")
     assert not label_value_is_invalid("false")
     assert not label_value_is_invalid(None)
+
+
+def test_retry_backoff_doubles_up_to_the_delay_cap_and_stops_at_the_limit() -> None:
+    policy = RetryPolicy(base_s=10, max_delay_s=60, limit=5)
+    assert [policy.delay_s(n) for n in range(1, 6)] == [10, 20, 40, 60, None]
+    assert RetryPolicy(limit=0).delay_s(1) is None
+    with pytest.raises(ConfigError, match="--retry-base"):
+        RetryPolicy(base_s=0)
+    with pytest.raises(ConfigError, match="--retry-limit"):
+        RetryPolicy(limit=-1)
+
+
+def test_attempts_and_retry_time_round_trip_through_the_node() -> None:
+    now = datetime.datetime(2026, 1, 1, 12, 0, 0, 250000, tzinfo=datetime.UTC)
+    due = retry_time(now, 20)
+    assert due == "2026-01-01T12:00:21Z"  # rounded up: never early
+    patch = transition("failed", "enable", "ns/job", "failed", 2, due)
+    state = NodeState.from_annotations(patch["metadata"]["annotations"])
+    assert (state.attempts, state.retry_at) == (2, due)
+    assert state.attempts_for("enable") == 2
+    assert state.attempts_for("disable") == 0
+    assert state.retry_in_s(now) == pytest.approx(20.75)
+    assert state.retry_in_s(now + datetime.timedelta(seconds=30)) == pytest.approx(-9.25)
+    assert NodeState(state="failed", retry_at="garbage").retry_in_s(now) == 0
+    assert NodeState(state="enabling", retry_at=due).retry_in_s(now) is None
+    cleared = transition("enabling", "enable", "ns/job")["metadata"]["annotations"]
+    assert cleared["lj-runtimekit.io/feature-attempts"] is None
+    assert cleared["lj-runtimekit.io/feature-retry-at"] is None
+
+
+def test_triggers_report_a_changed_or_reapplied_label_but_not_first_sight() -> None:
+    renewed: list[str] = []
+    triggers = Triggers("lj_runtimekit_enable", renewed.append)
+
+    def body(value: str | None, uid: str = "u1") -> dict[str, Any]:
+        labels = {"lj_runtimekit_enable": value} if value is not None else {}
+        return {"metadata": {"uid": uid, "labels": labels}}
+
+    assert triggers.node(None, "n", body("true"))
+    assert not triggers.node("MODIFIED", "n", body("true"))
+    assert renewed == []
+    assert triggers.node("MODIFIED", "n", body("false"))
+    assert renewed == ["n"]
+    assert triggers.node("DELETED", "n", body(None))
+    assert triggers.node("ADDED", "n", body("true"))
+    assert renewed == ["n", "n"]
+    assert triggers.node("ADDED", "m", body("true", "u2"))
+    assert renewed == ["n", "n"]
+    failed = {
+        "annotations": {
+            "lj-runtimekit.io/feature-state": "failed",
+            "lj-runtimekit.io/feature-action": "enable",
+        },
+        "labels": {"lj_runtimekit_enable": "true"},
+    }
+    assert not triggers.unsettled(failed)
+    failed["annotations"]["lj-runtimekit.io/feature-retry-at"] = "2026-01-01T00:00:00Z"
+    assert triggers.unsettled(failed)
 
 
 def _job(conditions: list[dict[str, str]], **meta: Any) -> dict[str, Any]:

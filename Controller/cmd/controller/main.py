@@ -26,6 +26,7 @@ from lj_runtimekit.controller.internal.config.config import (
     ConfigError,
     ControllerSettings,
     JobSettings,
+    RetryPolicy,
 )
 from lj_runtimekit.controller.internal.health.server import HealthServer
 from lj_runtimekit.controller.internal.kube.client import Kube
@@ -75,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
         "",
         "extra annotations of the Job pods, comma-separated key=value",
     )
+    add("--retry-base", 10.0, "seconds before the first retry of a failed Job", type=float)
+    add("--retry-max-delay", 300.0, "longest wait between retries of a failed Job", type=float)
+    add("--retry-limit", 5, "failed Jobs in a row before retries stop (0 = none)", type=int)
     add("--leader-elect", True, "elect a leader through a Lease", type=boolean)
     add("--lease-name", "lj-runtimekit-controller", "name of the leader election Lease")
     add("--lease-duration", 15.0, "Lease duration seconds", type=float)
@@ -161,6 +165,7 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         node_selector=args.node_selector,
         workers=args.workers,
         resync_period_s=args.resync_period,
+        retry=RetryPolicy(args.retry_base, args.retry_max_delay, args.retry_limit),
     )
 
 

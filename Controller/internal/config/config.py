@@ -94,6 +94,28 @@ class JobSettings:
 
 
 @dataclass(frozen=True)
+class RetryPolicy:
+    """Automatic retries after a retryable failure: `base_s` doubling per attempt, at most
+    `max_delay_s` apart, `limit` failed Jobs in a row at most (0 = never retry)."""
+
+    base_s: float = 10.0
+    max_delay_s: float = 300.0
+    limit: int = 5
+
+    def delay_s(self, attempts: int) -> float | None:
+        """Wait before the next Job after `attempts` failed ones; None at the cap."""
+        if attempts >= self.limit:
+            return None
+        return float(min(self.max_delay_s, self.base_s * 2 ** (attempts - 1)))
+
+    def __post_init__(self) -> None:
+        if not 0 < self.base_s <= self.max_delay_s:
+            raise ConfigError("--retry-base: must be > 0 and at most --retry-max-delay")
+        if not 0 <= self.limit <= 100:
+            raise ConfigError(f"--retry-limit: must be 0..100, got {self.limit}")
+
+
+@dataclass(frozen=True)
 class ControllerSettings:
     """What the Controller watches and how it reconciles."""
 
@@ -102,6 +124,7 @@ class ControllerSettings:
     node_selector: str = ""
     workers: int = 32
     resync_period_s: float = 300.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
         check_label_key(self.label_key, "--label-key")

@@ -6,7 +6,10 @@
   is not used: it would delete failed Jobs as well).
 - Failed: the Node's state becomes failed with the agent's one-line message
   (the container's termination message), a Warning event carrying it is posted
-  once (the Job is then annotated as recorded), and the Job is kept.
+  once (the Job is then annotated as recorded), and the Job is kept. A retryable
+  failure (any reason but the pod failure policy, which fails the Job at once on
+  the agent's permanent exit codes) also gets the attempt count and the time of
+  the next retry (RetryPolicy) on the Node, until the cap.
 
 Every step is idempotent, so a restart between two steps repeats at most one
 event.
@@ -22,21 +25,26 @@ from a superseded one.
 
 from __future__ import annotations
 
+import datetime
 import logging
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from lj_runtimekit.controller.internal.config.config import RetryPolicy
 from lj_runtimekit.controller.internal.jobspec import jobspec
 from lj_runtimekit.controller.internal.kube.client import Kube, Obj
 from lj_runtimekit.controller.internal.nodestate.state import (
     DONE,
     Action,
     NodeState,
+    retry_time,
     transition,
 )
 
 _log = logging.getLogger(__name__)
 Phase = Literal["active", "succeeded", "failed", "deleting"]
+PERMANENT_REASON = "PodFailurePolicy"
+"""The Job's Failed reason when the agent exited with a code that retrying cannot fix."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +124,10 @@ class JobRecorder:
     """The node reconciler's Job steps: records a finished Job on its Node, deletes Jobs
     (successful ones once recorded, superseded ones)."""
 
-    def __init__(self, kube: Kube, event_namespace: str) -> None:
+    def __init__(self, kube: Kube, event_namespace: str, retry: RetryPolicy | None = None) -> None:
         self.kube = kube
         self.event_namespace = event_namespace
+        self.retry = retry or RetryPolicy()
         self.succeeded = 0
         self.failed = 0
 
@@ -151,32 +160,69 @@ class JobRecorder:
             _log.info("features " + done, extra={"node": name, "job": job.ref})
         await self.delete(job, "Background")
 
-    async def record_failure(self, node: Obj, state: NodeState, job: JobView) -> None:
-        """Node state -> failed with the agent's message, a Warning event once; keep the Job."""
+    async def record_failure(self, node: Obj, state: NodeState, job: JobView) -> NodeState:
+        """Node state -> failed with the agent's message, the attempt count and, for a
+        retryable failure below the cap, the next retry time; a Warning event once; keep
+        the Job. Returns the Node's state as recorded."""
         assert job.action is not None
         if job.recorded and state.state == "failed" and state.job == job.ref:
-            return
+            return state
         name = node["metadata"]["name"]
-        # `job-name` is set by every Kubernetes >= 1.18 (`batch.kubernetes.io/...` from 1.27).
-        pods = await self.kube.list_pods(job.namespace, f"job-name={job.name}")
-        agent = termination_message([p for p in pods if _owned_by(p, job.uid)])
-        why = job.reason or "Failed"
-        detail = agent or job.message or "no termination message (see the Job's pods)"
-        message = f"{job.action} Job {job.ref} failed ({why}): {detail}"
-        if state.state != "failed" or state.job != job.ref:
-            await self.kube.patch_node(
-                name, transition("failed", job.action, job.ref, message), None
-            )
+        if state.state == "failed" and state.job == job.ref:
+            recorded = state  # recorded on the Node, not yet on the Job
+        else:
+            recorded = await self._record_failed(name, state, job)
         if not job.recorded:
-            self.kube.node_event(self.event_namespace, node, "Warning", "FeatureJobFailed", message)
+            self.kube.node_event(
+                self.event_namespace, node, "Warning", "FeatureJobFailed", recorded.message or ""
+            )
             await self.kube.annotate_job(
                 job.namespace, job.name, {jobspec.RECORDED_ANNOTATION: "failed"}
             )
             self.failed += 1
         _log.warning(
             "feature job failed; kept for debugging",
-            extra={"node": name, "job": job.ref, "reason": why, "message": detail},
+            extra={
+                "node": name,
+                "job": job.ref,
+                "reason": job.reason or "Failed",
+                "attempts": recorded.attempts,
+                "retry_at": recorded.retry_at or "never",
+            },
         )
+        return recorded
+
+    async def _record_failed(self, name: str, state: NodeState, job: JobView) -> NodeState:
+        assert job.action is not None
+        # `job-name` is set by every Kubernetes >= 1.18 (`batch.kubernetes.io/...` from 1.27).
+        pods = await self.kube.list_pods(job.namespace, f"job-name={job.name}")
+        agent = termination_message([p for p in pods if _owned_by(p, job.uid)])
+        why = job.reason or "Failed"
+        detail = agent or job.message or "no termination message (see the Job's pods)"
+        attempts = state.attempts_for(job.action) + 1
+        retry_at: str | None = None
+        if why == PERMANENT_REASON:
+            outcome = "not retried (permanent); re-apply the label to retry"
+        else:
+            delay = self.retry.delay_s(attempts)
+            if delay is None:
+                outcome = (
+                    f"attempt {attempts} of {self.retry.limit}: no more automatic retries;"
+                    " re-apply the label to retry"
+                )
+            else:
+                retry_at = retry_time(datetime.datetime.now(datetime.UTC), delay)
+                outcome = (
+                    f"attempt {attempts} of {self.retry.limit}: retrying in {delay:g} s"
+                    f" (at {retry_at})"
+                )
+        message = f"{job.action} Job {job.ref} failed ({why}): {detail}; {outcome}"
+        await self.kube.patch_node(
+            name,
+            transition("failed", job.action, job.ref, message, attempts, retry_at),
+            None,
+        )
+        return NodeState("failed", job.action, job.ref, None, message, attempts, retry_at)
 
 
 def _owned_by(pod: Obj, uid: str) -> bool:

@@ -10,7 +10,10 @@ both enqueue it), so label flapping only ever acts on the latest wish:
    node is requeued until they have disappeared; a new Job is only ever created
    when no other Job of the node exists;
 3. the Job for the wished action: running -> the node's state names it;
-   succeeded/failed -> JobRecorder records it;
+   succeeded/failed -> JobRecorder records it; a failed one is deleted (and the
+   node's next Job created) once its retry time on the Node has come, or at once
+   when the label was re-applied or changed meanwhile (that also resets the
+   attempt count);
 4. no Job and the state not yet as wished -> create the Job (deterministic name:
    AlreadyExists means it is there already, never a duplicate) and record
    enabling/disabling with the Job's name and time.
@@ -18,6 +21,7 @@ both enqueue it), so label flapping only ever acts on the latest wish:
 
 from __future__ import annotations
 
+import datetime
 import logging
 from dataclasses import dataclass
 
@@ -26,6 +30,7 @@ from lj_runtimekit.controller.internal.controller.job_recorder import JobRecorde
 from lj_runtimekit.controller.internal.jobspec import jobspec
 from lj_runtimekit.controller.internal.kube.client import Kube, Obj
 from lj_runtimekit.controller.internal.nodestate.state import (
+    ATTEMPTS_ANNOTATION,
     IN_PROGRESS,
     Action,
     NodeState,
@@ -85,7 +90,13 @@ class NodeController:
         self.recorder = recorder
         self.scope = parse_selector(settings.node_selector)
         self.created = 0
+        self.retried = 0
         self._warned: dict[str, str] = {}
+        self._renewed: set[str] = set()
+
+    def wish_renewed(self, name: str) -> None:
+        """The node's label was changed or re-applied: a failed action is retried at once."""
+        self._renewed.add(name)
 
     def in_scope(self, node: Obj) -> bool:
         """Whether the node matches --node-selector."""
@@ -94,6 +105,8 @@ class NodeController:
 
     async def reconcile(self, name: str) -> Requeue | None:
         """Bring the node one step closer to its wish; see the module docstring."""
+        renewed = name in self._renewed
+        self._renewed.discard(name)
         node = await self.kube.read_node(name)
         if node is None:
             self._warned.pop(name, None)
@@ -132,7 +145,11 @@ class NodeController:
                 in_progress = IN_PROGRESS[target]
                 if state.state != in_progress or state.job != current.ref:
                     await self.kube.patch_node(
-                        name, transition(in_progress, target, current.ref), None
+                        name,
+                        transition(
+                            in_progress, target, current.ref, None, state.attempts_for(target)
+                        ),
+                        None,
                     )
                     _log.info("adopted running job", extra={"node": name, "job": current.ref})
                 return None
@@ -140,15 +157,40 @@ class NodeController:
                 return Requeue(DELETION_POLL_S, "superseded Job deleting")
             if current.phase == "succeeded":
                 await self.recorder.record_success(node, state, current)
-            else:
-                await self.recorder.record_failure(node, state, current)
-            return None
+                return None
+            return await self._after_failure(node, state, current, renewed)
 
         if waiting:
             return Requeue(DELETION_POLL_S, "superseded Job deleting")
         if state.settled_for(target):
             return None
         return await self._start(node, state, target)
+
+    async def _after_failure(
+        self, node: Obj, state: NodeState, job: JobView, renewed: bool
+    ) -> Requeue | None:
+        """Record the failed Job; delete it for a retry when the retry time has come or the
+        label was re-applied (the next reconcile creates the Job again)."""
+        name = node["metadata"]["name"]
+        state = await self.recorder.record_failure(node, state, job)
+        if renewed:
+            await self.kube.patch_node(
+                name, {"metadata": {"annotations": {ATTEMPTS_ANNOTATION: None}}}, None
+            )
+            _log.info("label re-applied; retrying the failed job", extra={"node": name})
+        else:
+            wait_s = state.retry_in_s(datetime.datetime.now(datetime.UTC))
+            if wait_s is None:
+                return None
+            if wait_s > 0:
+                return Requeue(wait_s, "retry backoff")
+            _log.info(
+                "retrying the failed job",
+                extra={"node": name, "job": job.ref, "attempts": state.attempts},
+            )
+        self.retried += 1
+        await self.recorder.delete(job, "Background")
+        return Requeue(DELETION_POLL_S, "failed Job deleting for a retry")
 
     async def _supersede(self, node: Obj, job: JobView, target: Action | None) -> None:
         """Delete a Job of the other action: the latest wish wins."""
@@ -193,7 +235,10 @@ class NodeController:
             # Created meanwhile or still being deleted: look again shortly.
             return Requeue(DELETION_POLL_S / 2, "job of that name exists")
         self.created += 1
-        await self.kube.patch_node(name, transition(IN_PROGRESS[target], target, job_ref), None)
+        attempts = state.attempts_for(target)
+        await self.kube.patch_node(
+            name, transition(IN_PROGRESS[target], target, job_ref, None, attempts), None
+        )
         _log.info("job created", extra={"node": name, "job": job_ref, "action": target})
         self.kube.node_event(
             self.recorder.event_namespace,

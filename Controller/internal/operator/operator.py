@@ -99,21 +99,26 @@ class Triggers:
     or the kubelet), the Node patches the reconciler makes itself (it already knows what
     comes next), and Job status churn until the Job finishes or goes."""
 
-    def __init__(self, label_key: str) -> None:
+    def __init__(self, label_key: str, renewed: Callable[[str], None]) -> None:
         self.label_key = label_key
+        self.renewed = renewed
         self._nodes: dict[str, tuple[str | None, str | None]] = {}
         self._jobs: dict[str, str] = {}
 
     def node(self, kind: str | None, name: str, body: Mapping[str, Any]) -> bool:
         """DELETED (gone, or the label removed: the watch is label-selected), first sight,
-        or a new label value."""
+        or a new label value; a removed or changed label also tells `renewed`."""
         if kind == "DELETED":
             self._nodes.pop(name, None)
+            self.renewed(name)
             return True
         meta = body.get("metadata") or {}
         key = (meta.get("uid"), (meta.get("labels") or {}).get(self.label_key))
-        if self._nodes.get(name) == key:
+        seen = self._nodes.get(name)
+        if seen == key:
             return False
+        if seen is not None and seen[0] == key[0]:
+            self.renewed(name)
         self._nodes[name] = key
         return True
 
@@ -143,8 +148,10 @@ class Triggers:
         if state.state in ("enabling", "disabling"):
             return True
         wish = desired_action((meta.get("labels") or {}).get(self.label_key), state)
-        if wish is None or (state.state == "failed" and state.action == wish):
+        if wish is None:
             return False
+        if state.state == "failed" and state.action == wish:
+            return state.retry_at is not None
         return not state.settled_for(wish)
 
 
@@ -166,10 +173,10 @@ class Controller:
         self.watch = watch or WatchSettings()
         self.lease = lease
         self.health = health
-        self.recorder = JobRecorder(kube, NODE_EVENT_NAMESPACE)
+        self.recorder = JobRecorder(kube, NODE_EVENT_NAMESPACE, settings.retry)
         self.nodes = NodeController(kube, settings, self.recorder)
         self.queue = WorkQueue(self.nodes.reconcile, settings.workers)
-        self.triggers = Triggers(settings.label_key)
+        self.triggers = Triggers(settings.label_key, self.nodes.wish_renewed)
 
     def registry(self) -> kopf.OperatorRegistry:
         """kopf handlers: log in, enqueue node names from Node and Job events."""
