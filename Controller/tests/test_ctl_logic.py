@@ -4,8 +4,10 @@ validation, the keyed work queue, and the command line's handling of operator mi
 from __future__ import annotations
 
 import asyncio
+import copy
 import datetime
-from typing import Any
+import logging
+from typing import Any, cast
 
 import pytest
 from pytest_mock import MockerFixture
@@ -19,12 +21,17 @@ from lj_runtimekit.controller.internal.config.config import (
     RetryPolicy,
 )
 from lj_runtimekit.controller.internal.controller.job_recorder import (
+    JobRecorder,
     JobView,
     termination_message,
 )
-from lj_runtimekit.controller.internal.controller.node_controller import parse_selector
+from lj_runtimekit.controller.internal.controller.node_controller import (
+    NodeController,
+    parse_selector,
+)
 from lj_runtimekit.controller.internal.health.server import HealthServer
 from lj_runtimekit.controller.internal.jobspec import jobspec
+from lj_runtimekit.controller.internal.kube.client import Kube
 from lj_runtimekit.controller.internal.nodestate.state import (
     NodeState,
     desired_action,
@@ -201,6 +208,84 @@ def test_triggers_report_a_changed_or_reapplied_label_but_not_first_sight() -> N
     assert not triggers.unsettled(failed)
     failed["annotations"]["lj-runtimekit.io/feature-retry-at"] = "2026-01-01T00:00:00Z"
     assert triggers.unsettled(failed)
+
+
+class FakeKube:
+    """The calls the node reconciler makes, on in-memory Nodes and Jobs."""
+
+    def __init__(self, *nodes: str) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {
+            n: {"metadata": {"name": n, "uid": f"uid-{n}", "labels": {}, "annotations": {}}}
+            for n in nodes
+        }
+        self.jobs: dict[str, dict[str, Any]] = {}
+
+    async def read_node(self, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.nodes.get(name))
+
+    async def patch_node(
+        self, name: str, patch: dict[str, Any], resource_version: str | None
+    ) -> dict[str, Any]:
+        meta = self.nodes[name]["metadata"]
+        for key in ("labels", "annotations"):
+            for k, v in (patch["metadata"].get(key) or {}).items():
+                if v is None:
+                    meta[key].pop(k, None)
+                else:
+                    meta[key][k] = v
+        return copy.deepcopy(self.nodes[name])
+
+    async def list_jobs(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(list(self.jobs.values()))
+
+    async def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        manifest["metadata"]["uid"] = f"uid-{len(self.jobs)}-{manifest['metadata']['name']}"
+        self.jobs[manifest["metadata"]["name"]] = manifest
+        return manifest
+
+    async def delete_job(self, namespace: str, name: str, uid: str, propagation: str) -> bool:
+        job = self.jobs.get(name)
+        if job is None or job["metadata"]["uid"] != uid:
+            return False
+        job["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return True
+
+    def node_event(self, namespace: str, node: Any, kind: str, reason: str, msg: str) -> None:
+        pass
+
+    def label(self, name: str, value: str | None) -> None:
+        labels = self.nodes[name]["metadata"]["labels"]
+        labels.pop("lj_runtimekit_enable", None)
+        if value is not None:
+            labels["lj_runtimekit_enable"] = value
+
+
+async def test_no_vanished_job_warning_for_a_job_the_controller_superseded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kube = FakeKube("gpu-1")
+    nodes = NodeController(
+        cast(Kube, kube),
+        ControllerSettings(job=JobSettings(image="reg/agent:v1")),
+        JobRecorder(cast(Kube, kube), "default"),
+    )
+    kube.label("gpu-1", "true")
+    assert await nodes.reconcile("gpu-1") is None
+    (enable,) = kube.jobs
+    kube.label("gpu-1", None)  # the wish flips while the enable Job runs: superseded
+    assert await nodes.reconcile("gpu-1") is not None
+    assert kube.jobs[enable]["metadata"]["deletionTimestamp"]
+    kube.label("gpu-1", "true")  # flips back before a disable Job was created
+    del kube.jobs[enable]  # the deletion has finished
+    with caplog.at_level(logging.WARNING):
+        assert await nodes.reconcile("gpu-1") is None
+    assert list(kube.jobs) == [enable]  # created again
+    assert not [r for r in caplog.records if "vanished" in r.getMessage()]
+
+    del kube.jobs[enable]  # deleted by hand while running: that one is worth a warning
+    with caplog.at_level(logging.WARNING):
+        assert await nodes.reconcile("gpu-1") is None
+    assert [r for r in caplog.records if "vanished" in r.getMessage()]
 
 
 def _job(conditions: list[dict[str, str]], **meta: Any) -> dict[str, Any]:

@@ -93,6 +93,7 @@ class NodeController:
         self.retried = 0
         self._warned: dict[str, str] = {}
         self._renewed: set[str] = set()
+        self._superseded: dict[str, set[str]] = {}
 
     def wish_renewed(self, name: str) -> None:
         """The node's label was changed or re-applied: a failed action is retried at once."""
@@ -110,6 +111,7 @@ class NodeController:
         node = await self.kube.read_node(name)
         if node is None:
             self._warned.pop(name, None)
+            self._superseded.pop(name, None)
             _log.debug("node gone; its Jobs go with it", extra={"node": name})
             return None
         if not self.in_scope(node):
@@ -196,6 +198,7 @@ class NodeController:
         """Delete a Job of the other action: the latest wish wins."""
         name = node["metadata"]["name"]
         propagation = "Foreground" if job.phase == "active" else "Background"
+        self._superseded.setdefault(name, set()).add(job.ref)
         if await self.recorder.delete(job, propagation) and job.phase == "active":
             _log.info(
                 "job superseded by a newer wish",
@@ -216,7 +219,11 @@ class NodeController:
         name = meta["name"]
         if state.state == "failed" and state.action == target:
             _log.info("failed job is gone; retrying", extra={"node": name, "job": state.job or ""})
-        elif state.job and state.state == IN_PROGRESS[target]:
+        elif (
+            state.job
+            and state.state == IN_PROGRESS[target]
+            and state.job not in self._superseded.get(name, ())
+        ):
             _log.warning(
                 "job vanished before finishing; creating it again",
                 extra={"node": name, "job": state.job},
@@ -235,6 +242,7 @@ class NodeController:
             # Created meanwhile or still being deleted: look again shortly.
             return Requeue(DELETION_POLL_S / 2, "job of that name exists")
         self.created += 1
+        self._superseded.pop(name, None)
         attempts = state.attempts_for(target)
         await self.kube.patch_node(
             name, transition(IN_PROGRESS[target], target, job_ref, None, attempts), None
