@@ -23,6 +23,7 @@ from lj_runtimekit.controller.internal.config.config import (
 from lj_runtimekit.controller.internal.controller.job_recorder import (
     JobRecorder,
     JobView,
+    not_started_cause,
     termination_message,
 )
 from lj_runtimekit.controller.internal.controller.node_controller import (
@@ -46,6 +47,7 @@ from lj_runtimekit.controller.internal.operator.operator import (
 )
 from lj_runtimekit.controller.internal.workqueue.queue import Requeue, WorkQueue
 
+MESSAGE = "lj-runtimekit.io/feature-message"
 LONG_NODE = "gpu-" + "x" * 240 + ".example"
 
 
@@ -219,6 +221,10 @@ class FakeKube:
             for n in nodes
         }
         self.jobs: dict[str, dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.pods)
 
     async def read_node(self, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.nodes.get(name))
@@ -264,13 +270,9 @@ async def test_no_vanished_job_warning_for_a_job_the_controller_superseded(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     kube = FakeKube("gpu-1")
-    nodes = NodeController(
-        cast(Kube, kube),
-        ControllerSettings(job=JobSettings(image="reg/agent:v1")),
-        JobRecorder(cast(Kube, kube), "default"),
-    )
+    nodes = _nodes(kube)
     kube.label("gpu-1", "true")
-    assert await nodes.reconcile("gpu-1") is None
+    assert await nodes.reconcile("gpu-1") == Requeue(3.0, "job started")
     (enable,) = kube.jobs
     kube.label("gpu-1", None)  # the wish flips while the enable Job runs: superseded
     assert await nodes.reconcile("gpu-1") is not None
@@ -278,14 +280,93 @@ async def test_no_vanished_job_warning_for_a_job_the_controller_superseded(
     kube.label("gpu-1", "true")  # flips back before a disable Job was created
     del kube.jobs[enable]  # the deletion has finished
     with caplog.at_level(logging.WARNING):
-        assert await nodes.reconcile("gpu-1") is None
+        assert await nodes.reconcile("gpu-1") is not None
     assert list(kube.jobs) == [enable]  # created again
     assert not [r for r in caplog.records if "vanished" in r.getMessage()]
 
     del kube.jobs[enable]  # deleted by hand while running: that one is worth a warning
     with caplog.at_level(logging.WARNING):
-        assert await nodes.reconcile("gpu-1") is None
+        assert await nodes.reconcile("gpu-1") is not None
     assert [r for r in caplog.records if "vanished" in r.getMessage()]
+
+
+def _nodes(kube: FakeKube) -> NodeController:
+    return NodeController(
+        cast(Kube, kube),
+        ControllerSettings(job=JobSettings(image="reg/agent:v1")),
+        JobRecorder(cast(Kube, kube), "default"),
+    )
+
+
+async def test_a_pod_that_cannot_start_names_its_cause_on_the_node_long_before_the_deadline() -> (
+    None
+):
+    kube = FakeKube("gpu-1")
+    nodes = _nodes(kube)
+    kube.label("gpu-1", "true")
+    await nodes.reconcile("gpu-1")
+    (job,) = kube.jobs.values()
+    kube.pods = [
+        {
+            "metadata": {
+                "name": "agent-pod",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "ownerReferences": [{"uid": job["metadata"]["uid"]}],
+            },
+            "status": {
+                "containerStatuses": [
+                    {
+                        "name": "agent",
+                        "state": {
+                            "waiting": {
+                                "reason": "ImagePullBackOff",
+                                "message": 'Back-off pulling image "reg/agent:v1"',
+                            }
+                        },
+                    }
+                ]
+            },
+        }
+    ]
+    annotations = kube.nodes["gpu-1"]["metadata"]["annotations"]
+    assert await nodes.reconcile("gpu-1") == Requeue(3.0, "job running")  # too young to look
+    assert "not started" not in (annotations.get(MESSAGE) or "")
+    since = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=10)
+    annotations["lj-runtimekit.io/feature-since"] = since.strftime("%Y-%m-%dT%H:%M:%SZ")
+    again = await nodes.reconcile("gpu-1")
+    assert again is not None
+    assert 10 <= again.after_s < 12
+    assert annotations["lj-runtimekit.io/feature-state"] == "enabling"
+    assert annotations[MESSAGE] == (
+        f"enable Job {job['metadata']['namespace']}/"
+        f"{job['metadata']['name']} not started: pod agent-pod: ImagePullBackOff:"
+        ' Back-off pulling image "reg/agent:v1"'
+    )
+
+
+def test_not_started_cause_reads_waiting_reasons_conditions_and_a_slow_mount() -> None:
+    def pod(status: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": "p"}, "status": status}
+
+    creating = {"state": {"waiting": {"reason": "ContainerCreating"}}}
+    assert not_started_cause([pod({"containerStatuses": [creating]})], 5) is None
+    slow = not_started_cause([pod({"containerStatuses": [creating]})], 25)
+    assert slow is not None
+    assert "ContainerCreating for 25 s" in slow
+    config = {"state": {"waiting": {"reason": "CreateContainerConfigError", "message": "m"}}}
+    assert not_started_cause([pod({"containerStatuses": [config]})], 1) == (
+        "pod p: CreateContainerConfigError: m"
+    )
+    unschedulable = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/3 nodes are available",
+    }
+    assert not_started_cause([pod({"conditions": [unschedulable]})], 1) == (
+        "pod p: Unschedulable: 0/3 nodes are available"
+    )
+    assert not_started_cause([], 100) is None
 
 
 def _job(conditions: list[dict[str, str]], **meta: Any) -> dict[str, Any]:

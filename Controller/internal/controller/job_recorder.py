@@ -120,6 +120,47 @@ def termination_message(pods: list[Obj]) -> str | None:
     return None
 
 
+STARTING_REASONS = ("ContainerCreating", "PodInitializing")
+"""Waiting reasons of a container on its normal way to start."""
+SLOW_START_S = 20.0
+"""A container still ContainerCreating for this long is reported: usually a volume that
+does not mount (the socket directory missing on the node), which pod status does not name."""
+
+
+def not_started_cause(pods: list[Obj], age_s: float) -> str | None:
+    """Why the newest pod's agent has not started, as the pod's status tells it: a waiting
+    reason (ImagePullBackOff, CreateContainerConfigError, ...) with its message, a pod
+    condition that is False with a message (e.g. Unschedulable), or ContainerCreating for
+    SLOW_START_S of the Job's `age_s`. None when nothing is wrong (yet)."""
+
+    def started(pod: Obj) -> str:
+        return str(pod.get("metadata", {}).get("creationTimestamp", ""))
+
+    for pod in sorted(pods, key=started, reverse=True):
+        status: dict[str, Any] = pod.get("status") or {}
+        name = pod.get("metadata", {}).get("name", "?")
+        containers = (status.get("initContainerStatuses") or []) + (
+            status.get("containerStatuses") or []
+        )
+        for container in containers:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason") or ""
+            if reason and reason not in STARTING_REASONS:
+                text = (waiting.get("message") or "").strip()
+                return f"pod {name}: {reason}: {text}" if text else f"pod {name}: {reason}"
+            if reason == "ContainerCreating" and age_s >= SLOW_START_S:
+                return (
+                    f"pod {name}: ContainerCreating for {age_s:.0f} s (a volume that does not"
+                    " mount? see the pod's events, e.g. the socket directory missing on the node)"
+                )
+        for condition in status.get("conditions") or []:
+            if condition.get("status") == "False" and condition.get("message"):
+                why = condition.get("reason") or condition.get("type")
+                return f"pod {name}: {why}: {str(condition['message']).strip()}"
+        return None
+    return None
+
+
 class JobRecorder:
     """The node reconciler's Job steps: records a finished Job on its Node, deletes Jobs
     (successful ones once recorded, superseded ones)."""
@@ -196,7 +237,7 @@ class JobRecorder:
         assert job.action is not None
         # `job-name` is set by every Kubernetes >= 1.18 (`batch.kubernetes.io/...` from 1.27).
         pods = await self.kube.list_pods(job.namespace, f"job-name={job.name}")
-        agent = termination_message([p for p in pods if _owned_by(p, job.uid)])
+        agent = termination_message([p for p in pods if owned_by(p, job.uid)])
         why = job.reason or "Failed"
         detail = agent or job.message or "no termination message (see the Job's pods)"
         attempts = state.attempts_for(job.action) + 1
@@ -225,6 +266,7 @@ class JobRecorder:
         return NodeState("failed", job.action, job.ref, None, message, attempts, retry_at)
 
 
-def _owned_by(pod: Obj, uid: str) -> bool:
+def owned_by(pod: Obj, uid: str) -> bool:
+    """Whether the pod belongs to the Job of this uid."""
     refs = pod.get("metadata", {}).get("ownerReferences") or []
     return any(ref.get("uid") == uid for ref in refs)

@@ -9,7 +9,9 @@ both enqueue it), so label flapping only ever acts on the latest wish:
    Foreground propagation (the Job object stays until its pod is gone) and the
    node is requeued until they have disappeared; a new Job is only ever created
    when no other Job of the node exists;
-3. the Job for the wished action: running -> the node's state names it;
+3. the Job for the wished action: running -> the node's state names it, and while it
+   runs its pod is looked at (after START_CHECK_S, then less often) so that a pod that
+   cannot start puts its cause into the node's message long before the Job's deadline;
    succeeded/failed -> JobRecorder records it; a failed one is deleted (and the
    node's next Job created) once its retry time on the Node has come, or at once
    when the label was re-applied or changed meanwhile (that also resets the
@@ -26,12 +28,20 @@ import logging
 from dataclasses import dataclass
 
 from lj_runtimekit.controller.internal.config.config import ControllerSettings
-from lj_runtimekit.controller.internal.controller.job_recorder import JobRecorder, JobView
+from lj_runtimekit.controller.internal.controller.job_recorder import (
+    JobRecorder,
+    JobView,
+    not_started_cause,
+    owned_by,
+)
 from lj_runtimekit.controller.internal.jobspec import jobspec
 from lj_runtimekit.controller.internal.kube.client import Kube, Obj
 from lj_runtimekit.controller.internal.nodestate.state import (
     ATTEMPTS_ANNOTATION,
     IN_PROGRESS,
+    MESSAGE_ANNOTATION,
+    MESSAGE_LIMIT,
+    RFC3339,
     Action,
     NodeState,
     desired_action,
@@ -43,6 +53,9 @@ from lj_runtimekit.proto.pkg.kube import AlreadyExistsError
 
 _log = logging.getLogger(__name__)
 DELETION_POLL_S = 1.0
+START_CHECK_S = 3.0
+"""First look at a running Job's pod; then every Job age, at most START_CHECK_MAX_S apart."""
+START_CHECK_MAX_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -154,7 +167,8 @@ class NodeController:
                         None,
                     )
                     _log.info("adopted running job", extra={"node": name, "job": current.ref})
-                return None
+                    return Requeue(START_CHECK_S, "job running")
+                return await self._check_start(name, state, current)
             if waiting:
                 return Requeue(DELETION_POLL_S, "superseded Job deleting")
             if current.phase == "succeeded":
@@ -167,6 +181,25 @@ class NodeController:
         if state.settled_for(target):
             return None
         return await self._start(node, state, target)
+
+    async def _check_start(self, name: str, state: NodeState, job: JobView) -> Requeue:
+        """Put the cause of a pod that cannot start into the node's message (once per
+        cause); look again later while the Job runs."""
+        age_s = _age_s(state.since)
+        if age_s >= START_CHECK_S:
+            pods = await self.kube.list_pods(job.namespace, f"job-name={job.name}")
+            cause = not_started_cause([p for p in pods if owned_by(p, job.uid)], age_s)
+            if cause is not None:
+                message = f"{job.action} Job {job.ref} not started: {cause}"[:MESSAGE_LIMIT]
+                if message != state.message:
+                    await self.kube.patch_node(
+                        name, {"metadata": {"annotations": {MESSAGE_ANNOTATION: message}}}, None
+                    )
+                    _log.warning(
+                        "feature job not started",
+                        extra={"node": name, "job": job.ref, "cause": cause},
+                    )
+        return Requeue(min(START_CHECK_MAX_S, max(START_CHECK_S, age_s)), "job running")
 
     async def _after_failure(
         self, node: Obj, state: NodeState, job: JobView, renewed: bool
@@ -255,7 +288,7 @@ class NodeController:
             "FeaturesEnabling" if target == "enable" else "FeaturesDisabling",
             f"created {target} Job {job_ref}",
         )
-        return None
+        return Requeue(START_CHECK_S, "job started")
 
     async def _warn_invalid_value(self, node: Obj, value: str | None) -> None:
         """A label value other than true/false: one Warning event per value."""
@@ -278,3 +311,12 @@ class NodeController:
         self.kube.node_event(
             self.recorder.event_namespace, node, "Warning", "InvalidLabelValue", message
         )
+
+
+def _age_s(since: str | None) -> float:
+    """Seconds since an RFC 3339 time on the Node (0 when absent or unreadable)."""
+    try:
+        then = datetime.datetime.strptime(since or "", RFC3339).replace(tzinfo=datetime.UTC)
+    except ValueError:
+        return 0.0
+    return (datetime.datetime.now(datetime.UTC) - then).total_seconds()
