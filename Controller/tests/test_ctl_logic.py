@@ -20,6 +20,7 @@ from lj_runtimekit.controller.internal.config.config import (
     JobSettings,
     RetryPolicy,
 )
+from lj_runtimekit.controller.internal.controller import node_controller
 from lj_runtimekit.controller.internal.controller.job_recorder import (
     JobRecorder,
     JobView,
@@ -222,6 +223,7 @@ class FakeKube:
         }
         self.jobs: dict[str, dict[str, Any]] = {}
         self.pods: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str]] = []
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         return copy.deepcopy(self.pods)
@@ -257,7 +259,7 @@ class FakeKube:
         return True
 
     def node_event(self, namespace: str, node: Any, kind: str, reason: str, msg: str) -> None:
-        pass
+        self.events.append((kind, reason, msg))
 
     def label(self, name: str, value: str | None) -> None:
         labels = self.nodes[name]["metadata"]["labels"]
@@ -342,6 +344,33 @@ async def test_a_pod_that_cannot_start_names_its_cause_on_the_node_long_before_t
         f"{job['metadata']['name']} not started: pod agent-pod: ImagePullBackOff:"
         ' Back-off pulling image "reg/agent:v1"'
     )
+
+
+async def test_a_superseded_job_stuck_deleting_is_polled_with_backoff_and_one_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(node_controller, "STUCK_DELETION_S", 0.0)
+    kube = FakeKube("gpu-1")
+    nodes = _nodes(kube)
+    kube.label("gpu-1", "true")
+    await nodes.reconcile("gpu-1")
+    kube.label("gpu-1", None)  # the enable Job is superseded and never goes away
+    delays = []
+    for _ in range(8):
+        requeue = await nodes.reconcile("gpu-1")
+        assert requeue is not None
+        delays.append(requeue.after_s)
+    assert delays == [1, 1, 2, 4, 8, 16, 30, 30]
+    stuck = [e for e in kube.events if e[1] == "FeatureJobDeletionStuck"]
+    assert len(stuck) == 1
+    assert stuck[0][0] == "Warning"
+    (job,) = kube.jobs.values()
+    assert f"for Job {job['metadata']['namespace']}/{job['metadata']['name']}" in stuck[0][2]
+
+    del kube.jobs[job["metadata"]["name"]]  # gone at last: the next wait starts afresh
+    await nodes.reconcile("gpu-1")
+    kube.label("gpu-1", "true")
+    assert (await nodes.reconcile("gpu-1")) == Requeue(1.0, "superseded Job deleting")
 
 
 def test_not_started_cause_reads_waiting_reasons_conditions_and_a_slow_mount() -> None:

@@ -7,7 +7,9 @@ both enqueue it), so label flapping only ever acts on the latest wish:
    their owner reference) and every Job of the node;
 2. Jobs for the other action (superseded wishes) are deleted: a running one with
    Foreground propagation (the Job object stays until its pod is gone) and the
-   node is requeued until they have disappeared; a new Job is only ever created
+   node is requeued until they have disappeared (1 s, then backing off up to
+   DELETION_POLL_MAX_S; a Job's DELETED event requeues it at once; one Warning
+   event when the wait exceeds STUCK_DELETION_S); a new Job is only ever created
    when no other Job of the node exists;
 3. the Job for the wished action: running -> the node's state names it, and while it
    runs its pod is looked at (after START_CHECK_S, then less often) so that a pod that
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from dataclasses import dataclass
 
 from lj_runtimekit.controller.internal.config.config import ControllerSettings
@@ -53,6 +56,9 @@ from lj_runtimekit.proto.pkg.kube import AlreadyExistsError
 
 _log = logging.getLogger(__name__)
 DELETION_POLL_S = 1.0
+DELETION_POLL_MAX_S = 30.0
+STUCK_DELETION_S = 60.0
+"""A superseded Job still there after this long gets one Warning event on the node."""
 START_CHECK_S = 3.0
 """First look at a running Job's pod; then every Job age, at most START_CHECK_MAX_S apart."""
 START_CHECK_MAX_S = 30.0
@@ -107,6 +113,7 @@ class NodeController:
         self._warned: dict[str, str] = {}
         self._renewed: set[str] = set()
         self._superseded: dict[str, set[str]] = {}
+        self._deleting: dict[str, _Wait] = {}
 
     def wish_renewed(self, name: str) -> None:
         """The node's label was changed or re-applied: a failed action is retried at once."""
@@ -125,6 +132,7 @@ class NodeController:
         if node is None:
             self._warned.pop(name, None)
             self._superseded.pop(name, None)
+            self._deleting.pop(name, None)
             _log.debug("node gone; its Jobs go with it", extra={"node": name})
             return None
         if not self.in_scope(node):
@@ -141,19 +149,22 @@ class NodeController:
             for j in await self.kube.list_jobs(namespace, jobspec.node_selector(name))
             if (j["metadata"].get("annotations") or {}).get(jobspec.NODE_ANNOTATION) == name
         ]
-        waiting = False
+        blocking: list[JobView] = []
         current: JobView | None = None
         for job in jobs:
             if job.phase == "deleting":
-                waiting = True
+                blocking.append(job)
             elif job.action == target and target is not None:
                 current = job
             else:
-                waiting = True
+                blocking.append(job)
                 await self._supersede(node, job, target)
+        waiting = bool(blocking)
+        if not waiting:
+            self._deleting.pop(name, None)
 
         if target is None:
-            return Requeue(DELETION_POLL_S, "superseded Job deleting") if waiting else None
+            return self._wait_for_deletion(node, blocking) if waiting else None
 
         if current is not None:
             if current.phase == "active":
@@ -170,17 +181,42 @@ class NodeController:
                     return Requeue(START_CHECK_S, "job running")
                 return await self._check_start(name, state, current)
             if waiting:
-                return Requeue(DELETION_POLL_S, "superseded Job deleting")
+                return self._wait_for_deletion(node, blocking)
             if current.phase == "succeeded":
                 await self.recorder.record_success(node, state, current)
                 return None
             return await self._after_failure(node, state, current, renewed)
 
         if waiting:
-            return Requeue(DELETION_POLL_S, "superseded Job deleting")
+            return self._wait_for_deletion(node, blocking)
         if state.settled_for(target):
             return None
         return await self._start(node, state, target)
+
+    def _wait_for_deletion(self, node: Obj, blocking: list[JobView]) -> Requeue:
+        """Look again for the Jobs being deleted, less often the longer it takes; say once
+        on the node what it waits for when that exceeds STUCK_DELETION_S."""
+        name = node["metadata"]["name"]
+        wait = self._deleting.setdefault(name, _Wait(time.monotonic()))
+        wait.polls += 1
+        waited_s = time.monotonic() - wait.since
+        if waited_s >= STUCK_DELETION_S and not wait.warned:
+            wait.warned = True
+            refs = ", ".join(job.ref for job in blocking)
+            _log.warning(
+                "superseded job stuck deleting",
+                extra={"node": name, "jobs": refs, "waited_s": round(waited_s)},
+            )
+            self.kube.node_event(
+                self.recorder.event_namespace,
+                node,
+                "Warning",
+                "FeatureJobDeletionStuck",
+                f"waiting {waited_s:.0f} s for Job {refs} to be deleted (Foreground deletion"
+                " waits for its pods to be gone) before the node's next Job can start",
+            )
+        delay = min(DELETION_POLL_MAX_S, DELETION_POLL_S * 2 ** max(0, wait.polls - 2))
+        return Requeue(delay, "superseded Job deleting")
 
     async def _check_start(self, name: str, state: NodeState, job: JobView) -> Requeue:
         """Put the cause of a pod that cannot start into the node's message (once per
@@ -311,6 +347,15 @@ class NodeController:
         self.kube.node_event(
             self.recorder.event_namespace, node, "Warning", "InvalidLabelValue", message
         )
+
+
+@dataclass
+class _Wait:
+    """A node waiting for Jobs to be deleted: since when, how often looked, warned yet."""
+
+    since: float
+    polls: int = 0
+    warned: bool = False
 
 
 def _age_s(since: str | None) -> float:
