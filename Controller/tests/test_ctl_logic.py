@@ -45,6 +45,7 @@ from lj_runtimekit.controller.internal.operator.operator import (
     SETTLE_DELAYS_S,
     Controller,
     Triggers,
+    WatchSettings,
 )
 from lj_runtimekit.controller.internal.workqueue.queue import Requeue, WorkQueue
 
@@ -562,6 +563,52 @@ async def test_health_endpoints() -> None:
         server.ready = True
         assert await get("/readyz") == "HTTP/1.1 200 OK"
         assert await get("/metrics") == "HTTP/1.1 404 Not Found"
+    finally:
+        await server.stop()
+
+
+async def test_liveness_fails_when_the_watches_stall_while_the_resync_finds_work(
+    mocker: MockerFixture,
+) -> None:
+    kube = mocker.Mock()
+    unsettled = {"gpu-1": {"labels": {"lj_runtimekit_enable": "true"}, "annotations": {}}}
+    kube.node_metadata = mocker.AsyncMock(return_value=unsettled)
+    controller = Controller(
+        ControllerSettings(job=JobSettings(image="i")),
+        kube,
+        login=mocker.Mock(),
+        watch=WatchSettings(stall_timeout_s=0.05),
+    )
+    server = HealthServer("127.0.0.1", 0)
+    server.alive = controller.liveness
+    await server.start()
+
+    async def healthz() -> tuple[str, str]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        response = (await reader.read()).decode()
+        writer.close()
+        await writer.wait_closed()
+        return response.splitlines()[0], response.splitlines()[-1]
+
+    try:
+        assert await controller.resync_once(everything=False) == 1
+        assert (await healthz())[0] == "HTTP/1.1 200 OK"  # work found just now
+        await asyncio.sleep(0.1)  # the watches bring nothing (stalled) ...
+        assert await controller.resync_once(everything=False) == 1  # ... the work stays
+        status, body = await healthz()
+        assert status == "HTTP/1.1 503 Service Unavailable"
+        assert body.startswith("watches stalled: no watch event for")
+        controller.watch_event()  # an event: the watches are alive
+        assert (await healthz())[0] == "HTTP/1.1 200 OK"
+        await asyncio.sleep(0.1)
+        kube.node_metadata.return_value = {}
+        assert await controller.resync_once(everything=False) == 0  # nothing to do: quiet is fine
+        assert (await healthz())[0] == "HTTP/1.1 200 OK"
+        controller._kopf = asyncio.create_task(asyncio.sleep(0))
+        await controller._kopf
+        assert (await healthz())[1] == "the watches (kopf) stopped"
     finally:
         await server.stop()
 

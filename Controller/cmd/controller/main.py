@@ -99,6 +99,12 @@ def _parser() -> argparse.ArgumentParser:
         "seconds without any event or bookmark after which a watch is reopened",
         type=float,
     )
+    add(
+        "--watch-stall-timeout",
+        900.0,
+        "seconds the resync may keep finding work without any watch event before /healthz fails",
+        type=float,
+    )
     add("--api-timeout", 30.0, "seconds one API request may take", type=float)
     add("--health-port", 8080, "port of /healthz and /readyz (0 = off)", type=int)
     p.env_flag(
@@ -143,6 +149,7 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
         "watch_server_timeout",
         "watch_client_timeout",
         "watch_inactivity_timeout",
+        "watch_stall_timeout",
     ):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be > 0")
@@ -234,6 +241,7 @@ async def _run(args: argparse.Namespace, settings: ControllerSettings) -> int:
                 server_timeout_s=args.watch_server_timeout,
                 client_timeout_s=args.watch_client_timeout,
                 inactivity_timeout_s=args.watch_inactivity_timeout,
+                stall_timeout_s=args.watch_stall_timeout,
             ),
             lease,
             HealthServer("0.0.0.0", args.health_port) if args.health_port else None,

@@ -1,7 +1,8 @@
 """Health endpoints of the Controller, up from the start (a standby replica waiting for the
 Lease is alive too, so it must not be restarted by its liveness probe):
 
-- `GET /healthz`: 200 while the event loop answers;
+- `GET /healthz`: 200 while the event loop answers and `alive` finds nothing wrong (the
+  Controller's check of its watches once it leads), else 503 with the reason;
 - `GET /readyz`: 200 once this replica leads and watches, 503 before.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 _log = logging.getLogger(__name__)
 
@@ -21,6 +23,7 @@ class HealthServer:
         self.host = host
         self.port = port
         self.ready = False
+        self.alive: Callable[[], str | None] = lambda: None
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -43,7 +46,12 @@ class HealthServer:
             parts = request.decode(errors="replace").split()
             path = parts[1] if len(parts) >= 2 else ""
             if path == "/healthz":
-                status, body = "200 OK", "ok\n"
+                problem = self.alive()
+                status, body = (
+                    ("200 OK", "ok\n")
+                    if problem is None
+                    else ("503 Service Unavailable", problem + "\n")
+                )
             elif path == "/readyz":
                 status, body = (
                     ("200 OK", "ready\n")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,9 @@ class WatchSettings:
     connect_timeout_s: float = 10.0
     inactivity_timeout_s: float = 70.0
     reconnect_backoff_s: float = 1.0
+    stall_timeout_s: float = 900.0
+    """Liveness fails when the resync kept finding work for this long and no watch event
+    came in that time: the watches are stuck although their streams look alive."""
 
 
 def kopf_settings(settings: ControllerSettings, watch: WatchSettings) -> kopf.OperatorSettings:
@@ -177,12 +181,38 @@ class Controller:
         self.nodes = NodeController(kube, settings, self.recorder)
         self.queue = WorkQueue(self.nodes.reconcile, settings.workers)
         self.triggers = Triggers(settings.label_key, self.nodes.wish_renewed)
+        self.last_watch_event = time.monotonic()
+        self._work_since: float | None = None
+        self._kopf: asyncio.Task[Any] | None = None
+
+    def watch_event(self) -> None:
+        """A watch delivered an event: the watches are alive."""
+        self.last_watch_event = time.monotonic()
+
+    def liveness(self) -> str | None:
+        """Why this leading replica should be restarted (None: alive): kopf's task ended, or
+        the periodic resync kept finding unsettled nodes for longer than the stall timeout
+        while no watch event came in."""
+        if self._kopf is not None and self._kopf.done():
+            return "the watches (kopf) stopped"
+        if self._work_since is None:
+            return None
+        now = time.monotonic()
+        bound = self.watch.stall_timeout_s
+        quiet_s = now - self.last_watch_event
+        if now - self._work_since > bound and quiet_s > bound:
+            return (
+                f"watches stalled: no watch event for {quiet_s:.0f} s while the resync keeps"
+                " finding unsettled nodes"
+            )
+        return None
 
     def registry(self) -> kopf.OperatorRegistry:
         """kopf handlers: log in, enqueue node names from Node and Job events."""
         registry = kopf.OperatorRegistry()
         login = self.login
         queue = self.queue
+        seen = self.watch_event
 
         @kopf.on.login(registry=registry)
         def credentials(**_: Any) -> kopf.ConnectionInfo:
@@ -194,11 +224,13 @@ class Controller:
         async def node_event(
             type: str | None, name: str, body: Mapping[str, Any], **_: Any
         ) -> None:
+            seen()
             if triggers.node(type, name, body):
                 queue.add(name)
 
         @kopf.on.event("batch", "v1", "jobs", registry=registry)
         async def job_event(type: str | None, body: Mapping[str, Any], **_: Any) -> None:
+            seen()
             node = triggers.job(type, body)
             if node:
                 queue.add(node)
@@ -218,6 +250,8 @@ class Controller:
             if everything or self.triggers.unsettled(meta):
                 self.queue.add(name)
                 queued += 1
+        if not everything:
+            self._work_since = (self._work_since or time.monotonic()) if queued else None
         return queued
 
     async def resync_forever(self) -> None:
@@ -270,6 +304,7 @@ class Controller:
             ),
             name="kopf",
         )
+        self._kopf = operator
         waiters = [operator, asyncio.create_task(stop.wait(), name="stop")]
         if renewal is not None:
             waiters.append(renewal)
@@ -286,6 +321,7 @@ class Controller:
         lost = False
         if self.health is not None:
             self.health.ready = True
+            self.health.alive = self.liveness
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             lost = renewal is not None and renewal.done() and not renewal.cancelled()
