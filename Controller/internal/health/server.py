@@ -3,7 +3,8 @@ Lease is alive too, so it must not be restarted by its liveness probe):
 
 - `GET /healthz`: 200 while the event loop answers and `alive` finds nothing wrong (the
   Controller's check of its watches once it leads), else 503 with the reason;
-- `GET /readyz`: 200 once this replica leads and watches, 503 before.
+- `GET /readyz`: 200 once this replica leads and watches, 503 before;
+- `GET /metrics`: the Prometheus metrics (when `metrics` is set).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 from collections.abc import Callable
 
 _log = logging.getLogger(__name__)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class HealthServer:
@@ -24,6 +26,7 @@ class HealthServer:
         self.port = port
         self.ready = False
         self.alive: Callable[[], str | None] = lambda: None
+        self.metrics: Callable[[], bytes] | None = None
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -58,11 +61,15 @@ class HealthServer:
                     if self.ready
                     else ("503 Service Unavailable", "not leading\n")
                 )
+            elif path == "/metrics" and self.metrics is not None:
+                status, body = "200 OK", self.metrics().decode()
             else:
                 status, body = "404 Not Found", "not found\n"
+            data = body.encode()
             writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-                f"Connection: close\r\n\r\n{body}".encode()
+                f"HTTP/1.1 {status}\r\nContent-Type: {CONTENT_TYPE}\r\n"
+                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode()
+                + data
             )
             await writer.drain()
         except (TimeoutError, ConnectionError):

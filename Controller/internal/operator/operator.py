@@ -40,6 +40,7 @@ from lj_runtimekit.controller.internal.controller.node_controller import NodeCon
 from lj_runtimekit.controller.internal.health.server import HealthServer
 from lj_runtimekit.controller.internal.jobspec import jobspec
 from lj_runtimekit.controller.internal.kube.client import Kube
+from lj_runtimekit.controller.internal.metrics.metrics import Counts, exposition
 from lj_runtimekit.controller.internal.nodestate.state import (
     STATE_LABEL,
     NodeState,
@@ -184,6 +185,21 @@ class Controller:
         self.last_watch_event = time.monotonic()
         self._work_since: float | None = None
         self._kopf: asyncio.Task[Any] | None = None
+        if health is not None:
+            health.metrics = exposition(self.counts)
+
+    def counts(self) -> Counts:
+        """What the Controller has done so far, for its metrics."""
+        return Counts(
+            jobs_created=self.nodes.created,
+            jobs_succeeded=self.recorder.succeeded,
+            jobs_failed=self.recorder.failed,
+            retries=self.nodes.retried,
+            reconciles=self.queue.processed,
+            reconcile_errors=self.queue.errors,
+            queue_depth=len(self.queue),
+            leading=self.health is not None and self.health.ready,
+        )
 
     def watch_event(self) -> None:
         """A watch delivered an event: the watches are alive."""
