@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -24,11 +23,6 @@ class NotYet:
 
     def __bool__(self) -> bool:
         return False
-
-
-def _timeout(what: str, timeout_s: float, detail: str) -> WaitTimeout:
-    suffix = f"; last state: {detail}" if detail else ""
-    return WaitTimeout(f"timed out after {timeout_s:g}s waiting for {what}{suffix}")
 
 
 def _detail(value: object, describe: Callable[[], object] | None, error: str) -> str:
@@ -65,23 +59,7 @@ def wait_for(
         if value:
             return value  # type: ignore[return-value]
         if time.monotonic() > deadline:
-            raise _timeout(what, timeout_s, _detail(value, describe, error))
+            detail = _detail(value, describe, error)
+            suffix = f"; last state: {detail}" if detail else ""
+            raise WaitTimeout(f"timed out after {timeout_s:g}s waiting for {what}{suffix}")
         time.sleep(interval_s)
-
-
-async def wait_for_async(
-    condition: Callable[[], Awaitable[_T | NotYet | None]],
-    timeout_s: float,
-    what: str,
-    *,
-    interval_s: float = 0.2,
-) -> _T:
-    """`wait_for` for an async condition, sleeping on the event loop."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await condition()
-        if value:
-            return value  # type: ignore[return-value]
-        if time.monotonic() > deadline:
-            raise _timeout(what, timeout_s, _detail(value, None, ""))
-        await asyncio.sleep(interval_s)
