@@ -12,7 +12,6 @@ reconciler to re-read and decide again.
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import logging
 import socket
@@ -28,6 +27,7 @@ from lj_runtimekit.proto.pkg.kube import (
     KubeObject,
     NotFoundError,
     RetryPolicy,
+    api_time,
     call_async,
 )
 
@@ -35,11 +35,6 @@ _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 Obj = KubeObject
 COMPONENT = "lj-runtimekit-controller"
-
-
-def now_rfc3339() -> str:
-    """Current UTC time, RFC 3339 with seconds."""
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Kube:
@@ -231,7 +226,7 @@ class Kube:
         self, namespace: str, node: Obj, kind: str, reason: str, message: str
     ) -> None:
         meta = node["metadata"]
-        stamp = now_rfc3339()
+        stamp = api_time()
         body = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -26,7 +26,7 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from lj_runtimekit.controller.internal.kube.client import now_rfc3339
+from lj_runtimekit.proto.pkg.kube import api_time
 
 Action = Literal["enable", "disable"]
 State = Literal["enabling", "enabled", "disabling", "disabled", "failed"]
@@ -138,7 +138,7 @@ def transition(
                 STATE_ANNOTATION: state,
                 ACTION_ANNOTATION: action,
                 JOB_ANNOTATION: job,
-                SINCE_ANNOTATION: now_rfc3339(),
+                SINCE_ANNOTATION: api_time(),
                 MESSAGE_ANNOTATION: message[:MESSAGE_LIMIT] if message else None,
                 ATTEMPTS_ANNOTATION: str(attempts) if attempts else None,
                 RETRY_AT_ANNOTATION: retry_at,

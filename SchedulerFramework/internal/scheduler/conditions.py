@@ -24,9 +24,8 @@ import queue
 import threading
 from typing import Any
 
-from lj_runtimekit.proto.pkg.kube import STRATEGIC_MERGE_PATCH, KubeClient, KubeError
+from lj_runtimekit.proto.pkg.kube import STRATEGIC_MERGE_PATCH, KubeClient, KubeError, api_time
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import KubeObject, PodInfo
-from lj_runtimekit.schedulerframework.internal.scheduler.events import api_time
 
 log = logging.getLogger(__name__)
 

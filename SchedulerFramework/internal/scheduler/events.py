@@ -14,9 +14,8 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
-from lj_runtimekit.proto.pkg.kube import MERGE_PATCH, KubeClient, KubeError
+from lj_runtimekit.proto.pkg.kube import MERGE_PATCH, KubeClient, KubeError, api_time
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 
 log = logging.getLogger(__name__)
@@ -30,11 +29,6 @@ class EventRecord:
     kind: str
     reason: str
     message: str
-
-
-def api_time() -> str:
-    """The time now as the API server writes it (RFC 3339, seconds)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventRecorder:

@@ -28,6 +28,7 @@ from lj_runtimekit.proto.pkg.kube.errors import (
 )
 from lj_runtimekit.proto.pkg.kube.informer import Handler, Informer
 from lj_runtimekit.proto.pkg.kube.retry import RetryPolicy, call, call_async, log_retry
+from lj_runtimekit.proto.pkg.kube.timestamps import api_time, micro_time
 
 __all__ = [
     "MERGE_PATCH",
@@ -46,6 +47,7 @@ __all__ = [
     "RateLimiter",
     "RetryPolicy",
     "api_error",
+    "api_time",
     "call",
     "call_async",
     "in_cluster",
@@ -53,5 +55,6 @@ __all__ = [
     "load_api_client",
     "load_configuration",
     "log_retry",
+    "micro_time",
     "transient",
 ]

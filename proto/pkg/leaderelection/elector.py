@@ -25,9 +25,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
-from lj_runtimekit.proto.pkg.kube import KubeClient, KubeError, KubeObject
+from lj_runtimekit.proto.pkg.kube import KubeClient, KubeError, KubeObject, micro_time
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +46,6 @@ class LeaseConfig:
     def holder(self) -> str:
         """The identity written into the Lease."""
         return self.identity or f"{socket.gethostname()}_{os.getpid()}"
-
-
-def _micro_time(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -78,8 +73,8 @@ class LeaderElector:
         return {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": int(self.config.lease_duration_s),
-            "acquireTime": acquire_time or _micro_time(now),
-            "renewTime": _micro_time(now),
+            "acquireTime": acquire_time or micro_time(now),
+            "renewTime": micro_time(now),
             "leaseTransitions": transitions,
         }
 
@@ -147,7 +142,7 @@ class LeaderElector:
                 return
             spec["holderIdentity"] = ""
             spec["leaseDurationSeconds"] = 1
-            spec["renewTime"] = _micro_time(time.time())
+            spec["renewTime"] = micro_time(time.time())
             self.kube.request("PUT", self.path, body=lease, limited=False, timeout_s=5)
             log.info("leadership released", extra={"lease": self.path, "identity": self.identity})
         except KubeError as exc:
