@@ -5,8 +5,11 @@ POST {prefix}/filter, {prefix}/prioritize, {prefix}/bind with JSON bodies whose
 keys are Go field names; keys are matched case-insensitively. Filter answers
 with NodeNames when the scheduler is nodeCacheCapable (it sent NodeNames) or
 with Nodes otherwise; Prioritize scores 0..10; Bind chooses the devices on the
-node the scheduler picked and writes the Binding with the assignment
-annotations (one write). Malformed JSON: HTTP 400 naming the problem.
+node the scheduler picked, after running the profile's filters on it (a node
+the pod's Filter rejects is refused, never bound), and writes the Binding with
+the assignment annotations (one write). Gang members are refused: the
+kube-scheduler binds one pod at a time, so all-or-nothing placement needs the
+lj-scheduler profile. Malformed JSON: HTTP 400 naming the problem.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from lj_runtimekit.proto.pkg.kube import KubeError
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
     KubeObject,
     PodInfo,
@@ -29,12 +33,17 @@ from lj_runtimekit.schedulerframework.internal.framework.runtime import Framewor
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     Code,
     CycleState,
+    PreFilterResult,
+    Status,
+    unresolvable,
+    unschedulable,
 )
 from lj_runtimekit.schedulerframework.internal.plugins import (
     nodeaffinity,
     noderesources,
     tainttoleration,
 )
+from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.plugin import gang_key
 from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -59,6 +68,20 @@ def field(data: Mapping[str, Any], name: str) -> Any:
 STOCK_SCORED = (noderesources.NAME, nodeaffinity.NAME, tainttoleration.NAME)
 """Score plugins the kube-scheduler in front of the extender runs itself: prioritize leaves
 them out, or resource fit, preferred affinity and soft taints would count twice."""
+
+GANG_REFUSED = (
+    "gangs need lj-scheduler profile, extender mode cannot place all-or-nothing: pod {pod} "
+    "belongs to gang {gang}; set its schedulerName to an lj-scheduler profile"
+)
+
+
+def node_status(
+    fwk: Framework, state: CycleState, pod: PodInfo, pre: PreFilterResult | None, node: NodeInfo
+) -> Status:
+    """The profile's verdict on `node` after PreFilter: outside its narrowed set, or Filter."""
+    if pre is not None and node.name not in pre.node_names:
+        return unschedulable(pre.excluded_reason or "node(s) left out by PreFilter")
+    return fwk.run_filters(state, pod, node)
 
 
 class Extender:
@@ -102,6 +125,16 @@ class Extender:
         out = [str((n.get("metadata") or {}).get("name", "")) for n in items if isinstance(n, dict)]
         return out, [n for n in items if isinstance(n, dict)]
 
+    def _pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
+        """PreFilter, after the checks the extender adds: unparsable pods and gang members
+        are unresolvable here."""
+        if pod.parse_errors:
+            return None, unresolvable(*pod.parse_errors)
+        gang = gang_key(pod, self.scheduler.protocol.annotations.gang_group)
+        if gang is not None:
+            return None, unresolvable(GANG_REFUSED.format(pod=pod.key, gang=gang))
+        return self.framework.run_pre_filter(state, pod)
+
     def filter(self, body: Mapping[str, Any]) -> dict[str, Any]:
         obj, pod = self._pod(body)
         names, nodes = self._node_names(body)
@@ -113,7 +146,7 @@ class Extender:
         passed: list[str] = []
         cache = self.scheduler.cache
         with cache.lock:
-            _, status = fwk.run_pre_filter(state, pod)
+            pre, status = self._pre_filter(state, pod)
             if not status.ok:
                 target = (
                     unresolvable if status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE else failed
@@ -126,7 +159,7 @@ class Extender:
                     if node is None or not node.present:
                         failed[n] = "node not (yet) known to the lj-scheduler extender"
                         continue
-                    st = fwk.run_filters(state, pod, node)
+                    st = node_status(fwk, state, pod, pre, node)
                     if st.ok:
                         passed.append(n)
                     elif st.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
@@ -156,7 +189,7 @@ class Extender:
         state = CycleState()
         cache = self.scheduler.cache
         with cache.lock:
-            _, status = fwk.run_pre_filter(state, pod)
+            _, status = self._pre_filter(state, pod)
             state.skip_score.update(STOCK_SCORED)
             nodes = [cache.nodes[n] for n in names if n in cache.nodes and cache.nodes[n].present]
             totals = fwk.run_score(state, pod, nodes) if status.ok and nodes else {}
@@ -193,23 +226,66 @@ class Extender:
         fwk = self.framework
         state = CycleState()
         cache = self.scheduler.cache
+        node_name = str(node)
         with cache.lock:
-            _, status = fwk.run_pre_filter(state, pod)
+            if cache.is_assumed(pod.uid):
+                return {
+                    "Error": f"pod {pod.key}: a Binding sent earlier got no answer yet; its "
+                    "placement is held until the pod shows bound or the assumption expires"
+                }
+            pre, status = self._pre_filter(state, pod)
+            target = cache.nodes.get(node_name)
+            if status.ok:
+                if target is None or not target.present:
+                    status = unschedulable("node not (yet) known to the lj-scheduler extender")
+                else:
+                    status = node_status(fwk, state, pod, pre, target)
             if not status.ok:
-                return {"Error": status.message()}
-            cache.assume_pod(pod, str(node))
-            status = fwk.run_reserve(state, pod, str(node))
+                why = f"pod {pod.key} cannot be bound to node {node_name}: {status.message()}"
+                log.warning("extender bind refused: %s", why)
+                self.scheduler.event(pod, "Warning", "FailedScheduling", why)
+                return {"Error": why}
+            cache.assume_pod(pod, node_name)
+            status = fwk.run_reserve(state, pod, node_name)
             if not status.ok:
                 cache.forget_pod(pod.uid)
-                return {"Error": f"node {node}: {status.message()}"}
-        status = fwk.run_bind(state, pod, str(node))
+                return {"Error": f"node {node_name}: {status.message()}"}
+        status = fwk.run_bind(state, pod, node_name)
+        if not status.ok and status.outcome_unknown:
+            self._await_outcome(state, pod, node_name)
+            return {
+                "Error": f"Binding of {pod.key} got no answer ({status.message()}); its devices "
+                f"stay held until the pod shows bound or deleted, at most "
+                f"{self.scheduler.assumed_expiry_s:g}s"
+            }
         if not status.ok:
-            fwk.run_unreserve(state, pod, str(node))
-            cache.forget_pod(pod.uid)
+            self._forget(state, pod, node_name)
             return {"Error": status.message()}
         with self._lock:
             self._pods.pop(pod.uid, None)
         return {"Error": ""}
+
+    def _forget(self, state: CycleState, pod: PodInfo, node_name: str) -> None:
+        self.framework.run_unreserve(state, pod, node_name)
+        self.scheduler.cache.forget_pod(pod.uid)
+
+    def _await_outcome(self, state: CycleState, pod: PodInfo, node_name: str) -> None:
+        """A Binding without an answer may have been written: the pod stays assumed, its
+        devices held, until the watch shows it bound (confirmed) or deleted, at most the
+        scheduler's `assumed_expiry_s`; then the devices are released."""
+        log.warning(
+            "binding outcome unknown, placement held until the watch shows the pod",
+            extra={"pod": pod.key, "node": node_name},
+        )
+
+        def expire() -> None:
+            with self.scheduler.cache.lock:
+                if self.scheduler.cache.is_assumed(pod.uid):
+                    self._forget(state, pod, node_name)
+
+        timer = threading.Timer(self.scheduler.assumed_expiry_s, expire)
+        timer.daemon = True
+        timer.start()
 
 
 def make_handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
