@@ -58,7 +58,10 @@ def kube_scheduler(
     doc["clientConnection"]["kubeconfig"] = str(control_plane.kubeconfig_path)
     doc["profiles"][0]["schedulerName"] = name
     doc["leaderElection"] = {"leaderElect": False}
-    doc["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{extender[1]}"
+    ext = doc["extenders"][0]
+    ext["urlPrefix"] = f"http://127.0.0.1:{extender[1]}"  # loopback: plain HTTP is allowed
+    ext["enableHTTPS"] = False
+    del ext["tlsConfig"]
     work = Path(tempfile.mkdtemp(prefix="ljext"))
     (work / "config.yaml").write_text(yaml.safe_dump(doc))
     proc = Process(
@@ -160,3 +163,49 @@ def test_extender_rejects_malformed_json(extender: tuple[SchedulerProcess, int])
     assert code == 200
     assert body["NodeNames"] == []
     assert "nowhere" in body["FailedNodes"]  # type: ignore[operator]
+
+
+def test_gangs_and_filtered_nodes_are_refused_not_bound(
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: NodeFactory,
+    extender: tuple[SchedulerProcess, int],
+    kube_scheduler: str,
+) -> None:
+    core = k8s_client.CoreV1Api(api_client)
+    node = node_factory.create(f"{namespace}-n0")
+    annotate_inventory(core, node)
+    a = P.annotations
+    gang = {a.gang_group: "train", a.gang_min_members: "2"}
+    for i in range(2):
+        core.create_namespaced_pod(
+            namespace,
+            pod(f"m{i}", kube_scheduler, node_factory.selector, {GPU: "1"}, annotations=gang),
+        )
+    refusal = "gangs need lj-scheduler profile, extender mode cannot place all-or-nothing"
+    wait_for(
+        lambda: any(refusal in e for e in events(core, namespace, "m0")),
+        60,
+        "FailedScheduling naming the gang refusal",
+        describe=lambda: str(events(core, namespace, "m0")),
+    )
+    # a bind asked for a node the pod's Filter rejects (its nodeSelector) is refused
+    lone = core.create_namespaced_pod(
+        namespace, pod("lone", "nobody", {"zone": "elsewhere"}, {GPU: "1"})
+    )
+    code, body = post(
+        extender[1],
+        "bind",
+        json.dumps(
+            {
+                "PodName": "lone",
+                "PodNamespace": namespace,
+                "PodUID": lone.metadata.uid,
+                "Node": node,
+            }
+        ).encode(),
+    )
+    assert code == 200
+    assert "cannot be bound to node" in str(body["Error"])
+    assert "didn't match Pod's node affinity/selector" in str(body["Error"])
+    assert bound(core, namespace) == {}

@@ -30,7 +30,13 @@ from lj_runtimekit.schedulerframework.internal.config.config import (
     ConfigError,
     load_config,
 )
-from lj_runtimekit.schedulerframework.internal.extender.server import Extender, serve
+from lj_runtimekit.schedulerframework.internal.extender.server import (
+    Extender,
+    Security,
+    read_token,
+    security_problem,
+    serve,
+)
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling import plugin as coscheduling
 from lj_runtimekit.schedulerframework.internal.scheduler import metrics
 from lj_runtimekit.schedulerframework.internal.scheduler.events import EventRecorder
@@ -66,10 +72,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "run as a scheduler, or as an HTTP extender of kube-scheduler",
         choices=("scheduler", "extender"),
     )
-    p.env_flag("--extender-address", f"{ENV}EXTENDER_ADDRESS", "0.0.0.0", "extender address")
+    p.env_flag(
+        "--extender-address",
+        f"{ENV}EXTENDER_ADDRESS",
+        "127.0.0.1",
+        "extender address (other than loopback only with TLS and an authenticated caller)",
+    )
     p.env_flag("--extender-port", f"{ENV}EXTENDER_PORT", "8888", "extender port", type=port)
     p.env_flag(
         "--extender-prefix", f"{ENV}EXTENDER_PREFIX", "", "extender URL prefix", shown="none"
+    )
+    p.env_flag("--extender-tls-cert", f"{ENV}EXTENDER_TLS_CERT", None, "extender TLS certificate")
+    p.env_flag("--extender-tls-key", f"{ENV}EXTENDER_TLS_KEY", None, "extender TLS private key")
+    p.env_flag(
+        "--extender-client-ca",
+        f"{ENV}EXTENDER_CLIENT_CA",
+        None,
+        "CA bundle: extender callers must present a client certificate it signed",
+    )
+    p.env_flag(
+        "--extender-token-file",
+        f"{ENV}EXTENDER_TOKEN_FILE",
+        None,
+        "file holding the bearer token extender callers must send",
     )
     p.env_flag(
         "--metrics-port",
@@ -147,6 +172,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ProtocolError, ConfigError) as exc:
         log.error("%s", exc)
         return 1
+    security = Security()
+    if args.mode == "extender":
+        try:
+            token = read_token(args.extender_token_file) if args.extender_token_file else None
+        except ValueError as exc:
+            log.error("%s", exc)
+            return 1
+        security = Security(
+            args.extender_tls_cert, args.extender_tls_key, args.extender_client_ca, token
+        )
+        problem = security_problem(args.extender_address, security)
+        if problem is not None:
+            log.error("%s", problem)
+            return 1
     try:
         # One connection per binding thread, plus the watches, events and the lease.
         kube = KubeClient.connect(
@@ -235,8 +274,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mode == "extender":
         try:
             server = serve(
-                Extender(scheduler), args.extender_address, args.extender_port, args.extender_prefix
+                Extender(scheduler),
+                args.extender_address,
+                args.extender_port,
+                args.extender_prefix,
+                security,
             )
+        except ValueError as exc:  # an unusable certificate, key or CA
+            log.error("%s", exc)
+            return 1
         except OSError as exc:
             log.error(
                 "cannot serve the extender on %s:%d: %s",
@@ -245,7 +291,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 exc,
             )
             return 1
-        log.info("extender serving", extra={"port": server.server_address[1]})
+        log.info(
+            "extender serving",
+            extra={
+                "port": server.server_address[1],
+                "tls": security.tls,
+                "client_ca": bool(security.client_ca),
+                "token": bool(security.token),
+            },
+        )
         while not stop.wait(0.5) and not lost.is_set():
             pass
     else:

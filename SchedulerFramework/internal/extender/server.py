@@ -10,16 +10,26 @@ the pod's Filter rejects is refused, never bound), and writes the Binding with
 the assignment annotations (one write). Gang members are refused: the
 kube-scheduler binds one pod at a time, so all-or-nothing placement needs the
 lj-scheduler profile. Malformed JSON: HTTP 400 naming the problem.
+
+The verbs bind pods, so the server listens on loopback only, unless it serves
+TLS and authenticates its caller (a bearer token, or a client certificate
+signed by a given CA); `security_problem` says why a setup is refused.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import logging
+import ssl
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from lj_runtimekit.proto.pkg.kube import KubeError
@@ -288,11 +298,76 @@ class Extender:
         timer.start()
 
 
-def make_handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler]:
+@dataclass(frozen=True)
+class Security:
+    """TLS and caller authentication of the extender server (flags `--extender-tls-*`)."""
+
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+    """Callers must present a certificate signed by this CA."""
+    token: str | None = None
+    """Callers must send `Authorization: Bearer <token>`."""
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.cert and self.key)
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.client_ca or self.token)
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def security_problem(address: str, security: Security) -> str | None:
+    """Why the extender must not serve on `address` this way; None when it may."""
+    if bool(security.cert) != bool(security.key):
+        return "--extender-tls-cert and --extender-tls-key must be given together"
+    if security.client_ca and not security.tls:
+        return "--extender-client-ca needs TLS: give --extender-tls-cert and --extender-tls-key"
+    if is_loopback(address) or (security.tls and security.authenticated):
+        return None
+    return (
+        f"--extender-address={address} is not a loopback address: the extender binds pods, so "
+        "serving it beyond this host needs TLS (--extender-tls-cert, --extender-tls-key) and an "
+        "authenticated caller (--extender-client-ca or --extender-token-file)"
+    )
+
+
+def read_token(path: str) -> str:
+    """The bearer token in `path` (surrounding whitespace dropped); ValueError naming the file."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--extender-token-file {path}: cannot read: {exc}") from exc
+    if not token:
+        raise ValueError(f"--extender-token-file {path}: the file is empty")
+    return token
+
+
+def make_handler(
+    extender: Extender, prefix: str, token: str | None = None
+) -> type[BaseHTTPRequestHandler]:
     prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+    expected = f"Bearer {token}".encode() if token else None
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = 60
+
+        def setup(self) -> None:
+            if isinstance(self.request, ssl.SSLSocket):
+                self.request.settimeout(self.timeout)
+                self.request.do_handshake()  # here, in the request's thread, not in accept()
+            super().setup()
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("extender request: %s", format % args)
@@ -315,6 +390,11 @@ def make_handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler
             verb = self.path[len(prefix) :].strip("/") if self.path.startswith(prefix) else ""
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length > 0 else b""
+            if expected is not None and not hmac.compare_digest(
+                (self.headers.get("Authorization") or "").encode(), expected
+            ):
+                self._reply(401, {"Error": "missing or wrong bearer token"})
+                return
             handlers = {
                 "filter": extender.filter,
                 "prioritize": extender.prioritize,
@@ -345,9 +425,55 @@ def make_handler(extender: Extender, prefix: str) -> type[BaseHTTPRequestHandler
     return Handler
 
 
-def serve(extender: Extender, address: str, port: int, prefix: str = "") -> ThreadingHTTPServer:
-    """Starts the extender HTTP server in a thread; returns it (shutdown() to stop)."""
-    server = ThreadingHTTPServer((address, port), make_handler(extender, prefix))
-    server.daemon_threads = True
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: Any) -> None:
+        # a refused TLS handshake (no or a wrong client certificate), a dropped connection
+        log.info("extender connection from %s failed: %s", client_address, sys.exc_info()[1])
+
+
+def serve(
+    extender: Extender,
+    address: str,
+    port: int,
+    prefix: str = "",
+    security: Security | None = None,
+) -> ThreadingHTTPServer:
+    """Starts the extender HTTP(S) server in a thread; returns it (shutdown() to stop).
+    ValueError naming the flag when `security_problem` refuses the setup or a certificate,
+    key or CA cannot be loaded; OSError when the address cannot be used."""
+    security = security or Security()
+    problem = security_problem(address, security)
+    if problem is not None:
+        raise ValueError(problem)
+    token = security.token
+    server = _Server((address, port), make_handler(extender, prefix, token))
+    if security.tls:
+        assert security.cert is not None
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            try:
+                ctx.load_cert_chain(security.cert, security.key)
+            except OSError as exc:  # ssl.SSLError too
+                raise ValueError(
+                    f"--extender-tls-cert {security.cert} / --extender-tls-key {security.key}: "
+                    f"cannot load: {exc}"
+                ) from exc
+            if security.client_ca:
+                ctx.verify_mode = ssl.CERT_REQUIRED
+                try:
+                    ctx.load_verify_locations(cafile=security.client_ca)
+                except OSError as exc:
+                    raise ValueError(
+                        f"--extender-client-ca {security.client_ca}: cannot load: {exc}"
+                    ) from exc
+        except ValueError:
+            server.server_close()
+            raise
+        server.socket = ctx.wrap_socket(
+            server.socket, server_side=True, do_handshake_on_connect=False
+        )
     threading.Thread(target=server.serve_forever, name="extender-http", daemon=True).start()
     return server
