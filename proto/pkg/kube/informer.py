@@ -3,7 +3,8 @@ expired (410 Gone); a handler sees every change, in order, from the informer's t
 
 A broken list or watch is tried again with exponential backoff (tenacity, with jitter)
 until `stop`; a watch the server ended resumes from the last version seen, bookmarks
-included. After a list, objects no longer there are handed over as DELETED.
+included. After a list, objects no longer there are handed over as DELETED. `error`
+says why the last round failed, until a list or a watch event gets through again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 
-from tenacity import Retrying, retry_if_exception_type
+from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from lj_runtimekit.proto.pkg.kube.client import KubeClient, KubeObject
 from lj_runtimekit.proto.pkg.kube.errors import GoneError
@@ -51,6 +52,9 @@ class Informer:
         self.name = name
         self.synced = threading.Event()
         """Set once the first list has been handed over."""
+        self.error: str | None = None
+        """Why the last list or watch failed; None again once a list or a watch event (a
+        bookmark included) got through."""
         self._backoff = RetryPolicy(
             attempts=None, timeout_s=None, initial_s=initial_backoff_s, max_backoff_s=max_backoff_s
         )
@@ -70,6 +74,7 @@ class Informer:
 
     def _relist(self) -> None:
         items, self._version = self.kube.list_all(self.path, self.params)
+        self.error = None
         fresh = {_key(o): o for o in items}
         for key, old in list(self._known.items()):
             if key not in fresh:
@@ -100,6 +105,7 @@ class Informer:
                     return
                 meta = obj.get("metadata") or {}
                 self._version = str(meta.get("resourceVersion") or self._version)
+                self.error = None
                 if etype != "BOOKMARK":
                     self._dispatch(etype, obj)
         except GoneError:
@@ -109,11 +115,18 @@ class Informer:
         self._stop.wait(seconds)
 
     def _run(self) -> None:
+        log_failure = log_retry(f"informer {self.name}: list and watch {self.path}")
+
+        def before_sleep(state: RetryCallState) -> None:
+            failure = state.outcome.exception() if state.outcome is not None else None
+            self.error = str(failure) or type(failure).__name__
+            log_failure(state)
+
         retrying = Retrying(
             retry=retry_if_exception_type(Exception),
             wait=self._backoff.wait(),
             sleep=self._sleep,
-            before_sleep=log_retry(f"informer {self.name}: list and watch {self.path}"),
+            before_sleep=before_sleep,
         )
         while not self._stop.is_set():
             for attempt in retrying:  # each round starts at the initial backoff again
