@@ -44,6 +44,7 @@ def test_defaults_and_sample_agree() -> None:
         "NodeResourcesFit",
         "GpuShare",
         "DeviceTopology",
+        "DefaultPreemption",
         "DefaultBinder",
     ]
     assert default.leader_election.lease_duration_s == 15

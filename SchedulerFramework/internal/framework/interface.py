@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
@@ -227,9 +227,25 @@ class Handle(Protocol):
         their backoff), not left for the periodic flush."""
         ...
 
-    def filter_nodes(self, pod: PodInfo, skip: str) -> list[NodeInfo]:
-        """Every node on which `pod` passes the profile's PreFilter and Filter plugins, except
-        the plugin named `skip` (a gang plugin planning a whole gang)."""
+    def filter_nodes(
+        self, pod: PodInfo, skip: str, only: Collection[str] | None = None
+    ) -> list[NodeInfo]:
+        """Every node (of `only`, when given) on which `pod` passes the profile's PreFilter and
+        Filter plugins, except the plugin named `skip` (a gang plugin planning a whole gang),
+        with the pods nominated to the node of priority at least the pod's counted in."""
+        ...
+
+    def nominations(self) -> Mapping[str, Sequence[PodInfo]]:
+        """Node -> pending pods nominated to it by preemption (read under the cache lock)."""
+        ...
+
+    def preempt(self, pod: PodInfo, node_name: str, victims: Sequence[PodInfo]) -> None:
+        """Nominates `pod` to the node and evicts the victims (asynchronous: condition
+        DisruptionTarget, deletion, events)."""
+        ...
+
+    def preemption_pending(self, uid: str) -> str | None:
+        """The node on which the pod's last preemption still waits for victims to go."""
         ...
 
     def get_json(self, path: str) -> dict[str, Any] | None:

@@ -66,6 +66,8 @@ class Diagnosis:
     excluded: int = 0
     excluded_reason: str = ""
     prefilter: Status | None = None
+    postfilter: Status | None = None
+    """What preemption did (a nominated node) or why it could not."""
 
 
 class Framework:
@@ -142,6 +144,43 @@ class Framework:
                 return status.with_plugin(p.name)
         return SUCCESS
 
+    def run_filters_with_nominated(
+        self,
+        state: CycleState,
+        pod: PodInfo,
+        node: NodeInfo,
+        nominated: Sequence[PodInfo] = (),
+    ) -> Status:
+        """`run_filters`, and again with the node's `nominated` pods of priority at least
+        the pod's reserved on it (upstream's RunFilterPluginsWithNominatedPods), so that what
+        a preemption freed for a pod is not taken by a lower-priority one meanwhile. Caller
+        holds the cache lock."""
+        status = self.run_filters(state, pod, node)
+        if not status.ok or not nominated:
+            return status
+        cache = self.handle.cache
+        added: list[tuple[CycleState, PodInfo]] = []
+        try:
+            for other in nominated:
+                if other.uid == pod.uid or other.priority < pod.priority or other.uid in cache.pods:
+                    continue
+                other_state = CycleState()
+                _, pre = self.run_pre_filter(other_state, other)
+                if not pre.ok:
+                    continue
+                cache.assume_pod(other, node.name)
+                if self.run_reserve(other_state, other, node.name).ok:
+                    added.append((other_state, other))
+                else:  # its victims still hold what it needs: they hold it against this pod too
+                    cache.forget_pod(other.uid)
+            if added:
+                status = self.run_filters(state, pod, node)
+        finally:
+            for other_state, other in reversed(added):
+                self.run_unreserve(other_state, other, node.name)
+                cache.forget_pod(other.uid)
+        return status
+
     def find_feasible(
         self, state: CycleState, pod: PodInfo, prefilter: PreFilterResult | None, all_nodes: int
     ) -> tuple[list[NodeInfo], Diagnosis]:
@@ -167,9 +206,13 @@ class Framework:
             want = min(want, prefilter.enough)
         feasible: list[NodeInfo] = []
         processed = 0
+        nominations = self.handle.nominations()
         for node in candidates:
             processed += 1
-            status = self.run_filters(state, pod, node)
+            if nominations and node.name in nominations:
+                status = self.run_filters_with_nominated(state, pod, node, nominations[node.name])
+            else:
+                status = self.run_filters(state, pod, node)
             if status is SUCCESS or status.ok:
                 feasible.append(node)
                 if len(feasible) >= want:
@@ -183,11 +226,14 @@ class Framework:
     def run_post_filter(
         self, state: CycleState, pod: PodInfo, diagnosis: Diagnosis
     ) -> tuple[str | None, Status]:
+        """The first PostFilter plugin that nominates a node, else the last rejection."""
+        last = Status(Code.UNSCHEDULABLE)
         for p in self.post_filters:
             nominated, status = p.post_filter(state, pod, diagnosis.statuses)
             if status.ok:
-                return nominated, status
-        return None, Status(Code.UNSCHEDULABLE)
+                return nominated, status.with_plugin(p.name)
+            last = status.with_plugin(p.name)
+        return None, last
 
     def run_score(self, state: CycleState, pod: PodInfo, nodes: list[NodeInfo]) -> dict[str, int]:
         totals = dict.fromkeys((n.name for n in nodes), 0)

@@ -12,6 +12,7 @@ from typing import Any
 from lj_runtimekit.schedulerframework.internal.framework.interface import Handle, Plugin
 from lj_runtimekit.schedulerframework.internal.plugins import (
     defaultbinder,
+    defaultpreemption,
     devicetopology,
     nodeaffinity,
     noderesources,
@@ -39,6 +40,7 @@ REGISTRY: dict[str, Registration] = {
     devicetopology.NAME: Registration(devicetopology.Args.parse, devicetopology.new),
     defaultbinder.NAME: Registration(defaultbinder.Args.parse, defaultbinder.new),
     coscheduling.NAME: Registration(coscheduling.Args.parse, coscheduling.new),
+    defaultpreemption.NAME: Registration(defaultpreemption.Args.parse, defaultpreemption.new),
 }
 
 DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
@@ -49,6 +51,7 @@ DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
     (noderesources.NAME, 1),
     (gpushare.NAME, 3),
     (devicetopology.NAME, 2),
+    (defaultpreemption.NAME, 0),
     (defaultbinder.NAME, 0),
 )
 """The default profile: (plugin, score weight), filters in this order."""

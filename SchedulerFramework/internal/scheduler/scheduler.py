@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +55,11 @@ from lj_runtimekit.schedulerframework.internal.scheduler.conditions import (
     ConditionWriter,
 )
 from lj_runtimekit.schedulerframework.internal.scheduler.events import EventRecorder
+from lj_runtimekit.schedulerframework.internal.scheduler.preemption import (
+    Evictor,
+    Nominator,
+    Preemption,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +83,11 @@ def failure_message(total_nodes: int, diagnosis: Diagnosis) -> str:
             diagnosis.excluded
         )
     parts = sorted(f"{count} {reason}" for reason, count in histogram.items())
-    return f"0/{total_nodes} nodes are available: {', '.join(parts) or 'no nodes'}."
+    message = f"0/{total_nodes} nodes are available: {', '.join(parts) or 'no nodes'}."
+    post = diagnosis.postfilter
+    if post is not None and post.reasons:
+        message += f" preemption: {post.message()}"
+    return message
 
 
 @dataclass
@@ -209,6 +218,8 @@ class Scheduler:
         self.recorder = recorder or EventRecorder(None, "lj-scheduler", "test")
         self.conditions = ConditionWriter(kube)
         """PodScheduled=False on the pods that cannot be placed"""
+        self.nominator = Nominator(self._cache)
+        self.evictor = Evictor(kube, self.event, self.nominator.drop_victims)
         self.frameworks: dict[str, Framework] = {}
         for profile in config.profiles:
             plugins = [
@@ -274,7 +285,9 @@ class Scheduler:
             except Exception:
                 log.exception("after-cycle hook failed")
 
-    def filter_nodes(self, pod: PodInfo, skip: str) -> list[NodeInfo]:
+    def filter_nodes(
+        self, pod: PodInfo, skip: str, only: Collection[str] | None = None
+    ) -> list[NodeInfo]:
         fwk = self.frameworks.get(pod.scheduler_name)
         if fwk is None or pod.parse_errors:
             return []
@@ -284,11 +297,33 @@ class Scheduler:
             if not status.ok:
                 return []
             nodes = self._cache.nodes
-            if pre is not None:
-                candidates = [n for n in (nodes.get(x) for x in pre.node_names) if n is not None]
-            else:
-                candidates = list(nodes.values())
-            return [n for n in candidates if n.present and fwk.run_filters(state, pod, n).ok]
+            names: Iterable[str] = nodes if pre is None else pre.node_names
+            if only is not None:
+                names = [x for x in names if x in only]
+            candidates = [n for n in (nodes.get(x) for x in names) if n is not None and n.present]
+            nominated = self.nominator.by_node
+            return [
+                n
+                for n in candidates
+                if fwk.run_filters_with_nominated(state, pod, n, nominated.get(n.name, ())).ok
+            ]
+
+    def nominations(self) -> Mapping[str, Sequence[PodInfo]]:
+        return self.nominator.by_node
+
+    def preempt(self, pod: PodInfo, node_name: str, victims: Sequence[PodInfo]) -> None:
+        self.nominator.add(pod, node_name, [v.uid for v in victims])
+        names = ", ".join(v.key for v in victims)
+        self.event(
+            pod,
+            "Normal",
+            "Preempting",
+            f"Preempting {len(victims)} lower-priority pod(s) on node {node_name}: {names}",
+        )
+        self.evictor.submit(Preemption(pod, node_name, tuple(victims)))
+
+    def preemption_pending(self, uid: str) -> str | None:
+        return self.nominator.pending(uid)
 
     def get_json(self, path: str) -> dict[str, Any] | None:
         if self.kube is None:
@@ -354,6 +389,7 @@ class Scheduler:
                 listener.on_pod_event(etype, pod)
         if etype == "DELETED":
             self.queue.delete(pod.uid)
+            self.nominator.remove(pod.uid)
             waiting = self.get_waiting_pod(pod.uid)
             if waiting is not None:
                 waiting.reject("", "pod deleted")
@@ -363,6 +399,7 @@ class Scheduler:
             return
         if pod.node_name:
             self.queue.delete(pod.uid)
+            self.nominator.remove(pod.uid)
             was_terminal = pod.terminal and pod.uid in self._cache.pods
             devices_changed = self._cache.update_pod(pod)
             if was_terminal or devices_changed:
@@ -370,9 +407,11 @@ class Scheduler:
             return
         if pod.deleting:
             self.queue.delete(pod.uid)  # never scheduled again, whatever its attempt is doing
+            self.nominator.remove(pod.uid)
             return
         if pod.terminal or pod.scheduler_name not in self.frameworks:
             return
+        self.nominator.update(pod)
         if pod.uid in self._cache.pods:
             return  # assumed: its binding is in flight
         self.queue.add(pod)
@@ -494,6 +533,7 @@ class Scheduler:
         feasible, diagnosis = fwk.find_feasible(state, pod, pre, total)
         if not feasible:
             _, post = fwk.run_post_filter(state, pod, diagnosis)
+            diagnosis.postfilter = post
             return post, None, diagnosis
         return SUCCESS, fwk.select_host(feasible, state, pod), diagnosis
 
@@ -677,3 +717,4 @@ class Scheduler:
             w.reject("", "scheduler stopping")
         self._pool.shutdown(wait=True)
         self.conditions.stop()
+        self.evictor.stop()

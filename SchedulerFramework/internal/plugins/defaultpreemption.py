@@ -1,0 +1,295 @@
+"""DefaultPreemption: a pod that fits nowhere makes room by evicting lower-priority pods.
+
+As kube-scheduler's DefaultPreemption PostFilter: on every node where it may
+help, the lower-priority pods are taken away (in the cache, under its lock,
+then put back), the profile's PreFilter and Filter plugins run for the pod,
+and the victims are reprieved one by one, highest priority first (those whose
+eviction would break a PodDisruptionBudget before the others), as long as the
+pod still fits. The node chosen has the fewest PDB violations, then the
+lowest highest-priority victim, the lowest priority sum, the fewest victims.
+The pod is nominated to it; the scheduler evicts the victims.
+
+A gang member is a victim only together with every bound member of its gang
+(wherever they run), never alone. Gang members do not preempt. Pods with
+`preemptionPolicy: Never`, and pods whose last preemption still waits for its
+victims to go, do not preempt.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lj_runtimekit.proto.pkg.kube import KubeError
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo, Requirement
+from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    Handle,
+    PostFilterPlugin,
+)
+from lj_runtimekit.schedulerframework.internal.framework.types import (
+    Code,
+    CycleState,
+    Status,
+    unschedulable,
+)
+from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.plugin import gang_key
+from lj_runtimekit.schedulerframework.internal.plugins.nodeaffinity import requirement_matches
+
+log = logging.getLogger(__name__)
+
+NAME = "DefaultPreemption"
+PDB_PATH = "/apis/policy/v1/poddisruptionbudgets"
+NOTHING = Status(Code.UNSCHEDULABLE)
+"""Preemption not tried (no reason added to the pod's failure message)."""
+MIN_CANDIDATE_NODES_PERCENTAGE = 10
+MIN_CANDIDATE_NODES = 100
+"""Stop looking once this many nodes would do (upstream's DefaultPreemption args)."""
+
+
+@dataclass(frozen=True)
+class Args:
+    @staticmethod
+    def parse(raw: Mapping[str, Any]) -> Args:
+        check_fields(NAME, raw, ())
+        return Args()
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Pods evicted together: one pod, or every bound member of a gang."""
+
+    pods: tuple[PodInfo, ...]
+
+    @property
+    def priority(self) -> int:
+        return max(p.priority for p in self.pods)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A PodDisruptionBudget: which pods it covers and how many may still go."""
+
+    namespace: str
+    match_labels: Mapping[str, str]
+    expressions: tuple[Requirement, ...]
+    allowed: int
+    disrupted: frozenset[str]
+
+    def covers(self, pod: PodInfo) -> bool:
+        if pod.namespace != self.namespace:
+            return False
+        if any(pod.labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        return all(requirement_matches(r, pod.labels.get(r.key)) for r in self.expressions)
+
+
+def parse_budgets(items: Iterable[Mapping[str, Any]]) -> list[Budget]:
+    """policy/v1 PodDisruptionBudgets; one without a selector covers no pod."""
+    out: list[Budget] = []
+    for item in items:
+        meta = item.get("metadata") or {}
+        selector = (item.get("spec") or {}).get("selector")
+        if not isinstance(selector, dict):
+            continue
+        status = item.get("status") or {}
+        expressions = tuple(
+            Requirement(
+                str(e.get("key", "")), str(e.get("operator", "")), tuple(e.get("values") or ())
+            )
+            for e in selector.get("matchExpressions") or ()
+            if isinstance(e, dict)
+        )
+        out.append(
+            Budget(
+                str(meta.get("namespace", "")),
+                dict(selector.get("matchLabels") or {}),
+                expressions,
+                int(status.get("disruptionsAllowed") or 0),
+                frozenset(status.get("disruptedPods") or {}),
+            )
+        )
+    return out
+
+
+def split_by_budgets(units: list[Unit], budgets: list[Budget]) -> tuple[list[Unit], list[Unit]]:
+    """(units whose eviction breaks a budget, the others), as upstream's
+    filterPodsWithPDBViolation counts: each covered pod takes one allowed disruption."""
+    allowed = [b.allowed for b in budgets]
+    violating: list[Unit] = []
+    fine: list[Unit] = []
+    for unit in sorted(units, key=lambda u: -u.priority):
+        breaks = False
+        for pod in unit.pods:
+            for i, b in enumerate(budgets):
+                if b.covers(pod) and pod.name not in b.disrupted:
+                    allowed[i] -= 1
+                    breaks = breaks or allowed[i] < 0
+        (violating if breaks else fine).append(unit)
+    return violating, fine
+
+
+@dataclass(frozen=True)
+class Candidate:
+    node: str
+    victims: tuple[Unit, ...]
+    violations: int
+
+    def rank(self) -> tuple[int, int, int, int]:
+        pods = [p for u in self.victims for p in u.pods]
+        return (
+            self.violations,
+            max((p.priority for p in pods), default=0),
+            sum(p.priority for p in pods),
+            len(pods),
+        )
+
+
+def preemption_policy_never(pod: PodInfo) -> bool:
+    return (pod.obj.get("spec") or {}).get("preemptionPolicy") == "Never"
+
+
+class DefaultPreemption(PostFilterPlugin):
+    name = NAME
+
+    def __init__(self, args: Args, handle: Handle) -> None:
+        self.args = args
+        self.handle = handle
+        self._group = handle.protocol.annotations.gang_group
+        self._pdb_warned = False
+
+    def post_filter(
+        self, state: CycleState, pod: PodInfo, statuses: Mapping[str, Status]
+    ) -> tuple[str | None, Status]:
+        if preemption_policy_never(pod):
+            return None, unschedulable("not eligible due to preemptionPolicy=Never.")
+        if gang_key(pod, self._group) is not None:
+            return None, NOTHING  # gang members do not preempt
+        pending = self.handle.preemption_pending(pod.uid)
+        if pending is not None:
+            return None, unschedulable(
+                f"waiting for the pods preempted on node {pending} to terminate."
+            )
+        cache = self.handle.cache
+        with cache.lock:
+            by_node = self._units(pod)
+            total = cache.node_count()
+            nodes = [
+                n
+                for n in by_node
+                if (s := statuses.get(n)) is None or s.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+            ]
+            if not nodes:
+                return None, NOTHING  # no lower-priority pod anywhere: nothing to say
+            budgets = self._budgets()
+            best: Candidate | None = None
+            enough = max(total * MIN_CANDIDATE_NODES_PERCENTAGE // 100, MIN_CANDIDATE_NODES)
+            found = 0
+            for node in nodes:
+                c = self._select_victims(pod, node, by_node[node], budgets)
+                if c is None:
+                    continue
+                if best is None or c.rank() < best.rank():
+                    best = c
+                found += 1
+                if found >= enough:
+                    break
+        if best is None:
+            return None, unschedulable(
+                f"0/{total} nodes are available: the pod fits on none of the {len(nodes)} "
+                "node(s) with lower-priority pods even without them."
+            )
+        victims = [p for u in best.victims for p in u.pods]
+        self.handle.preempt(pod, best.node, victims)
+        return best.node, Status(
+            Code.SUCCESS,
+            (f"nominated node {best.node}, preempting {len(victims)} lower-priority pod(s).",),
+        )
+
+    def _units(self, pod: PodInfo) -> dict[str, list[Unit]]:
+        """Node -> the victim units with a pod on it: bound, lower-priority pods, not being
+        deleted; a gang only when all its bound members are such."""
+        singles: dict[str, list[Unit]] = {}
+        gangs: dict[str, list[PodInfo]] = {}
+        spoiled: set[str] = set()
+        nodes = self.handle.cache.nodes
+        for st in self.handle.cache.pods.values():
+            p = st.pod
+            key = gang_key(p, self._group)
+            if p.deleting or p.terminal:
+                continue
+            on = nodes.get(st.node)
+            eligible = (
+                not st.assumed and p.priority < pod.priority and on is not None and on.present
+            )
+            if key is not None:
+                gangs.setdefault(key, []).append(p)
+                if not eligible:
+                    spoiled.add(key)
+            elif eligible:
+                singles.setdefault(st.node, []).append(Unit((p,)))
+        for key, members in gangs.items():
+            if key in spoiled:
+                continue
+            unit = Unit(tuple(members))
+            for node in dict.fromkeys(m.node_name for m in members):
+                singles.setdefault(node, []).append(unit)
+        return singles
+
+    def _budgets(self) -> list[Budget]:
+        try:
+            obj = self.handle.get_json(PDB_PATH)
+        except KubeError as exc:
+            if not self._pdb_warned:
+                self._pdb_warned = True
+                log.warning(
+                    "PodDisruptionBudgets not read (the scheduler's role needs list on "
+                    "policy/poddisruptionbudgets); preempting without them: %s",
+                    exc,
+                )
+            return []
+        items = (obj or {}).get("items") or []
+        return parse_budgets(i for i in items if isinstance(i, dict))
+
+    def _fits(self, pod: PodInfo, node: str) -> bool:
+        return bool(self.handle.filter_nodes(pod, "", (node,)))
+
+    def _select_victims(
+        self, pod: PodInfo, node: str, units: list[Unit], budgets: list[Budget]
+    ) -> Candidate | None:
+        """The fewest units to evict from `node` for `pod` to fit (upstream's
+        selectVictimsOnNode), or None when even all of them are not enough."""
+        cache = self.handle.cache
+        out: dict[str, PodInfo] = {}
+        try:
+            for unit in units:
+                for p in unit.pods:
+                    if p.uid not in out:
+                        out[p.uid] = p
+                        cache.remove_pod(p.uid)
+            if not self._fits(pod, node):
+                return None
+            violating, fine = split_by_budgets(units, budgets)
+            victims: list[Unit] = []
+            violations = 0
+            for unit in violating + fine:  # each part highest priority first
+                for p in unit.pods:
+                    cache.update_pod(p)
+                    del out[p.uid]
+                if self._fits(pod, node):
+                    continue  # reprieved
+                for p in unit.pods:
+                    out[p.uid] = p
+                    cache.remove_pod(p.uid)
+                victims.append(unit)
+                violations += int(unit in violating)
+            return Candidate(node, tuple(victims), violations)
+        finally:
+            for p in out.values():
+                cache.update_pod(p)
+
+
+def new(args: Args, handle: Handle) -> DefaultPreemption:
+    return DefaultPreemption(args, handle)

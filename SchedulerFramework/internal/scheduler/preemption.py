@@ -1,0 +1,195 @@
+"""Preemption's bookkeeping and API writes: nominated pods, victims' eviction.
+
+The DefaultPreemption plugin chooses a node and victims; the scheduler then
+records the pod as nominated to the node (its `status.nominatedNodeName`, as
+kube-scheduler writes it), so that lower-priority pods do not take what the
+victims free (Framework.run_filters_with_nominated), and evicts the victims
+on one thread: the condition `DisruptionTarget` (reason
+`PreemptionByScheduler`), the deletion (preconditioned on the victim's uid),
+an event `Preempted` on each victim.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from lj_runtimekit.proto.pkg.kube import STRATEGIC_MERGE_PATCH, KubeClient, KubeError, api_time
+from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
+
+log = logging.getLogger(__name__)
+
+DISRUPTION_TARGET = "DisruptionTarget"
+PREEMPTION_BY_SCHEDULER = "PreemptionByScheduler"
+
+
+def nominated_node(pod: PodInfo) -> str:
+    """The pod's `status.nominatedNodeName` ("" when none)."""
+    return str((pod.obj.get("status") or {}).get("nominatedNodeName") or "")
+
+
+class Nominator:
+    """Pending pods nominated to nodes, and the victims each still waits for.
+
+    Changed and read under the cache lock (the scheduling cycle holds it)."""
+
+    def __init__(self, cache: Cache) -> None:
+        self._cache = cache
+        self.by_node: dict[str, list[PodInfo]] = {}
+        self._node_of: dict[str, str] = {}
+        self._victims: dict[str, frozenset[str]] = {}
+
+    def add(self, pod: PodInfo, node: str, victims: Sequence[str] = ()) -> None:
+        with self._cache.lock:
+            self.remove(pod.uid)
+            self.by_node.setdefault(node, []).append(pod)
+            self._node_of[pod.uid] = node
+            if victims:
+                self._victims[pod.uid] = frozenset(victims)
+
+    def update(self, pod: PodInfo) -> None:
+        """A pending pod seen by the watch: kept nominated (the newer object), or nominated
+        from its status (a restart)."""
+        with self._cache.lock:
+            node = self._node_of.get(pod.uid)
+            if node is None:
+                node = nominated_node(pod)
+                if node:
+                    self.add(pod, node)
+                return
+            pods = self.by_node[node]
+            pods[:] = [pod if p.uid == pod.uid else p for p in pods]
+
+    def remove(self, uid: str) -> None:
+        with self._cache.lock:
+            node = self._node_of.pop(uid, None)
+            self._victims.pop(uid, None)
+            if node is None:
+                return
+            left = [p for p in self.by_node[node] if p.uid != uid]
+            if left:
+                self.by_node[node] = left
+            else:
+                del self.by_node[node]
+
+    def drop_victims(self, uid: str) -> None:
+        """An eviction failed: the pod may preempt again."""
+        with self._cache.lock:
+            self._victims.pop(uid, None)
+
+    def pending(self, uid: str) -> str | None:
+        """The nominated node while a victim of the pod's preemption is still accounted."""
+        with self._cache.lock:
+            victims = self._victims.get(uid)
+            if victims is None:
+                return None
+            if any(v in self._cache.pods for v in victims):
+                return self._node_of.get(uid)
+            del self._victims[uid]
+            return None
+
+    def nominated(self, uid: str) -> str | None:
+        return self._node_of.get(uid)
+
+
+@dataclass(frozen=True)
+class Preemption:
+    pod: PodInfo
+    node: str
+    victims: tuple[PodInfo, ...]
+
+
+class Evictor:
+    """Writes preemptions to the API server on one thread (the scheduling loop never waits)."""
+
+    def __init__(
+        self,
+        kube: KubeClient | None,
+        event: Callable[[PodInfo, str, str, str], None],
+        failed: Callable[[str], None],
+    ) -> None:
+        self.kube = kube
+        self._event = event
+        self._failed = failed
+        self.done: list[Preemption] = []
+        """Without an API client (unit tests): the preemptions asked for."""
+        self._queue: queue.Queue[Preemption | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="preemption", daemon=True)
+        if kube is not None:
+            self._thread.start()
+
+    def submit(self, p: Preemption) -> None:
+        for v in p.victims:
+            self._event(
+                v,
+                "Normal",
+                "Preempted",
+                f"Preempted by pod {p.pod.key} ({p.pod.uid}) on node {p.node}",
+            )
+        if self.kube is None:
+            self.done.append(p)
+            return
+        self._queue.put(p)
+
+    def stop(self) -> None:
+        if self.kube is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            p = self._queue.get()
+            if p is None:
+                return
+            try:
+                self._write(p)
+            except KubeError as exc:
+                log.warning("preemption not written: %s", exc, extra={"pod": p.pod.key})
+                self._failed(p.pod.uid)
+            except Exception:
+                log.exception("preemption not written", extra={"pod": p.pod.key})
+                self._failed(p.pod.uid)
+
+    def _patch_status(self, pod: PodInfo, status: Mapping[str, object]) -> None:
+        assert self.kube is not None
+        try:
+            self.kube.request(
+                "PATCH",
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/status",
+                body={"status": status},
+                content_type=STRATEGIC_MERGE_PATCH,
+            )
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
+
+    def _write(self, p: Preemption) -> None:
+        assert self.kube is not None
+        self._patch_status(p.pod, {"nominatedNodeName": p.node})
+        scheduler = p.pod.scheduler_name
+        for v in p.victims:
+            condition = {
+                "type": DISRUPTION_TARGET,
+                "status": "True",
+                "reason": PREEMPTION_BY_SCHEDULER,
+                "message": f"{scheduler}: preempting to accommodate a higher priority pod",
+                "lastTransitionTime": api_time(),
+            }
+            self._patch_status(v, {"conditions": [condition]})
+            try:
+                self.kube.request(
+                    "DELETE",
+                    f"/api/v1/namespaces/{v.namespace}/pods/{v.name}",
+                    body={"preconditions": {"uid": v.uid}},
+                )
+            except KubeError as exc:
+                if exc.status not in (404, 409):  # gone already (409: another pod by that name)
+                    raise
+            log.info(
+                "preempted pod",
+                extra={"pod": v.key, "node": p.node, "preemptor": p.pod.key},
+            )
