@@ -1,0 +1,173 @@
+"""Preemption benchmark: time from a high-priority pod's creation to its binding through
+preemption.
+
+One control plane (etcd, kube-apiserver, controller manager, KWOK; no default
+scheduler), `--nodes` KWOK nodes x 8 GPUs filled by lj-scheduler with
+one-GPU pods of a low PriorityClass (grace period 0; the Device Plugins'
+records played by bench_scheduler's BindWatch). Then `--samples` pods asking
+for 8 GPUs with a high PriorityClass are created one at a time: each evicts
+the 8 pods of one node. Each sample is the time from the create call
+returning to the watch showing the pod bound; it includes the victims'
+deletion and the preemptor's requeue backoff (`podInitialBackoffSeconds`, 1 s).
+
+The keys (`preemption_victims_p50_s`, `preemption_victims_p99_s`,
+`preemption_samples`) are merged into the `--out` part file (by default
+bench/parts/scheduler.json, which `make bench` writes first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig
+from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
+from lj_runtimekit.proto.pkg.kube import KubeClient
+from lj_runtimekit.proto.pkg.protocol import load_protocol
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_scheduler import (  # type: ignore[import-not-found]  # a script beside this one
+    RUNTIME_CLASS,
+    BindWatch,
+    announce_admission,
+    log,
+    make_namespace,
+    pod_body,
+)
+
+P = load_protocol()
+NS = "bench-preempt"
+PRIORITIES = {"bench-low": 10, "bench-high": 1000}
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Nearest-rank quantile."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/parts/scheduler.json")
+    ap.add_argument("--nodes", type=int, default=24)
+    ap.add_argument("--samples", type=int, default=20)
+    args = ap.parse_args()
+    if args.samples > args.nodes:
+        ap.error("--samples must be at most --nodes (each preemption empties one node)")
+    work = Path(tempfile.mkdtemp(prefix="ljbench-preempt"))
+    cfg = ControlPlaneConfig(controller_manager=True, scheduler=False, kwok=True, verbosity=0)
+    samples: list[float] = []
+    with ControlPlane(cfg) as cp:
+        api = cp.api_client()
+        kube = KubeClient(api)
+        names = [f"gpu-{i:03d}" for i in range(args.nodes)]
+        factory = NodeFactory(api, group="bench")
+        factory.create_many([GpuNodeSpec(name=n) for n in names])
+        factory.wait_ready(names, timeout_s=300)
+        announce_admission(kube, names)
+        kube.request(
+            "POST",
+            "/apis/node.k8s.io/v1/runtimeclasses",
+            body={
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": RUNTIME_CLASS},
+                "handler": RUNTIME_CLASS,
+            },
+        )
+        for name, value in PRIORITIES.items():
+            kube.request(
+                "POST",
+                "/apis/scheduling.k8s.io/v1/priorityclasses",
+                body={
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                },
+            )
+        make_namespace(kube, NS)
+        lj_cfg = work / "lj-scheduler.yaml"
+        lj_cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "scheduler.lingjun.com/v1",
+                    "kind": "LjSchedulerConfiguration",
+                    "leaderElection": {"leaderElect": False},
+                    "profiles": [{"schedulerName": "lj-bench"}],
+                }
+            )
+        )
+        watch = BindWatch(kube, NS)
+        out_path = work / "lj-scheduler.log"
+        with out_path.open("wb") as out:
+            lj = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "lj_runtimekit.schedulerframework.cmd.scheduler.main",
+                    f"--config={lj_cfg}",
+                    f"--kubeconfig={cp.kubeconfig_path}",
+                    "--metrics-port=0",
+                    "--log-format=text",
+                ],
+                stdout=out,
+                stderr=out,
+            )
+        try:
+            low = args.nodes * 8
+            log(f"filling {args.nodes} nodes with {low} low-priority one-GPU pods")
+
+            def create_low(i: int) -> None:
+                body = pod_body(f"low-{i:04d}", "lj-bench", {P.resources.gpu: "1"})
+                body["spec"]["priorityClassName"] = "bench-low"
+                kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body)
+
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(create_low, range(low)))
+            deadline = time.monotonic() + 300
+            while len(watch.times) < low:
+                if time.monotonic() > deadline or lj.poll() is not None:
+                    raise RuntimeError(f"low pods not bound; see {out_path}")
+                time.sleep(0.1)
+            for i in range(args.samples):
+                name = f"high-{i:03d}"
+                body = pod_body(name, "lj-bench", {P.resources.gpu: "8"})
+                body["spec"]["priorityClassName"] = "bench-high"
+                kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body)
+                created = time.monotonic()
+                deadline = created + 120
+                while name not in watch.times:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{name} not bound through preemption; see {out_path}")
+                    time.sleep(0.01)
+                samples.append(watch.times[name] - created)
+                log(f"{name} bound {samples[-1]:.2f}s after its creation")
+        finally:
+            watch.stop.set()
+            lj.terminate()
+            lj.wait(30)
+            api.close()
+    out_file = Path(args.out)
+    part = json.loads(out_file.read_text()) if out_file.exists() else {}
+    part["preemption_victims_p50_s"] = round(statistics.median(samples), 3)
+    part["preemption_victims_p99_s"] = round(quantile(samples, 0.99), 3)
+    part["preemption_samples"] = len(samples)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_text(json.dumps(part, indent=2) + "\n")
+    for key in ("preemption_victims_p50_s", "preemption_victims_p99_s", "preemption_samples"):
+        print(f"{'scheduler.' + key:40} {part[key]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Preemption on the in-memory API server double: nominated pods, victims still going, PDBs."""
+
+from __future__ import annotations
+
+from lj_runtimekit.proto.pkg.protocol import load_protocol
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
+from lj_runtimekit.schedulerframework.internal.plugins.defaultpreemption import (
+    Unit,
+    parse_budgets,
+    split_by_budgets,
+)
+from lj_runtimekit.testkit.scheduler.fake import FakeCluster
+
+GPU = load_protocol().resources.gpu
+
+
+def fill_node(cluster: FakeCluster, pods: int, gpus: int) -> list[str]:
+    uids = [cluster.add_pod(f"low-{i}", {GPU: str(gpus)}, priority=0) for i in range(pods)]
+    cluster.schedule()
+    assert all(cluster.node_of(u) == "n0" for u in uids)
+    return uids
+
+
+def test_freed_devices_are_kept_for_the_nominated_pod(cluster: FakeCluster) -> None:
+    cluster.add_node("n0", gpus=8)
+    low = fill_node(cluster, 8, 1)
+    high = cluster.add_pod("high", {GPU: "2"}, priority=100)
+    cluster.schedule()
+    (done,) = cluster.scheduler.evictor.done
+    assert done.node == "n0"
+    assert len(done.victims) == 2
+    assert cluster.node_of(high) == ""
+    assert any("preempting 2 lower-priority pod(s)" in e for e in cluster.events(high))
+    # retried while its victims are still there: no second preemption
+    cluster.scheduler.queue.activate([high])
+    cluster.schedule()
+    assert len(cluster.scheduler.evictor.done) == 1
+    assert any("waiting for the pods preempted on node n0" in e for e in cluster.events(high))
+    # a lower-priority pod arrives; the victims go; it does not take what they freed
+    late = cluster.add_pod("late", {GPU: "1"}, priority=0)
+    for v in done.victims:
+        cluster.delete_pod(v.uid)
+    cluster.scheduler.queue.activate([late])
+    cluster.schedule()
+    assert cluster.node_of(late) == ""
+    cluster.scheduler.queue.activate([high])
+    cluster.schedule()
+    assert cluster.node_of(high) == "n0"
+    assert len([u for u in low if u in cluster.pods]) == 6
+
+
+def test_equal_priority_does_not_preempt(cluster: FakeCluster) -> None:
+    cluster.add_node("n0", gpus=8)
+    fill_node(cluster, 8, 1)
+    same = cluster.add_pod("same", {GPU: "1"}, priority=0)
+    cluster.schedule()
+    assert not cluster.scheduler.evictor.done
+    assert cluster.node_of(same) == ""
+
+
+def test_budgets_take_one_disruption_per_covered_pod() -> None:
+    def pod(name: str, prio: int, app: str) -> Unit:
+        obj = {
+            "metadata": {"name": name, "namespace": "ns", "uid": name, "labels": {"app": app}},
+            "spec": {"priority": prio},
+        }
+        return Unit((parse_pod(obj),))
+
+    budgets = parse_budgets(
+        [
+            {
+                "metadata": {"namespace": "ns"},
+                "spec": {"selector": {"matchLabels": {"app": "db"}}},
+                "status": {"disruptionsAllowed": 1},
+            },
+            {"metadata": {"namespace": "ns"}, "spec": {}},  # no selector: covers nothing
+        ]
+    )
+    a, b, c = pod("a", 5, "db"), pod("b", 3, "db"), pod("c", 9, "web")
+    violating, fine = split_by_budgets([b, c, a], budgets)
+    assert violating == [b]  # a (higher priority) took the one allowed disruption
+    assert fine == [c, a]
