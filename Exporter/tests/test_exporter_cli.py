@@ -31,6 +31,10 @@ def _one_error_line(result: Any, *needles: str) -> str:
         (["--port", "70000"], ["--port", "0..65535"]),
         (["--kubelet-pods-url", "10255/pods"], ["--kubelet-pods-url", "http://"]),
         (["--kubelet-pods-url", "http:///pods"], ["--kubelet-pods-url", "no host"]),
+        (
+            ["--kubelet-pods-url", "", "--apiserver-fallback", "off"],
+            ["--kubelet-pods-url", "kubelet not used", "API server"],
+        ),
         (["--log-level", "LOUD"], ["--log-level"]),
         (["--no-such-flag"], ["--no-such-flag"]),
     ],

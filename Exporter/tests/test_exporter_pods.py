@@ -101,6 +101,7 @@ class _Lister:
     def __init__(self, pods: tuple[Pod, ...] | None) -> None:
         self.pods = pods
         self.calls = 0
+        self.problem: str | None = None
 
     async def list_pods(self) -> tuple[Pod, ...]:
         self.calls += 1
@@ -133,3 +134,20 @@ async def test_fallback_to_the_api_server_is_logged_once(
         read = await source.read()
         assert read.view is None
         assert [s for s, _ in read.errors] == ["kubelet", "apiserver"]
+
+
+async def test_without_the_kubelet_the_watch_is_the_only_source() -> None:
+    watch = _Lister((_pod("w1", {}),))
+    source = NodePods(None, watch)
+    read = await source.read()
+    assert read.view is not None
+    assert (read.view.source, read.kubelet_up, read.errors) == ("apiserver", None, ())
+    # A broken watch: its last copy is still served, and the failure is counted.
+    watch.problem = "watch broken, serving its last copy: no answer"
+    read = await source.read()
+    assert read.view is not None and read.view.pods == watch.pods
+    assert read.errors == (("apiserver", watch.problem),)
+    watch.pods = None
+    read = await source.read()
+    assert (read.view, read.kubelet_up) == (None, None)
+    assert [s for s, _ in read.errors] == ["apiserver"]

@@ -20,7 +20,7 @@ from lj_runtimekit.exporter.internal.collector.loop import CollectionLoop
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics
 from lj_runtimekit.exporter.internal.pods.apiserver import ApiServerPods
 from lj_runtimekit.exporter.internal.pods.kubelet import KubeletPods
-from lj_runtimekit.exporter.internal.pods.source import NodePods, PodLister
+from lj_runtimekit.exporter.internal.pods.source import NodePods
 from lj_runtimekit.exporter.internal.server.http import MetricsServer, make_app
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.flags import FlagParser, port, positive_seconds
@@ -74,7 +74,8 @@ def _parser() -> FlagParser:
         "--kubelet-pods-url",
         "LJ_EXPORTER_KUBELET_PODS_URL",
         DEFAULT_KUBELET_PODS_URL,
-        "the kubelet read-only /pods endpoint",
+        "the kubelet read-only /pods endpoint; empty: not used, the node's pods come from"
+        " one API server watch (needs --kubeconfig or a cluster)",
     )
     p.env_flag(
         "--kubelet-timeout",
@@ -87,7 +88,7 @@ def _parser() -> FlagParser:
         "--apiserver-fallback",
         "LJ_EXPORTER_APISERVER_FALLBACK",
         "auto",
-        "read the node's pods from the API server (by spec.nodeName) while the kubelet"
+        "watch the node's pods on the API server (by spec.nodeName) while the kubelet"
         " does not answer: auto = when running in a cluster or --kubeconfig is given",
         choices=("auto", "off"),
     )
@@ -95,14 +96,14 @@ def _parser() -> FlagParser:
         "--kubeconfig",
         ("LJ_EXPORTER_KUBECONFIG", "KUBECONFIG"),
         None,
-        "kubeconfig for the API server fallback",
+        "kubeconfig for the API server watch",
         shown="in-cluster config",
     )
     p.env_flag(
         "--node-name",
         ("LJ_EXPORTER_NODE_NAME", "NODE_NAME"),
         socket.gethostname(),
-        "this node's name: the `node` label and the fallback's field selector",
+        "this node's name: the `node` label and the API server watch's field selector",
         shown="the host name",
     )
     p.env_flag(
@@ -151,9 +152,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.version:
         print(f"{PROG} {component_version(DISTRIBUTION)}")
         return 0
-    problem = check_pods_url(args.kubelet_pods_url)
+    problem = check_pods_url(args.kubelet_pods_url) if args.kubelet_pods_url else None
     if problem is not None:
         return _fail(f"--kubelet-pods-url: {problem}")
+    api_access = args.apiserver_fallback == "auto" and bool(args.kubeconfig or in_cluster())
+    if not args.kubelet_pods_url and not api_access:
+        return _fail(
+            "--kubelet-pods-url: empty (kubelet not used) needs the API server's pod watch:"
+            " --apiserver-fallback auto and --kubeconfig or a cluster (KUBERNETES_SERVICE_HOST)"
+        )
     if not args.node_name:
         return _fail("--node-name: empty; set it or NODE_NAME (the downward API spec.nodeName)")
     try:
@@ -177,10 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             call_timeout_s=args.runtime_timeout,
         ),
     )
-    fallback: PodLister | None = None
-    if args.apiserver_fallback == "auto" and (args.kubeconfig or in_cluster()):
-        fallback = ApiServerPods(args.node_name, args.kubeconfig, timeout_s=args.kubelet_timeout)
-    kubelet = KubeletPods(args.kubelet_pods_url, args.kubelet_timeout)
+    fallback = (
+        ApiServerPods(args.node_name, args.kubeconfig, sync_timeout_s=args.kubelet_timeout)
+        if api_access
+        else None
+    )
+    kubelet = (
+        KubeletPods(args.kubelet_pods_url, args.kubelet_timeout) if args.kubelet_pods_url else None
+    )
     loop = CollectionLoop(
         client=client,
         pods=NodePods(kubelet, fallback),
@@ -206,20 +217,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             "node": args.node_name,
             "interval_s": args.collection_interval,
             "runtime_socket": client.socket_path,
-            "kubelet": args.kubelet_pods_url,
-            "apiserver_fallback": "on" if fallback else "off",
+            "kubelet": args.kubelet_pods_url or "not used",
+            "apiserver_watch": ("only" if kubelet is None else "fallback") if fallback else "off",
             "protocol": protocol.source,
         },
     )
     try:
         asyncio.run(_run(loop, client, kubelet))
     finally:
+        if fallback is not None:
+            fallback.stop()
         server.stop()
     log.info("exporter stopped")
     return 0
 
 
-async def _run(loop: CollectionLoop, client: RuntimeClient, kubelet: KubeletPods) -> None:
+async def _run(loop: CollectionLoop, client: RuntimeClient, kubelet: KubeletPods | None) -> None:
     stop = asyncio.Event()
     running = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -227,7 +240,8 @@ async def _run(loop: CollectionLoop, client: RuntimeClient, kubelet: KubeletPods
     try:
         await loop.run(stop)
     finally:
-        await kubelet.aclose()
+        if kubelet is not None:
+            await kubelet.aclose()
         await client.close()
 
 

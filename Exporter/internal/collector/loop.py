@@ -172,7 +172,7 @@ class CollectionLoop:
     def _note_pods(self, read: PodRead) -> None:
         for source, _ in read.errors:
             self._metrics.error(source)
-        if read.kubelet_up == self._kubelet_up:
+        if read.kubelet_up is None or read.kubelet_up == self._kubelet_up:
             return
         self._kubelet_up = read.kubelet_up
         if read.kubelet_up:

@@ -51,14 +51,15 @@ def status_families(
     node: str,
     component_version: str,
     runtime_up: bool,
-    kubelet_up: bool,
+    kubelet_up: bool | None,
     gates: GateReport | None,
     last_gates: GateReport | None,
     pods_source: str | None,
     pods_count: int,
     collected_at_unix: float,
 ) -> list[Metric]:
-    """runtime_up, kubelet_up, the `_info` metric, feature gates and the pods view.
+    """runtime_up, kubelet_up (None: the kubelet is not used), the `_info` metric, feature
+    gates and the pods view.
 
     `gates` is this collection's (None when the Runtime was unreadable); `last_gates` is
     the last collection's that read the Runtime: the `_info` series keeps its labels while
@@ -72,10 +73,12 @@ def status_families(
     runtime.add_metric([node], 1.0 if runtime_up else 0.0)
     kubelet = GaugeMetricFamily(
         PREFIX + "kubelet_up",
-        "1 when the last collection could read the kubelet's /pods endpoint, else 0.",
+        "1 when the last collection could read the kubelet's /pods endpoint, else 0 (absent"
+        " when the kubelet is not used).",
         labels=["node"],
     )
-    kubelet.add_metric([node], 1.0 if kubelet_up else 0.0)
+    if kubelet_up is not None:
+        kubelet.add_metric([node], 1.0 if kubelet_up else 0.0)
     info = InfoMetricFamily(
         PREFIX + "exporter",
         "Exporter version, the Runtime version it last read and the gated features on for it"

@@ -1,28 +1,40 @@
-"""API server fallback: the node's pods by `spec.nodeName` field selector.
+"""The node's pods from one API server watch (field selector `spec.nodeName`).
 
-Used only when the kubelet read-only port does not answer. It costs a LIST
-against the API server per collection, so the kubelet stays the first choice.
-The API client is built (and the official client imported) on the first list.
+Used while the kubelet read-only port does not answer, or instead of it
+(`--kubelet-pods-url ""`). The shared informer lists the node's pods once,
+then watches them and keeps a copy here; a collection only reads that copy.
+In steady state the API server sees one watch request per node every five
+minutes (the server ends each watch then; bookmarks keep its version fresh),
+and a list only when that version has expired. The client is built and the
+watch started on the first read; a broken watch is retried with backoff while
+the last copy stays served (`problem` says why).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 from lj_runtimekit.exporter.internal.pods.kubelet import PodSourceError
-from lj_runtimekit.exporter.internal.pods.model import Pod, PodListError, parse_pod_list
-from lj_runtimekit.proto.pkg.kube import KubeClient, KubeConfigError, KubeError
+from lj_runtimekit.exporter.internal.pods.model import Pod, PodListError, parse_pod
+from lj_runtimekit.proto.pkg.kube import Informer, KubeClient, KubeConfigError, KubeObject
+
+log = logging.getLogger(__name__)
 
 
 class ApiServerPods:
-    """Lists the pods bound to one node through the API server."""
+    """A watch-fed copy of the pods bound to one node."""
 
-    def __init__(self, node_name: str, kubeconfig: str | None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, node_name: str, kubeconfig: str | None, sync_timeout_s: float = 10.0
+    ) -> None:
         self.node_name = node_name
         self.kubeconfig = kubeconfig
-        self.timeout_s = timeout_s
-        self._kube: KubeClient | None = None
+        self.sync_timeout_s = sync_timeout_s
+        """Longest wait of a read for the first list."""
+        self._informer: Informer | None = None
+        self._pods: dict[str, Pod] = {}
         self._lock = threading.Lock()
 
     @property
@@ -31,31 +43,56 @@ class ApiServerPods:
         origin = f"kubeconfig {self.kubeconfig}" if self.kubeconfig else "in-cluster config"
         return f"API server ({origin}) pods of node {self.node_name}"
 
-    def _client(self) -> KubeClient:
+    @property
+    def problem(self) -> str | None:
+        """Why the watch is broken while its last copy is served; None while it works."""
+        informer = self._informer
+        if informer is None or informer.error is None:
+            return None
+        return f"{self.where}: watch broken, serving its last copy: {informer.error}"
+
+    def start(self) -> Informer:
+        """Build the client and start the watch (once); PodSourceError without credentials."""
         with self._lock:
-            if self._kube is None:
+            if self._informer is None:
                 try:
-                    self._kube = KubeClient.connect(self.kubeconfig)
+                    kube = KubeClient.connect(self.kubeconfig)
                 except KubeConfigError as exc:
                     raise PodSourceError(f"{self.where}: cannot load config: {exc}") from exc
-            return self._kube
+                self._informer = Informer(
+                    kube,
+                    "/api/v1/pods",
+                    self._on_pod,
+                    "node-pods",
+                    params={"fieldSelector": f"spec.nodeName={self.node_name}"},
+                )
+                self._informer.start()
+            return self._informer
 
-    def _fetch(self) -> tuple[Pod, ...]:
-        kube = self._client()
-        try:
-            data = kube.request(
-                "GET",
-                "/api/v1/pods",
-                query={"fieldSelector": f"spec.nodeName={self.node_name}"},
-                timeout_s=self.timeout_s,
-            )
-        except (KubeError, ValueError) as exc:
-            raise PodSourceError(f"{self.where}: {exc}") from exc
-        try:
-            return parse_pod_list(data, self.where)
-        except PodListError as exc:
-            raise PodSourceError(str(exc)) from exc
+    def stop(self) -> None:
+        """End the watch."""
+        if self._informer is not None:
+            self._informer.stop()
 
     async def list_pods(self) -> tuple[Pod, ...]:
-        """The node's pods; raise PodSourceError when the API server cannot be read."""
-        return await asyncio.to_thread(self._fetch)
+        """The node's pods as the watch last saw them; PodSourceError until the first list."""
+        informer = self.start()
+        if not informer.synced.is_set():
+            await asyncio.to_thread(informer.synced.wait, self.sync_timeout_s)
+            if not informer.synced.is_set():
+                reason = informer.error or f"no answer within {self.sync_timeout_s:g} s"
+                raise PodSourceError(f"{self.where}: not listed yet: {reason}")
+        with self._lock:
+            return tuple(self._pods.values())
+
+    def _on_pod(self, etype: str, obj: KubeObject) -> None:
+        try:
+            pod = parse_pod(obj, f"{self.where}: watched pod")
+        except PodListError as exc:
+            log.warning("pod ignored", extra={"reason": str(exc)})
+            return
+        with self._lock:
+            if etype == "DELETED":
+                self._pods.pop(pod.uid, None)
+            else:
+                self._pods[pod.uid] = pod

@@ -19,7 +19,7 @@ class PodListError(ValueError):
 
 @dataclass(frozen=True)
 class Pod:
-    """One pod of the node: identity, containers and annotations."""
+    """One pod of the node: identity, containers, annotations and labels."""
 
     uid: str
     namespace: str
@@ -28,6 +28,7 @@ class Pod:
     node_name: str
     containers: tuple[str, ...]
     annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def ref(self) -> str:
@@ -56,6 +57,39 @@ def _str(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _strings(value: object) -> Mapping[str, str]:
+    """A metadata map (labels, annotations) with its string values only."""
+    if not isinstance(value, dict):
+        return MappingProxyType({})
+    return MappingProxyType({str(k): v for k, v in value.items() if isinstance(v, str)})
+
+
+def parse_pod(item: object, where: str) -> Pod:
+    """Parse one decoded pod; raise PodListError naming `where` when it is not one."""
+    if not isinstance(item, dict):
+        raise PodListError(f"{where} must be an object")
+    meta = item.get("metadata") or {}
+    spec = item.get("spec") or {}
+    status = item.get("status") or {}
+    if not isinstance(meta, dict) or not isinstance(spec, dict) or not isinstance(status, dict):
+        raise PodListError(f"{where}: metadata, spec and status must be objects")
+    uid = _str(meta.get("uid"))
+    if not uid:
+        raise PodListError(f"{where}.metadata.uid is missing")
+    containers = spec.get("containers") or []
+    names = tuple(_str(c.get("name")) for c in containers if isinstance(c, dict) and c.get("name"))
+    return Pod(
+        uid=uid,
+        namespace=_str(meta.get("namespace")),
+        name=_str(meta.get("name")),
+        phase=_str(status.get("phase")),
+        node_name=_str(spec.get("nodeName")),
+        containers=names,
+        annotations=_strings(meta.get("annotations")),
+        labels=_strings(meta.get("labels")),
+    )
+
+
 def parse_pod_list(data: object, where: str) -> tuple[Pod, ...]:
     """Parse a decoded PodList; raise PodListError naming `where` when it is not one."""
     if not isinstance(data, dict):
@@ -65,37 +99,4 @@ def parse_pod_list(data: object, where: str) -> tuple[Pod, ...]:
         items = []
     if not isinstance(items, list):
         raise PodListError(f"{where}: 'items' must be a list of pods")
-    pods: list[Pod] = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise PodListError(f"{where}: items[{i}] must be an object")
-        meta = item.get("metadata") or {}
-        spec = item.get("spec") or {}
-        status = item.get("status") or {}
-        if not isinstance(meta, dict) or not isinstance(spec, dict) or not isinstance(status, dict):
-            raise PodListError(f"{where}: items[{i}]: metadata, spec and status must be objects")
-        uid = _str(meta.get("uid"))
-        if not uid:
-            raise PodListError(f"{where}: items[{i}].metadata.uid is missing")
-        raw_annotations = meta.get("annotations") or {}
-        annotations = (
-            {str(k): v for k, v in raw_annotations.items() if isinstance(v, str)}
-            if isinstance(raw_annotations, dict)
-            else {}
-        )
-        containers = spec.get("containers") or []
-        names = tuple(
-            _str(c.get("name")) for c in containers if isinstance(c, dict) and c.get("name")
-        )
-        pods.append(
-            Pod(
-                uid=uid,
-                namespace=_str(meta.get("namespace")),
-                name=_str(meta.get("name")),
-                phase=_str(status.get("phase")),
-                node_name=_str(spec.get("nodeName")),
-                containers=names,
-                annotations=MappingProxyType(annotations),
-            )
-        )
-    return tuple(pods)
+    return tuple(parse_pod(item, f"{where}: items[{i}]") for i, item in enumerate(items))

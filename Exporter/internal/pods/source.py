@@ -1,4 +1,5 @@
-"""The node's pods: the kubelet first, the API server (when configured) as fallback."""
+"""The node's pods: the kubelet first, the API server's watch (when configured) as fallback,
+or the watch alone when the kubelet port is not used."""
 
 from __future__ import annotations
 
@@ -20,29 +21,46 @@ class PodLister(Protocol):
         ...
 
 
+class WatchedPods(PodLister, Protocol):
+    """A lister serving a copy kept by a watch, which may be broken while the copy stays."""
+
+    @property
+    def problem(self) -> str | None:
+        """Why the copy may be stale; None while the watch works."""
+        ...
+
+
 @dataclass(frozen=True)
 class PodRead:
     """The outcome of one read: the view (None when no source answered) and the failures."""
 
     view: PodView | None
-    kubelet_up: bool
+    kubelet_up: bool | None
+    """None when the kubelet is not used."""
     errors: tuple[tuple[PodSourceName, str], ...] = field(default=())
 
 
 class NodePods:
-    """Reads the node's pods from the kubelet, falling back to the API server."""
+    """Reads the node's pods from the kubelet, falling back to the API server's watch; with
+    no kubelet (`kubelet` None) from the watch alone."""
 
-    def __init__(self, kubelet: PodLister, fallback: PodLister | None = None) -> None:
+    def __init__(self, kubelet: PodLister | None, fallback: WatchedPods | None = None) -> None:
+        if kubelet is None and fallback is None:
+            raise ValueError("NodePods needs the kubelet, the API server or both")
         self._kubelet = kubelet
         self._fallback = fallback
         self._fallback_logged = False
 
     async def read(self) -> PodRead:
         """Read the pods once; never raises for an unreachable source."""
+        errors: list[tuple[PodSourceName, str]] = []
+        if self._kubelet is None:
+            assert self._fallback is not None
+            return await self._read_fallback(self._fallback, None, errors)
         try:
             pods = await self._kubelet.list_pods()
         except PodSourceError as exc:
-            errors: list[tuple[PodSourceName, str]] = [("kubelet", str(exc))]
+            errors.append(("kubelet", str(exc)))
         else:
             return PodRead(view=PodView("kubelet", pods), kubelet_up=True)
         if self._fallback is None:
@@ -54,9 +72,18 @@ class NodePods:
                 " while it stays down (logged once)",
                 extra={"reason": errors[0][1]},
             )
+        return await self._read_fallback(self._fallback, False, errors)
+
+    @staticmethod
+    async def _read_fallback(
+        fallback: WatchedPods, kubelet_up: bool | None, errors: list[tuple[PodSourceName, str]]
+    ) -> PodRead:
         try:
-            pods = await self._fallback.list_pods()
+            pods = await fallback.list_pods()
         except PodSourceError as exc:
             errors.append(("apiserver", str(exc)))
-            return PodRead(view=None, kubelet_up=False, errors=tuple(errors))
-        return PodRead(view=PodView("apiserver", pods), kubelet_up=False, errors=tuple(errors))
+            return PodRead(view=None, kubelet_up=kubelet_up, errors=tuple(errors))
+        problem = fallback.problem
+        if problem is not None:
+            errors.append(("apiserver", problem))
+        return PodRead(view=PodView("apiserver", pods), kubelet_up=kubelet_up, errors=tuple(errors))
