@@ -25,6 +25,7 @@ from lj_runtimekit.proto.pkg.kube import Informer, KubeClient, KubeConfigError, 
 from lj_runtimekit.proto.pkg.leaderelection import LeaderElector, LeaseConfig
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.version import component_version
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeOwnership
 from lj_runtimekit.schedulerframework.internal.config.config import (
     Config,
     ConfigError,
@@ -200,6 +201,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = ",".join(p.scheduler_name for p in config.profiles)
     recorder = EventRecorder(kube, names, identity)
     scheduler = Scheduler(config, protocol, kube, recorder)
+    scheduler.cache.set_ownership(
+        NodeOwnership(
+            config.node_owner_label,
+            frozenset(p.scheduler_name for p in config.profiles),
+            config.require_node_owner,
+        )
+    )
     problem = coscheduling.job_set_problem(config, scheduler.get_json)
     if problem is not None:
         log.error("%s", problem)
@@ -234,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "profiles": names,
             "mode": args.mode,
             "identity": identity,
+            "lease": config.leader_election.resource_name
+            if config.leader_election.leader_elect
+            else "",
             "config": config.source,
         },
     )

@@ -28,7 +28,11 @@ from lj_runtimekit.proto.pkg.protocol import (
     encode_assignment,
     pod_shares,
 )
-from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
+from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import (
+    NodeInfo,
+    NodeOwnership,
+    whole_kinds,
+)
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
     KubeObject,
     PodInfo,
@@ -116,19 +120,41 @@ class Cache:
         """Bumped on every change of a node or a pod."""
         self.node_generation = 0
         """Bumped on every change of a node (labels, taints, allocatable, devices), or removal."""
+        self.ownership: NodeOwnership | None = None
+        self._foreign: set[str] = set()
+        """Nodes another scheduler owns (NodeOwnership)."""
+
+    def set_ownership(self, ownership: NodeOwnership | None) -> None:
+        """Which nodes this process may place pods on (one owner per node)."""
+        with self.lock:
+            self.ownership = ownership
+            for node in list(self.nodes.values()):
+                if node.present:
+                    self.update_node(node.obj)
 
     # -- indexes --------------------------------------------------------------------------
 
     def _reindex(self, node: NodeInfo) -> None:
         name = node.name
         present = node.present
+        # A node another scheduler owns offers no device (NodeInfo.foreign) but is indexed
+        # as if all free: PreFilter keeps it, so its Filter (the owner taint) says why not.
+        foreign = node.devices.devices if present and node.foreign else None
+        if foreign is not None:
+            self._foreign.add(name)
+        else:
+            self._foreign.discard(name)
         for kind in self.kinds:
-            free = node.devices.free_whole_count(kind) if present else 0
+            if foreign is not None:
+                free = sum(1 for d in foreign if d.kind == kind and d.mode != "mig")
+                cap = free
+            else:
+                free = node.devices.free_whole_count(kind) if present else 0
+                cap = node.devices.whole_capacity(kind) if present else 0
             old = self._free_of[kind].get(name)
             if old != free:
                 self.free_index[kind].move(name, old, free)
                 self._free_of[kind][name] = free
-            cap = node.devices.whole_capacity(kind) if present else 0
             old_cap = self._capacity_of[kind].get(name)
             if old_cap != cap:
                 if old_cap is not None:
@@ -141,12 +167,16 @@ class Cache:
             self.soft_tainted.add(name)
         else:
             self.soft_tainted.discard(name)
-        if present and any(d.mode == "tdm" and d.healthy for d in node.devices.devices):
+        if present and any(
+            d.mode == "tdm" and (d.healthy or foreign is not None) for d in node.devices.devices
+        ):
             self.slice_nodes.add(name)
         else:
             self.slice_nodes.discard(name)
         room = -1
-        if present:
+        if foreign is not None:
+            room = 100 if any(d.kind == "gpu" and d.mode == "tdm" for d in foreign) else -1
+        elif present:
             for d in node.devices.devices:
                 if d.kind == "gpu" and d.sliceable and d.core_free > room:
                     room = d.core_free
@@ -154,7 +184,13 @@ class Cache:
         if old_room != room:
             self.slice_room.move(name, old_room, room)
             self._slice_room_of[name] = room
-        migs = node.devices.mig_capacity() if present else {}
+        migs: dict[str, int] = {}
+        if foreign is not None:
+            for d in foreign:
+                for prof in d.mig_profiles.values() if d.mode == "mig" else ():
+                    migs[prof] = migs.get(prof, 0) + 1
+        elif present:
+            migs = node.devices.mig_capacity()
         old_migs = self._mig_of.get(name, {})
         if migs != old_migs:
             for prof in old_migs:
@@ -173,6 +209,7 @@ class Cache:
                     del self._capacity_count[kind][old_cap]
         self.slice_nodes.discard(name)
         self.soft_tainted.discard(name)
+        self._foreign.discard(name)
         self.slice_room.move(name, self._slice_room_of.pop(name, None), None)
         for prof in self._mig_of.pop(name, {}):
             self.mig_nodes.get(prof, set()).discard(name)
@@ -192,6 +229,8 @@ class Cache:
         return self.slice_room.ranked(max(core, 0), ascending)
 
     def free_whole(self, kind: str, node: str) -> int:
+        if node in self._foreign:
+            return 0
         return self._free_of.get(kind, {}).get(node, 0)
 
     # -- nodes ----------------------------------------------------------------------------
@@ -202,7 +241,7 @@ class Cache:
             node = self.nodes.get(name)
             if node is None:
                 node = self.nodes[name] = NodeInfo(name)
-            node.update(obj, self.protocol)
+            node.update(obj, self.protocol, self.ownership)
             self._reindex(node)
             self.generation += 1
             self.node_generation += 1

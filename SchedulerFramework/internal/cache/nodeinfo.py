@@ -14,6 +14,7 @@ from lj_runtimekit.proto.pkg.protocol import (
     decode_inventory,
 )
 from lj_runtimekit.schedulerframework.internal.cache.devices import (
+    DeviceState,
     NodeDevices,
     devices_from_capacity,
     devices_from_inventory,
@@ -34,6 +35,29 @@ class Taint:
     effect: str
 
 
+@dataclass(frozen=True)
+class NodeOwnership:
+    """One owner per node: a node whose `label` names a scheduler is placed on only by the
+    process running that profile, so two scheduler processes never share a device."""
+
+    label: str
+    profiles: frozenset[str]
+    """The scheduler names of this process's profiles."""
+    required: bool = False
+    """True: a node without the label is placed on by none of them."""
+
+    def refusal(self, labels: Mapping[str, str]) -> str:
+        """Why this process must not place pods on a node with `labels`; "" when it may."""
+        owner = labels.get(self.label)
+        if owner is None:
+            if self.required:
+                return f"node has no owner (label {self.label}; requireNodeOwner is set)"
+            return ""
+        if owner in self.profiles:
+            return ""
+        return f"node owned by scheduler {owner} (label {self.label})"
+
+
 def whole_kinds(protocol: Protocol) -> dict[str, str]:
     """Whole-device resource name -> device kind name (the device-kind table)."""
     return {
@@ -48,6 +72,7 @@ class NodeInfo:
         "allocatable",
         "device_source",
         "devices",
+        "foreign",
         "inventory_error",
         "labels",
         "name",
@@ -75,6 +100,11 @@ class NodeInfo:
         self.devices = NodeDevices([], from_inventory=False)
         self.inventory_error = ""
         self.device_source: tuple[object, ...] = ()
+        self.foreign = ""
+        """Why another scheduler owns the node (NodeOwnership); "" when this process may
+        place pods on it. Such a node carries a NoSchedule taint saying so (its key is no
+        valid taint key, so only a pod tolerating every taint passes it), and its devices
+        are offered to nobody (held as unhealthy; the pods on them are still counted)."""
         self.serial_admission = True
         """The node's Device Plugin needs its device pods bound one at a time (it says
         otherwise in `annotations.node_admission`; docs/protocol.md)."""
@@ -84,7 +114,9 @@ class NodeInfo:
         """False for a placeholder holding pods of a node the cache has not seen (yet)."""
         return bool(self.obj)
 
-    def update(self, obj: KubeObject, protocol: Protocol) -> None:
+    def update(
+        self, obj: KubeObject, protocol: Protocol, ownership: NodeOwnership | None = None
+    ) -> None:
         """Refresh from a Node object (labels, taints, allocatable, device inventory)."""
         self.obj = obj
         meta = obj.get("metadata") or {}
@@ -96,6 +128,10 @@ class NodeInfo:
             for t in spec.get("taints") or ()
             if isinstance(t, dict)
         ]
+        self.foreign = ownership.refusal(self.labels) if ownership is not None else ""
+        if self.foreign:
+            # the key no real taint can have: only a pod tolerating every taint ignores it
+            taints.append(Taint(self.foreign, "", "NoSchedule"))
         self.taints = tuple(t for t in taints if t.effect in ("NoSchedule", "NoExecute"))
         self.soft_taints = tuple(t for t in taints if t.effect == "PreferNoSchedule")
         self.unschedulable = bool(spec.get("unschedulable"))
@@ -114,11 +150,21 @@ class NodeInfo:
     def _update_devices(self, annotations: Mapping[str, str], protocol: Protocol) -> None:
         text = annotations.get(protocol.annotations.node_devices)
         kinds = whole_kinds(protocol)
-        source = (text, *(self.allocatable.get(r, 0) for r in kinds))
+        source = (text, self.foreign, *(self.allocatable.get(r, 0) for r in kinds))
         if source == self.device_source:
             return
         self.device_source = source
         self.inventory_error = ""
+        devices, from_inventory = self._devices(text, kinds, protocol)
+        if self.foreign:
+            for dev in devices:
+                dev.healthy = False
+        self.devices.replace_devices(devices, from_inventory)
+
+    def _devices(
+        self, text: str | None, kinds: Mapping[str, str], protocol: Protocol
+    ) -> tuple[list[DeviceState], bool]:
+        """The device table from the inventory annotation, else from the allocatable."""
         if text is not None:
             try:
                 inventory = decode_inventory(text)
@@ -133,8 +179,7 @@ class NodeInfo:
                     extra={"node": self.name},
                 )
             else:
-                self.devices.replace_devices(devices_from_inventory(inventory), True)
-                return
+                return devices_from_inventory(inventory), True
         devices = []
         for resource, kind in kinds.items():
             count = self.allocatable.get(resource, 0)
@@ -144,7 +189,7 @@ class NodeInfo:
             dev.index = i
             if dev.kind != "gpu":
                 dev.id = f"{dev.kind}-{dev.id}"
-        self.devices.replace_devices(devices, False)
+        return devices, False
 
     def add_requests(self, requests: Mapping[str, int], sign: int) -> None:
         req = self.requested

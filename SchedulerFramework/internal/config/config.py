@@ -3,9 +3,11 @@
     apiVersion: scheduler.lingjun.com/v1
     kind: LjSchedulerConfiguration
     clientConnection: {qps: 50, burst: 100}
-    leaderElection: {leaderElect: true, resourceName: lj-scheduler,
-                     resourceNamespace: kube-system, leaseDuration: 15s,
+    leaderElection: {leaderElect: true, resourceName: lj-scheduler,   # default: the profiles'
+                     resourceNamespace: kube-system, leaseDuration: 15s,  # names
                      renewDeadline: 10s, retryPeriod: 2s}
+    nodeOwnerLabel: lingjun.com/scheduler-name   # a node labelled with it is placed on only
+    requireNodeOwner: false                      # by that profile; true: unlabelled nodes by none
     percentageOfNodesToScore: 0          # 0: adaptive, as upstream
     podInitialBackoffSeconds: 1
     podMaxBackoffSeconds: 10
@@ -25,8 +27,9 @@ Every mistake raises ConfigError naming the file and the field.
 
 from __future__ import annotations
 
+import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,8 @@ from lj_runtimekit.schedulerframework.internal.plugins.registry import DEFAULT_P
 API_VERSION = "scheduler.lingjun.com/v1"
 KIND = "LjSchedulerConfiguration"
 DEFAULT_SCHEDULER_NAME = "lj-scheduler"
+DEFAULT_NODE_OWNER_LABEL = "lingjun.com/scheduler-name"
+_LEASE_NAME_MAX = 253
 
 
 class ConfigError(ValueError):
@@ -78,10 +83,23 @@ class Config:
     pod_initial_backoff_s: float = 1.0
     pod_max_backoff_s: float = 10.0
     bind_workers: int = 192
+    node_owner_label: str = DEFAULT_NODE_OWNER_LABEL
+    """A node carrying this label is placed on only by the profile its value names."""
+    require_node_owner: bool = False
+    """True: a node without the owner label is placed on by no profile of this process."""
     source: str = "<defaults>"
 
     def profile(self, scheduler_name: str) -> Profile | None:
         return next((p for p in self.profiles if p.scheduler_name == scheduler_name), None)
+
+
+def lease_name(scheduler_names: Sequence[str]) -> str:
+    """The default Lease name: the profiles' scheduler names, sorted and joined by dots (a
+    hash when that is too long), so processes running other profiles each lead."""
+    name = ".".join(sorted(scheduler_names))
+    if len(name) <= _LEASE_NAME_MAX:
+        return name
+    return f"lj-scheduler-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
 
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
@@ -203,6 +221,8 @@ def parse_config(data: object, source: str, scheduler_name: str | None = None) -
             "podInitialBackoffSeconds",
             "podMaxBackoffSeconds",
             "bindWorkers",
+            "nodeOwnerLabel",
+            "requireNodeOwner",
             "profiles",
         ),
     )
@@ -226,16 +246,6 @@ def parse_config(data: object, source: str, scheduler_name: str | None = None) -
     leader_elect = le_raw.get("leaderElect", True)
     if not isinstance(leader_elect, bool):
         raise r.fail("leaderElection.leaderElect", f"must be true or false, got {leader_elect!r}")
-    le = LeaderElection(
-        leader_elect=leader_elect,
-        resource_name=r.string(le_raw, "resourceName", "leaderElection", "lj-scheduler"),
-        resource_namespace=r.string(le_raw, "resourceNamespace", "leaderElection", "kube-system"),
-        lease_duration_s=r.duration(le_raw, "leaseDuration", "leaderElection", 15),
-        renew_deadline_s=r.duration(le_raw, "renewDeadline", "leaderElection", 10),
-        retry_period_s=r.duration(le_raw, "retryPeriod", "leaderElection", 2),
-    )
-    if not le.retry_period_s < le.renew_deadline_s < le.lease_duration_s:
-        raise r.fail("leaderElection", "needs retryPeriod < renewDeadline < leaseDuration")
     raw_profiles = top.get("profiles") or [{}]
     if not isinstance(raw_profiles, list):
         raise r.fail("profiles", "must be a list")
@@ -251,6 +261,19 @@ def parse_config(data: object, source: str, scheduler_name: str | None = None) -
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise r.fail("profiles", f"duplicate schedulerName {dupes}")
+    le = LeaderElection(
+        leader_elect=leader_elect,
+        resource_name=r.string(le_raw, "resourceName", "leaderElection", lease_name(names)),
+        resource_namespace=r.string(le_raw, "resourceNamespace", "leaderElection", "kube-system"),
+        lease_duration_s=r.duration(le_raw, "leaseDuration", "leaderElection", 15),
+        renew_deadline_s=r.duration(le_raw, "renewDeadline", "leaderElection", 10),
+        retry_period_s=r.duration(le_raw, "retryPeriod", "leaderElection", 2),
+    )
+    if not le.retry_period_s < le.renew_deadline_s < le.lease_duration_s:
+        raise r.fail("leaderElection", "needs retryPeriod < renewDeadline < leaseDuration")
+    require_owner = top.get("requireNodeOwner", False)
+    if not isinstance(require_owner, bool):
+        raise r.fail("requireNodeOwner", f"must be true or false, got {require_owner!r}")
     initial = r.number(top, "podInitialBackoffSeconds", "config", 1, 0.001)
     maximum = r.number(top, "podMaxBackoffSeconds", "config", 10, 0.001)
     if maximum < initial:
@@ -267,6 +290,8 @@ def parse_config(data: object, source: str, scheduler_name: str | None = None) -
         pod_initial_backoff_s=initial,
         pod_max_backoff_s=maximum,
         bind_workers=int(r.number(top, "bindWorkers", "config", 192, 1, integer=True)),
+        node_owner_label=r.string(top, "nodeOwnerLabel", "config", DEFAULT_NODE_OWNER_LABEL),
+        require_node_owner=require_owner,
         source=source,
     )
 
