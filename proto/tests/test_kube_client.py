@@ -3,14 +3,21 @@ that does not answer."""
 
 from __future__ import annotations
 
+import base64
+import http.server
 import json
+import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s_client
 
 from lj_runtimekit.envtest.controlplane import ControlPlane
@@ -18,6 +25,7 @@ from lj_runtimekit.proto.pkg.kube import (
     MERGE_PATCH,
     STRATEGIC_MERGE_PATCH,
     AlreadyExistsError,
+    ApiAccess,
     ConflictError,
     GoneError,
     Informer,
@@ -220,3 +228,120 @@ def test_the_limiter_lets_a_burst_through_then_qps() -> None:
     for _ in range(4):
         limiter.wait()
     assert time.monotonic() - start >= 4 / 20 - 0.01
+
+
+@pytest.mark.controlplane
+def test_a_metadata_list_comes_in_pages_of_metadata_only(kube: KubeClient, namespace: str) -> None:
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    for i in range(3):
+        kube.request("POST", path, body={"metadata": {"name": f"m-{i}"}, "data": {"big": "x"}})
+    pages = list(kube.pages(path, page=2, metadata_only=True))
+    assert [len(p["items"]) for p in pages] == [2, 2]  # the 3 + the namespace's root CA
+    items = [o for p in pages for o in p["items"]]
+    assert {o["metadata"]["name"] for o in items} >= {"m-0", "m-1", "m-2"}
+    assert all(set(o) == {"apiVersion", "kind", "metadata"} for o in items)
+    assert pages[0]["kind"] == "PartialObjectMetadataList"
+
+
+@pytest.mark.controlplane
+def test_a_kubeconfig_with_inline_credentials_reaches_the_server(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """certificate-authority-data, client-certificate-data and client-key-data: the client
+    authenticates with PEM data that has no file of its own."""
+    config = yaml.safe_load(control_plane.kubeconfig_path.read_text())
+    cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+    for where, key in (
+        (cluster, "certificate-authority"),
+        (user, "client-certificate"),
+        (user, "client-key"),
+    ):
+        where[key + "-data"] = base64.b64encode(Path(where.pop(key)).read_bytes()).decode()
+    inline = tmp_path / "kubeconfig"
+    inline.write_text(yaml.safe_dump(config))
+    kube = KubeClient.connect(str(inline))
+    try:
+        assert kube.request("GET", "/api/v1/namespaces/default")["metadata"]["name"] == "default"
+    finally:
+        kube.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kubeconfig"]
+
+
+@pytest.mark.controlplane
+def test_requests_do_not_import_the_official_client(control_plane: ControlPlane) -> None:
+    """A process that only makes JSON requests never pays for the official client's import
+    (every API and model class: about 75 MB of memory)."""
+    code = (
+        "import sys\n"
+        "from lj_runtimekit.proto.pkg.kube import KubeClient\n"
+        f"kube = KubeClient.connect({str(control_plane.kubeconfig_path)!r})\n"
+        "kube.request('GET', '/api/v1/namespaces/default')\n"
+        "list(kube.pages('/api/v1/nodes', metadata_only=True))\n"
+        "kube.close()\n"
+        "assert 'kubernetes' not in sys.modules, 'kubernetes imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_request_without_an_answer_ends_at_its_timeout() -> None:
+    """A server that accepts the connection and never answers: a float timeout holds."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel completes the handshake; nobody ever answers
+        kube = KubeClient(ApiAccess(server=f"http://127.0.0.1:{listener.getsockname()[1]}"))
+        errors: list[KubeError] = []
+
+        def ask() -> None:
+            try:
+                kube.request("GET", "/api/v1/nodes", timeout_s=0.5)
+            except KubeError as exc:
+                errors.append(exc)
+
+        started = time.monotonic()
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        asking.join(10)
+        kube.close()
+        assert not asking.is_alive(), "the request ignored its timeout"
+    assert time.monotonic() - started < 5
+    assert len(errors) == 1
+    assert errors[0].status == 0
+    assert transient(errors[0])
+
+
+class _KeepAlive(http.server.BaseHTTPRequestHandler):
+    """Answers {} on a kept-alive HTTP/1.1 connection; `closed` is set when the client
+    closes it."""
+
+    protocol_version = "HTTP/1.1"
+    closed = threading.Event()
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def finish(self) -> None:
+        super().finish()
+        self.closed.set()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_close_closes_the_pooled_connections() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeepAlive)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    kube = KubeClient(ApiAccess(server=f"http://127.0.0.1:{server.server_address[1]}"))
+    try:
+        assert kube.request("GET", "/api/v1/nodes") == {}
+        assert not _KeepAlive.closed.wait(0.2), "the connection was not kept for reuse"
+        kube.close()
+        wait_for(_KeepAlive.closed.is_set, 5, "the server to see the connection closed")
+    finally:
+        server.shutdown()
+        server.server_close()

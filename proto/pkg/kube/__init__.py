@@ -1,18 +1,21 @@
 """Kubernetes API access shared by the components: configuration, errors, retries, a JSON
-client and the informer. Importing it does not import the official client; building a
-client does."""
+client and the informer. None of it imports the official client (only
+`load_configuration` and `load_api_client`, which build its objects, do)."""
 
 from lj_runtimekit.proto.pkg.kube.client import (
     MERGE_PATCH,
+    METADATA_LIST,
     STRATEGIC_MERGE_PATCH,
     KubeClient,
     KubeObject,
     RateLimiter,
 )
 from lj_runtimekit.proto.pkg.kube.config import (
+    ApiAccess,
     KubeConfigError,
     NoApiAccessError,
     in_cluster,
+    load_access,
     load_api_client,
     load_configuration,
 )
@@ -32,8 +35,10 @@ from lj_runtimekit.proto.pkg.kube.timestamps import api_time, micro_time
 
 __all__ = [
     "MERGE_PATCH",
+    "METADATA_LIST",
     "STRATEGIC_MERGE_PATCH",
     "AlreadyExistsError",
+    "ApiAccess",
     "ConflictError",
     "GoneError",
     "Handler",
@@ -52,6 +57,7 @@ __all__ = [
     "call_async",
     "in_cluster",
     "kube_error",
+    "load_access",
     "load_api_client",
     "load_configuration",
     "log_retry",

@@ -1,21 +1,28 @@
-"""A thin JSON client over the official client's REST layer, with a QPS/burst limiter.
+"""A thin JSON client of the API server on urllib3, with a QPS/burst limiter.
 
-The hot paths (list, watch, bind, events) skip the generated model classes: the API
-server's JSON is decoded straight into dicts, which is several times cheaper. Every
-failure is a KubeError (`errors`); a watch from a too old resourceVersion is GoneError.
+No generated model classes: the API server's JSON is decoded straight into dicts,
+which is several times cheaper, and the official client is never imported (about
+75 MB). Every failure is a KubeError (`errors`); a watch from a too old
+resourceVersion is GoneError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from lj_runtimekit.proto.pkg.kube.config import load_api_client
-from lj_runtimekit.proto.pkg.kube.errors import api_error, kube_error
+import urllib3
+
+from lj_runtimekit.proto.pkg.kube.config import ApiAccess, load_access
+from lj_runtimekit.proto.pkg.kube.errors import api_error, kube_error, status_fields
 
 KubeObject = dict[str, Any]
 """An API object (or list) as the server's decoded JSON."""
@@ -24,6 +31,11 @@ MERGE_PATCH = "application/merge-patch+json"
 """JSON merge patch (RFC 7386): maps merge, null removes a key, lists are replaced."""
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 """Kubernetes' strategic merge patch: as MERGE_PATCH, but lists merge by their keys."""
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+"""Accept header of a list answered with the objects' metadata only (client-go's metadata
+client): a fraction of the bytes and memory of the full objects."""
+CONNECT_TIMEOUT_S = 5.0
+"""Longest wait for a connection, whatever a request's own timeout."""
 
 
 class RateLimiter:
@@ -53,11 +65,17 @@ class RateLimiter:
 class KubeClient:
     """JSON requests against the API server (blocking; one connection pool, thread-safe)."""
 
-    def __init__(self, api: Any, limiter: RateLimiter | None = None) -> None:
-        self.api = api
-        """The official client's ApiClient (for the generated API classes where needed)."""
+    def __init__(
+        self, access: Any, limiter: RateLimiter | None = None, pool_size: int | None = None
+    ) -> None:
+        """`access`: an ApiAccess, or an official client's ApiClient to take it from;
+        `pool_size` connections are kept open (default: 5 per CPU, as the official client)."""
+        if not isinstance(access, ApiAccess):
+            access = ApiAccess.from_configuration(access.configuration)
+        self.access = access
         self.limiter = limiter
-        self.host: str = api.configuration.host
+        self.host: str = access.server
+        self._pool = _pool_manager(access, pool_size or (os.cpu_count() or 1) * 5)
 
     @classmethod
     def connect(
@@ -66,17 +84,55 @@ class KubeClient:
         pool_size: int | None = None,
         limiter: RateLimiter | None = None,
     ) -> KubeClient:
-        """A client from `kubeconfig`, else in-cluster (`config.load_configuration`)."""
-        return cls(load_api_client(kubeconfig, pool_size), limiter)
+        """A client from `kubeconfig`, else in-cluster (`config.load_access`)."""
+        return cls(load_access(kubeconfig), limiter, pool_size)
 
     def close(self) -> None:
-        """Close the connection pool."""
-        self.api.close()
+        """Close every pooled connection."""
+        self._pool.clear()
 
-    def _headers(self, query: dict[str, Any]) -> dict[str, str]:
-        headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        self.api.update_params_for_auth(headers, query, ["BearerToken"])
+    def _headers(self, content_type: str = "application/json") -> dict[str, str]:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        auth = self.access.authorization()
+        if auth:
+            headers["Authorization"] = auth
         return headers
+
+    def _send(
+        self,
+        what: str,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: object,
+        timeout: urllib3.Timeout,
+    ) -> Any:
+        """The answer (its body not read yet); KubeError unless it is a 2xx."""
+        try:
+            resp = self._pool.request(
+                method,
+                url,
+                body=body if body is None or isinstance(body, bytes) else json.dumps(body),
+                headers=headers,
+                timeout=timeout,
+                preload_content=False,
+                redirect=False,
+            )
+        except Exception as exc:
+            error = api_error(what, exc)
+            if error is None:
+                raise
+            raise error from None
+        if 200 <= resp.status < 300:
+            return resp
+        try:
+            text = resp.read()
+        except Exception:  # the connection broke while the error was read
+            text = b""
+        finally:
+            resp.release_conn()
+        message, reason = status_fields(text)
+        raise kube_error(what, resp.status, message or resp.reason or "", reason)
 
     def request_bytes(
         self,
@@ -87,30 +143,29 @@ class KubeClient:
         content_type: str = "application/json",
         timeout_s: float = 30.0,
         limited: bool = True,
+        accept: str = "application/json",
     ) -> bytes:
         """The raw body of the answer to `method path` (`body` sent as JSON); KubeError
-        unless it is a 2xx. `limited` requests wait for the rate limiter."""
+        unless it is a 2xx. `timeout_s` bounds the wait for each part of the answer (a
+        connection: at most CONNECT_TIMEOUT_S). `limited` requests wait for the rate
+        limiter."""
         if limited and self.limiter is not None:
             self.limiter.wait()
-        q = dict(query or {})
-        headers = self._headers(q)
-        headers["Content-Type"] = content_type
-        url = self.host + path + (("?" + urlencode(q)) if q else "")
+        what = f"{method} {path}"
+        headers = self._headers(content_type)
+        headers["Accept"] = accept
+        url = self.host + path + (("?" + urlencode(dict(query))) if query else "")
+        timeout = urllib3.Timeout(connect=min(CONNECT_TIMEOUT_S, timeout_s), read=timeout_s)
+        resp = self._send(what, method, url, headers, body, timeout)
         try:
-            resp = self.api.rest_client.request(
-                method,
-                url,
-                headers=headers,
-                body=body,
-                _preload_content=False,
-                _request_timeout=timeout_s,
-            )
+            data: bytes = resp.read()
         except Exception as exc:
-            error = api_error(f"{method} {path}", exc)
+            error = api_error(what, exc)
             if error is None:
                 raise
             raise error from None
-        data: bytes = resp.data
+        finally:
+            resp.release_conn()
         return data
 
     def request(
@@ -122,13 +177,41 @@ class KubeClient:
         content_type: str = "application/json",
         timeout_s: float = 30.0,
         limited: bool = True,
+        accept: str = "application/json",
     ) -> KubeObject:
         """`request_bytes` decoded ({} for an empty answer)."""
-        data = self.request_bytes(method, path, body, query, content_type, timeout_s, limited)
+        data = self.request_bytes(
+            method, path, body, query, content_type, timeout_s, limited, accept
+        )
         if not data:
             return {}
         out: KubeObject = json.loads(data)
         return out
+
+    def pages(
+        self,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        page: int = 500,
+        metadata_only: bool = False,
+        timeout_s: float = 120.0,
+    ) -> Iterator[KubeObject]:
+        """A list, one answer of at most `page` items at a time (limit/continue; `params`
+        such as a labelSelector). `metadata_only`: items carry only apiVersion, kind and
+        metadata (see METADATA_LIST)."""
+        accept = METADATA_LIST if metadata_only else "application/json"
+        cont = ""
+        while True:
+            query: dict[str, Any] = {**(params or {}), "limit": page}
+            if cont:
+                query["continue"] = cont
+            data = self.request(
+                "GET", path, query=query, limited=False, timeout_s=timeout_s, accept=accept
+            )
+            yield data
+            cont = (data.get("metadata") or {}).get("continue") or ""
+            if not cont:
+                return
 
     def list_all(
         self, path: str, params: Mapping[str, str] | None = None, page: int = 500
@@ -136,17 +219,11 @@ class KubeClient:
         """Every item of a list (paginated; `params` such as a fieldSelector) and the
         list's resourceVersion."""
         items: list[KubeObject] = []
-        cont = ""
-        while True:
-            query: dict[str, Any] = {**(params or {}), "limit": page}
-            if cont:
-                query["continue"] = cont
-            data = self.request("GET", path, query=query, limited=False, timeout_s=120)
+        version = ""
+        for data in self.pages(path, params, page):
             items.extend(data.get("items") or ())
-            meta = data.get("metadata") or {}
-            cont = meta.get("continue") or ""
-            if not cont:
-                return items, str(meta.get("resourceVersion", ""))
+            version = str((data.get("metadata") or {}).get("resourceVersion", ""))
+        return items, version
 
     def watch(
         self,
@@ -165,21 +242,10 @@ class KubeClient:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": timeout_s,
         }
-        headers = self._headers(query)
         url = self.host + path + "?" + urlencode(query)
-        try:
-            resp = self.api.rest_client.request(
-                "GET",
-                url,
-                headers=headers,
-                _preload_content=False,
-                _request_timeout=(10, timeout_s + 30),
-            )
-        except Exception as exc:
-            error = api_error(what, exc)
-            if error is None:
-                raise
-            raise error from None
+        # The server ends the watch after timeout_s; the read bound catches a dead stream.
+        timeout = urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=timeout_s + 30)
+        resp = self._send(what, "GET", url, self._headers(), None, timeout)
         try:
             yield from self._events(what, resp)
         finally:
@@ -218,3 +284,51 @@ class KubeClient:
                         str(obj.get("reason") or ""),
                     )
                 yield etype, obj
+
+
+def _ssl_context(access: ApiAccess) -> ssl.SSLContext:
+    """One TLS context for every connection of the pool (CA, client certificate)."""
+    ctx = urllib3.util.ssl_.create_urllib3_context()
+    if access.insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif access.ca_path or access.ca_data:
+        ctx.load_verify_locations(
+            cafile=access.ca_path, cadata=access.ca_data.decode() if access.ca_data else None
+        )
+    else:
+        ctx.load_default_certs()
+    if access.cert_path or access.cert_data:
+        with contextlib.ExitStack() as stack:
+            cert = access.cert_path or stack.enter_context(_pem_file(access.cert_data))
+            key = access.key_path or (
+                stack.enter_context(_pem_file(access.key_data)) if access.key_data else None
+            )
+            ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+@contextlib.contextmanager
+def _pem_file(data: bytes | None) -> Iterator[str]:
+    """`data` in a private file for as long as the TLS context loads it."""
+    fd, path = tempfile.mkstemp(suffix=".pem")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data or b"")
+        yield path
+    finally:
+        os.unlink(path)
+
+
+def _pool_manager(access: ApiAccess, pool_size: int) -> urllib3.PoolManager:
+    """Connections to the API server, at most `pool_size` kept open; no retries here (the
+    callers retry what is worth it, with their own bounds)."""
+    options: dict[str, Any] = {"num_pools": 4, "maxsize": pool_size, "retries": False}
+    if access.server.startswith("https:"):
+        options["ssl_context"] = _ssl_context(access)
+        if access.insecure:
+            options["cert_reqs"] = "CERT_NONE"
+            options["assert_hostname"] = False
+        if access.tls_server_name:
+            options["server_hostname"] = access.tls_server_name
+    return urllib3.PoolManager(**options)

@@ -1,7 +1,7 @@
 """API errors: one type with the HTTP status and the API server's message, mapped once.
 
 Every failure of a call to the API server becomes a KubeError: an answer other
-than 2xx (the official client's ApiException) with the status and the message
+than 2xx (also the official client's ApiException) with the status and the message
 of the server's Status object, or no answer at all (urllib3 and socket errors)
 with status 0. The statuses callers act on have their own subclasses.
 """
@@ -9,6 +9,9 @@ with status 0. The statuses callers act on have their own subclasses.
 from __future__ import annotations
 
 import json
+import sys
+
+import urllib3
 
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 """Answers worth asking again: throttled, or the server (or a proxy) failed."""
@@ -55,8 +58,8 @@ def kube_error(what: str, status: int, message: str, reason: str = "") -> KubeEr
     return cls(what, status, message, reason)
 
 
-def _status_fields(body: object) -> tuple[str, str]:
-    """(message, reason) of a Status object in an error answer's body; "" where absent."""
+def status_fields(body: object) -> tuple[str, str]:
+    """(message, reason) of the Status object in an error answer's body; "" where absent."""
     if not isinstance(body, str | bytes) or not body:
         return "", ""
     try:
@@ -73,12 +76,11 @@ def api_error(what: str, exc: BaseException) -> KubeError | None:
     is not an API error). `what` names the call in the message."""
     if isinstance(exc, KubeError):
         return exc
-    # Imported here: a client exists by now (this package must not import the client).
-    import urllib3
-    from kubernetes.client.exceptions import ApiException
-
-    if isinstance(exc, ApiException):
-        message, reason = _status_fields(exc.body)
+    # Only a process that imported the official client can have its ApiException (this
+    # package never imports it).
+    official = sys.modules.get("kubernetes.client.exceptions")
+    if official is not None and isinstance(exc, official.ApiException):
+        message, reason = status_fields(exc.body)
         return kube_error(what, int(exc.status or 0), message or str(exc.reason), reason)
     if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
         return KubeError(what, 0, str(exc) or type(exc).__name__)
