@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests and the sandbox need, idempotently: uv, the locked
-# Python environment, Debian packages (promtool/prometheus, shellcheck) and the
-# pinned Kubernetes binaries (built once per version into a cache outside the repo).
+# Python environment, Debian packages (promtool/prometheus, shellcheck, buildah and
+# mmdebstrap for the images) and the pinned Kubernetes binaries (built once per
+# version into a cache outside the repo).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -18,6 +19,9 @@ missing=()
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# The images without a Docker engine: buildah, and mmdebstrap for their offline base.
+command -v buildah >/dev/null 2>&1 || missing+=(buildah)
+command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -4,9 +4,11 @@
 #   docker build -f deploy/docker/controller-job-agent.Dockerfile --build-arg VERSION=$(cat VERSION) \
 #     --build-arg GIT_REVISION=$(git rev-parse HEAD) .
 # Stage 1 builds the wheels with uv and installs them with the dependency versions
-# of uv.lock into a virtual environment (the context is the workspace without
-# tests, build trees and caches: uv reads every member's pyproject.toml); stage 2
-# is the slim runtime with only that environment.
+# and hashes of uv.lock into a virtual environment (the context is the workspace
+# without tests, build trees and caches: uv reads every member's pyproject.toml);
+# stage 2 is the slim runtime with only that environment. PYTHON_IMAGE is the base
+# of both: the registry's python slim image by default; build.sh passes the local
+# Debian one of hack/base-image.sh when it builds with buildah.
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 ARG UV_VERSION=0.13.9
 
@@ -14,16 +16,20 @@ FROM ghcr.io/astral-sh/uv:${UV_VERSION} AS uv
 
 FROM ${PYTHON_IMAGE} AS build
 COPY --from=uv /uv /usr/local/bin/uv
-ENV UV_NO_CACHE=1 UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy
+# uv trusts the base's CA bundle (build.sh may mount the machine's over it).
+ENV UV_NO_CACHE=1 UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 WORKDIR /src
 COPY . .
 RUN uv build --wheel --out-dir /wheels proto \
  && uv build --wheel --out-dir /wheels Controller \
- && uv export --frozen --no-dev --no-emit-workspace --no-hashes \
+ && uv export --frozen --no-dev --no-emit-workspace \
       --package lj-runtimekit-controller --output-file /wheels/requirements.txt \
  && uv venv /opt/lj-runtimekit \
- && uv pip install --python /opt/lj-runtimekit/bin/python \
-      -r /wheels/requirements.txt /wheels/*.whl \
+ && uv pip install --python /opt/lj-runtimekit/bin/python --require-hashes \
+      -r /wheels/requirements.txt \
+ && uv pip install --python /opt/lj-runtimekit/bin/python --no-deps /wheels/*.whl \
+ && uv pip check --python /opt/lj-runtimekit/bin/python \
  && /opt/lj-runtimekit/bin/lj-job-agent --help >/dev/null
 
 FROM ${PYTHON_IMAGE}

@@ -11,7 +11,7 @@ check-manifests: ## Fail when a generated deploy file is stale
 	$(UV) run lj-deploy generate --deploy-dir deploy --check
 
 .PHONY: docker
-docker: ## Build every component image (deploy/docker/*.Dockerfile; needs a Docker engine)
+docker: ## Build every component image (deploy/docker/build.sh: Docker, else buildah; digests in dist/images.json)
 	$(MAKE) -C deploy docker
 
 .PHONY: deploy
