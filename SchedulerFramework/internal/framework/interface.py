@@ -117,6 +117,14 @@ class PostBindPlugin(Plugin, Protocol):
 
 
 @runtime_checkable
+class EnqueueExtensions(Plugin, Protocol):
+    def events_to_register(self) -> frozenset[str]:
+        """The ClusterEvents after which a pod this plugin rejected may fit (a plugin without
+        them: every event)."""
+        ...
+
+
+@runtime_checkable
 class PodEventPlugin(Plugin, Protocol):
     def on_pod_event(self, etype: str, pod: PodInfo) -> None:
         """Every pod of this scheduler seen by the watch (ADDED / MODIFIED / DELETED)."""
@@ -134,6 +142,7 @@ EXTENSION_POINTS: tuple[type[Plugin], ...] = (
     PreBindPlugin,
     BindPlugin,
     PostBindPlugin,
+    EnqueueExtensions,
     PodEventPlugin,
 )
 

@@ -11,6 +11,7 @@ from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     BindPlugin,
+    EnqueueExtensions,
     FilterPlugin,
     Handle,
     PermitPlugin,
@@ -25,6 +26,7 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
     check_plugin,
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
+    ALL_EVENTS,
     SKIP,
     SUCCESS,
     Code,
@@ -65,6 +67,8 @@ class Diagnosis:
     statuses: dict[str, Status]
     excluded: int = 0
     excluded_reason: str = ""
+    excluded_by: tuple[str, ...] = ()
+    """The PreFilter plugins that narrowed the nodes."""
     prefilter: Status | None = None
     postfilter: Status | None = None
     """What preemption did (a nominated node) or why it could not."""
@@ -102,6 +106,13 @@ class Framework:
         self.post_binds = [p for p in self.plugins if isinstance(p, PostBindPlugin)]
         self._next_start = 0
 
+    def events_of(self) -> dict[str, frozenset[str]]:
+        """Plugin name -> the ClusterEvents that may undo its rejections."""
+        return {
+            p.name: p.events_to_register() if isinstance(p, EnqueueExtensions) else ALL_EVENTS
+            for p in self.plugins
+        }
+
     def plugin(self, name: str) -> Plugin | None:
         return next((p for p in self.plugins if p.name == name), None)
 
@@ -124,13 +135,14 @@ class Framework:
                 return None, status.with_plugin(p.name)
             if r is not None:
                 if result is None:
-                    result = r
+                    result = PreFilterResult(r.node_names, r.excluded_reason, r.enough, (p.name,))
                 else:  # intersect, keeping the first plugin's order
                     keep = set(r.node_names)
                     result = PreFilterResult(
                         [n for n in result.node_names if n in keep],
                         result.excluded_reason or r.excluded_reason,
                         result.enough,
+                        (*result.plugins, p.name),
                     )
         return result, SUCCESS
 
@@ -192,6 +204,7 @@ class Framework:
             names = prefilter.node_names
             diagnosis.excluded = max(0, all_nodes - len(names))
             diagnosis.excluded_reason = prefilter.excluded_reason
+            diagnosis.excluded_by = prefilter.plugins
             candidates = (n for n in (nodes_map.get(x) for x in names) if n and n.present)
             total = len(names)
         else:

@@ -84,6 +84,34 @@ class CycleState:
         return self._data.get(key)
 
 
+class ClusterEvent:
+    """Cluster events that may make an unschedulable pod schedulable (upstream's
+    framework.ClusterEvent); plugins register the ones that matter to what they reject."""
+
+    NODE_ADD = "NodeAdd"
+    NODE_ALLOCATABLE = "NodeAllocatable"
+    """A node's allocatable or its device inventory changed."""
+    NODE_LABEL = "NodeLabel"
+    NODE_TAINT = "NodeTaint"
+    """A node's taints or spec.unschedulable changed."""
+    POD_DELETE = "AssignedPodDelete"
+    """A pod on a node went (deleted, finished) or a reservation was released."""
+    POD_DEVICES = "AssignedPodDevices"
+    """The devices an assigned pod holds changed (some may be free)."""
+
+
+ALL_EVENTS = frozenset(
+    {
+        ClusterEvent.NODE_ADD,
+        ClusterEvent.NODE_ALLOCATABLE,
+        ClusterEvent.NODE_LABEL,
+        ClusterEvent.NODE_TAINT,
+        ClusterEvent.POD_DELETE,
+        ClusterEvent.POD_DEVICES,
+    }
+)
+
+
 @dataclass(frozen=True)
 class PreFilterResult:
     """Nodes a PreFilter plugin narrows the search to, in the order to try them.
@@ -96,3 +124,5 @@ class PreFilterResult:
     excluded_reason: str = ""
     enough: int = 0
     """When > 0 the names are ranked best first: finding this many feasible ones is enough."""
+    plugins: tuple[str, ...] = ()
+    """The plugins that narrowed the nodes (set by the framework)."""

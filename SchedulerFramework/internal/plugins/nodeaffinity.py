@@ -15,6 +15,7 @@ from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
 )
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    EnqueueExtensions,
     FilterPlugin,
     Handle,
     PreFilterPlugin,
@@ -25,6 +26,7 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SKIP,
     SUCCESS,
+    ClusterEvent,
     CycleState,
     PreFilterResult,
     Status,
@@ -91,11 +93,14 @@ def pod_matches_node(pod: PodInfo, node: NodeInfo) -> bool:
     return terms is None or any(term_matches(t, node) for t in terms)
 
 
-class NodeAffinity(PreFilterPlugin, FilterPlugin, ScorePlugin, ScoreExtensions):
+class NodeAffinity(PreFilterPlugin, FilterPlugin, ScorePlugin, ScoreExtensions, EnqueueExtensions):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:
         self.args = args
+
+    def events_to_register(self) -> frozenset[str]:
+        return frozenset({ClusterEvent.NODE_ADD, ClusterEvent.NODE_LABEL})
 
     def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
         required = bool(pod.node_selector) or pod.required_affinity is not None

@@ -22,12 +22,14 @@ from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields, choice
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     MAX_NODE_SCORE,
+    EnqueueExtensions,
     FilterPlugin,
     Handle,
     ScorePlugin,
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
+    ClusterEvent,
     CycleState,
     Status,
     unschedulable,
@@ -47,11 +49,16 @@ class Args:
         return Args(choice(NAME, raw, "scoringStrategy", STRATEGIES, "LeastAllocated"))
 
 
-class NodeResourcesFit(FilterPlugin, ScorePlugin):
+class NodeResourcesFit(FilterPlugin, ScorePlugin, EnqueueExtensions):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:
         self.most = args.scoring_strategy == "MostAllocated"
+
+    def events_to_register(self) -> frozenset[str]:
+        return frozenset(
+            {ClusterEvent.NODE_ADD, ClusterEvent.NODE_ALLOCATABLE, ClusterEvent.POD_DELETE}
+        )
 
     def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
         alloc = node.allocatable

@@ -10,11 +10,13 @@ from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    EnqueueExtensions,
     FilterPlugin,
     Handle,
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
+    ClusterEvent,
     CycleState,
     Status,
     unresolvable,
@@ -33,11 +35,14 @@ class Args:
         return Args()
 
 
-class NodeUnschedulable(FilterPlugin):
+class NodeUnschedulable(FilterPlugin, EnqueueExtensions):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:
         self.args = args
+
+    def events_to_register(self) -> frozenset[str]:
+        return frozenset({ClusterEvent.NODE_ADD, ClusterEvent.NODE_TAINT})
 
     def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
         if not node.unschedulable:

@@ -14,6 +14,7 @@ from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
 )
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    EnqueueExtensions,
     FilterPlugin,
     Handle,
     PreFilterPlugin,
@@ -23,6 +24,7 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
+    ClusterEvent,
     CycleState,
     PreFilterResult,
     Status,
@@ -47,12 +49,17 @@ def untolerated(taints: Iterable[Taint], tolerations: Sequence[Toleration]) -> I
             yield taint
 
 
-class TaintToleration(PreFilterPlugin, FilterPlugin, ScorePlugin, ScoreExtensions):
+class TaintToleration(
+    PreFilterPlugin, FilterPlugin, ScorePlugin, ScoreExtensions, EnqueueExtensions
+):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:
         self.args = args
         self.handle = handle
+
+    def events_to_register(self) -> frozenset[str]:
+        return frozenset({ClusterEvent.NODE_ADD, ClusterEvent.NODE_TAINT})
 
     def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
         if not self.handle.cache.soft_tainted:

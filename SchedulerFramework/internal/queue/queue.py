@@ -4,6 +4,11 @@ Like upstream's PriorityQueue: a pod that failed goes to the unschedulable
 set, or to backoff when a cluster event that might help arrived while it was
 being scheduled; cluster events move unschedulable pods back (through
 backoff); pods left unschedulable for `max_unschedulable_s` are retried anyway.
+
+Requeue hints (upstream's QueueingHint, by event kind): a failed pod keeps the
+names of the plugins that rejected it; a cluster event moves only the pods
+one of whose rejecting plugins registered that event (`events_of`); a pod
+rejected by no named plugin moves on every event.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ class QueuedPod:
     unschedulable_since: float = 0.0
     cycle: int = 0
     """The scheduling cycle in which it was last popped."""
+    rejected_by: frozenset[str] = frozenset()
+    """The plugins that rejected it in its last attempt (empty: unknown)."""
 
 
 class SchedulingQueue:
@@ -55,6 +62,8 @@ class SchedulingQueue:
         self.scheduling_cycle = 0
         self._move_request_cycle = -1
         self._closed = False
+        self.events_of: dict[str, frozenset[str]] = {}
+        """Plugin name -> the cluster events that may undo its rejection (unknown: all)."""
 
     # -- internals (lock held) --------------------------------------------------------------
 
@@ -203,6 +212,24 @@ class SchedulingQueue:
             self._unschedulable.clear()
             for qp in pods:
                 self._move(qp, now)
+
+    def _cares(self, qp: QueuedPod, event: str) -> bool:
+        if not qp.rejected_by:
+            return True
+        events_of = self.events_of
+        return any(event in events_of.get(p, (event,)) for p in qp.rejected_by)
+
+    def move_for_event(self, event: str) -> int:
+        """Cluster event `event` (a ClusterEvent): moves the unschedulable pods a rejecting
+        plugin of which registered it; how many moved."""
+        with self._cond:
+            now = time.monotonic()
+            self._move_request_cycle = self.scheduling_cycle
+            moved = [qp for qp in self._unschedulable.values() if self._cares(qp, event)]
+            for qp in moved:
+                del self._unschedulable[qp.pod.uid]
+                self._move(qp, now)
+            return len(moved)
 
     def move_to_active_or_backoff(self, uids: Iterable[str]) -> None:
         """What turned these pods away is gone (a gang's claim on a node): the unschedulable

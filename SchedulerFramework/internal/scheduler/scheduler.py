@@ -36,6 +36,7 @@ from lj_runtimekit.schedulerframework.internal.framework.runtime import (
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
+    ClusterEvent,
     Code,
     CycleState,
     Status,
@@ -88,6 +89,35 @@ def failure_message(total_nodes: int, diagnosis: Diagnosis) -> str:
     if post is not None and post.reasons:
         message += f" preemption: {post.message()}"
     return message
+
+
+def rejecting_plugins(diagnosis: Diagnosis) -> frozenset[str]:
+    """The plugins that turned the pod away on some node (empty: not known by name)."""
+    names = {s.plugin for s in diagnosis.statuses.values()}
+    if diagnosis.prefilter is not None:
+        names.add(diagnosis.prefilter.plugin)
+    if diagnosis.excluded:
+        names.update(diagnosis.excluded_by)
+    return frozenset() if "" in names else frozenset(names)
+
+
+_NODE_FIELDS = (
+    ClusterEvent.NODE_LABEL,
+    ClusterEvent.NODE_ALLOCATABLE,
+    ClusterEvent.NODE_TAINT,
+    ClusterEvent.NODE_TAINT,
+    ClusterEvent.NODE_ALLOCATABLE,
+)
+"""The event for each part of a node's signature (labels, device inventory, taints,
+unschedulable, allocatable)."""
+
+
+def node_events(old: tuple[object, ...] | None, new: tuple[object, ...]) -> list[str]:
+    """The ClusterEvents of a node update, from its old and new signatures."""
+    if old is None:
+        return [ClusterEvent.NODE_ADD]
+    changed = (e for e, a, b in zip(_NODE_FIELDS, old, new, strict=True) if a != b)
+    return list(dict.fromkeys(changed))
 
 
 @dataclass
@@ -229,6 +259,8 @@ class Scheduler:
             self.frameworks[profile.scheduler_name] = Framework(
                 profile.scheduler_name, plugins, self, config.percentage_of_nodes_to_score
             )
+        for fwk in self.frameworks.values():
+            self.queue.events_of.update(fwk.events_of())
         self._pool = ThreadPoolExecutor(config.bind_workers, thread_name_prefix="bind")
         self._bind_slots = threading.BoundedSemaphore(config.bind_workers * 4)
         self._binds_in_flight = 0
@@ -373,11 +405,17 @@ class Scheduler:
             spec.get("unschedulable"),
             (obj.get("status") or {}).get("allocatable"),
         )
-        if self._node_signatures.get(name) == signature:
+        old = self._node_signatures.get(name)
+        if old == signature:
             return  # a heartbeat: nothing the scheduler looks at changed
         self._node_signatures[name] = signature
         self._cache.update_node(obj)
-        self.queue.move_all_to_active_or_backoff()
+        for event in node_events(old, signature):
+            self._cluster_event(event)
+
+    def _cluster_event(self, event: str) -> None:
+        moved = self.queue.move_for_event(event)
+        log.debug("cluster event %s moved %d unschedulable pod(s)", event, moved)
 
     def on_pod(self, etype: str, obj: KubeObject) -> None:
         self._follow_admission(etype, obj)
@@ -395,15 +433,17 @@ class Scheduler:
                 waiting.reject("", "pod deleted")
             if pod.uid in self._cache.pods:
                 self._cache.remove_pod(pod.uid)
-                self.queue.move_all_to_active_or_backoff()
+                self._cluster_event(ClusterEvent.POD_DELETE)
             return
         if pod.node_name:
             self.queue.delete(pod.uid)
             self.nominator.remove(pod.uid)
             was_terminal = pod.terminal and pod.uid in self._cache.pods
             devices_changed = self._cache.update_pod(pod)
-            if was_terminal or devices_changed:
-                self.queue.move_all_to_active_or_backoff()
+            if was_terminal:
+                self._cluster_event(ClusterEvent.POD_DELETE)
+            elif devices_changed:
+                self._cluster_event(ClusterEvent.POD_DEVICES)
             return
         if pod.deleting:
             self.queue.delete(pod.uid)  # never scheduled again, whatever its attempt is doing
@@ -495,18 +535,21 @@ class Scheduler:
             metrics.FILTER_SCORE_SECONDS.observe(time.perf_counter() - began)
             metrics.FILTER_SCORE_CPU_SECONDS.observe(time.thread_time() - began_cpu)
             if node is None:
+                qp.rejected_by = rejecting_plugins(diagnosis)
                 self._fail(fwk, qp, status, failure_message(total, diagnosis))
                 return
             cache.assume_pod(pod, node)
             status = fwk.run_reserve(state, pod, node)
             if not status.ok:
                 cache.forget_pod(pod.uid)
+                qp.rejected_by = frozenset({status.plugin} - {""})
                 self._fail(fwk, qp, status, f"0/{total} nodes are available: {status.message()}.")
                 return
             permit, waits = fwk.run_permit(state, pod, node)
             if not permit.ok and permit.code != Code.WAIT:
                 fwk.run_unreserve(state, pod, node)
                 cache.forget_pod(pod.uid)
+                qp.rejected_by = frozenset({permit.plugin} - {""})
                 self._fail(fwk, qp, permit, permit.message())
                 return
         binding = _Binding(fwk, state, qp, node)
@@ -628,8 +671,9 @@ class Scheduler:
         if rejection.message() == "pod deleted":
             self.queue.done(b.queued.pod.uid)
         else:
+            b.queued.rejected_by = frozenset(rejection.plugin.split(",")) - {""}
             self._fail(b.framework, b.queued, rejection, rejection.message())
-        self.queue.move_all_to_active_or_backoff()  # what it held is free again
+        self._cluster_event(ClusterEvent.POD_DELETE)  # what it held is free again
 
     def _forget(self, b: _Binding) -> None:
         b.framework.run_unreserve(b.state, b.queued.pod, b.node)

@@ -25,6 +25,7 @@ from lj_runtimekit.schedulerframework.internal.framework.args import (
 )
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     MAX_NODE_SCORE,
+    EnqueueExtensions,
     FilterPlugin,
     Handle,
     PreFilterPlugin,
@@ -34,6 +35,7 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SKIP,
     SUCCESS,
+    ClusterEvent,
     CycleState,
     PreFilterResult,
     Status,
@@ -120,7 +122,7 @@ def device_request(pod: PodInfo, handle: Handle) -> DeviceRequest | None:
     return req
 
 
-class GpuShare(PreFilterPlugin, FilterPlugin, ScorePlugin, ReservePlugin):
+class GpuShare(PreFilterPlugin, FilterPlugin, ScorePlugin, ReservePlugin, EnqueueExtensions):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:
@@ -129,6 +131,16 @@ class GpuShare(PreFilterPlugin, FilterPlugin, ScorePlugin, ReservePlugin):
         self.protocol = handle.protocol
         self.resource_of = {kind: res for res, kind in whole_kinds(self.protocol).items()}
         self._warned: dict[str, None] = {}
+
+    def events_to_register(self) -> frozenset[str]:
+        return frozenset(
+            {
+                ClusterEvent.NODE_ADD,
+                ClusterEvent.NODE_ALLOCATABLE,
+                ClusterEvent.POD_DELETE,
+                ClusterEvent.POD_DEVICES,
+            }
+        )
 
     # -- PreFilter ------------------------------------------------------------------------
 

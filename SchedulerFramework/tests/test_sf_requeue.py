@@ -1,0 +1,60 @@
+"""Requeue hints: a cluster event moves only the pods a plugin that cares about it rejected."""
+
+from __future__ import annotations
+
+import copy
+
+from lj_runtimekit.proto.pkg.protocol import load_protocol
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
+from lj_runtimekit.schedulerframework.internal.framework.types import ClusterEvent
+from lj_runtimekit.schedulerframework.internal.queue.queue import SchedulingQueue
+from lj_runtimekit.testkit.scheduler.fake import FakeCluster
+
+GPU = load_protocol().resources.gpu
+
+
+def parked(q: SchedulingQueue, name: str, rejected_by: frozenset[str]) -> None:
+    q.add(parse_pod({"metadata": {"name": name, "namespace": "ns", "uid": name}, "spec": {}}))
+    qp = q.pop(0)
+    assert qp is not None
+    qp.rejected_by = rejected_by
+    q.add_unschedulable(qp)
+
+
+def test_event_moves_only_pods_whose_rejecting_plugins_registered_it() -> None:
+    q = SchedulingQueue(initial_backoff_s=0.01)
+    q.events_of = {
+        "GpuShare": frozenset({ClusterEvent.POD_DELETE, ClusterEvent.NODE_ALLOCATABLE}),
+        "NodeAffinity": frozenset({ClusterEvent.NODE_LABEL}),
+    }
+    parked(q, "devices", frozenset({"GpuShare"}))
+    parked(q, "labels", frozenset({"NodeAffinity"}))
+    parked(q, "both", frozenset({"GpuShare", "NodeAffinity"}))
+    parked(q, "unknown", frozenset())
+    parked(q, "gang", frozenset({"Coscheduling"}))  # registered nothing: every event
+    assert q.move_for_event(ClusterEvent.NODE_TAINT) == 2  # unknown, gang
+    assert q.move_for_event(ClusterEvent.NODE_LABEL) == 2  # labels, both
+    assert q.counts()["unschedulable"] == 1
+    assert q.move_for_event(ClusterEvent.POD_DELETE) == 1  # devices
+    assert q.counts()["unschedulable"] == 0
+
+
+def test_node_label_change_does_not_move_a_pod_short_of_devices(cluster: FakeCluster) -> None:
+    cluster.add_node("n0", gpus=8)
+    full = cluster.add_pod("full", {GPU: "8"})
+    cluster.schedule()
+    waiting = cluster.add_pod("waiting", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.scheduler.queue.counts()["unschedulable"] == 1
+    # a label and a taint that no rejecting plugin looks at: the pod stays parked
+    node = copy.deepcopy(cluster.nodes["n0"])
+    node["metadata"]["labels"]["team"] = "a"
+    node["spec"]["taints"] = [{"key": "k", "value": "v", "effect": "PreferNoSchedule"}]
+    cluster.scheduler.on_node("MODIFIED", node)
+    assert cluster.scheduler.queue.counts()["unschedulable"] == 1
+    # the pod holding the devices goes: it moves
+    cluster.delete_pod(full)
+    assert cluster.scheduler.queue.counts()["unschedulable"] == 0
+    cluster.scheduler.queue.activate([waiting])
+    cluster.schedule()
+    assert cluster.node_of(waiting) == "n0"
