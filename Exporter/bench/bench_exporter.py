@@ -7,6 +7,11 @@ whole), serves their 128 pods on a loopback kubelet `/pods`, starts
 first with the default 15 s collection interval and the scrapes spread over a
 minute (the shipped configuration: `scrape_*`), then collecting every second
 with the scrapes back to back, so many land on a collection (`stress_scrape_*`).
+Then the API server cost of the fallback (`apiserver_*`): a control plane of its
+own (etcd and kube-apiserver, auditing pod requests as they arrive), the 128
+pods bound to NODES nodes, one exporter per node with its kubelet port closed;
+after every exporter has listed its pods, the pod requests the API server
+receives over a window (longer than the five minutes a watch lasts) are counted.
 Writes a flat JSON object (bench/README.md) and prints a short table.
 """
 
@@ -26,10 +31,13 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
+from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
 from lj_runtimekit.runtimesim.process import SimulatorProcess
@@ -43,6 +51,17 @@ CONTAINERS_PER_POD = 2
 TDM_CONTAINERS_PER_GPU = 48
 SLICE_PERCENT = 2
 WARMUP = 20
+NODES = 4
+"""Nodes (one exporter each) of the API server measurement."""
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [ResponseStarted, ResponseComplete, Panic]
+rules:
+  - level: Metadata
+    resources: [{group: "", resources: [pods]}]
+  - level: None
+"""
 # The Accept header of a Prometheus 2.x scrape.
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
@@ -172,9 +191,15 @@ def _scrape_ms(url: str, count: int, pace_s: float = 0.0) -> list[float]:
 
 @contextlib.contextmanager
 def _exporter(
-    socket_dir: Path, pods_url: str, interval_s: float, log: Path
+    socket_dir: Path,
+    pods_url: str,
+    interval_s: float,
+    log: Path,
+    node: str = "bench-node",
+    kubeconfig: Path | None = None,
 ) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
+    fallback = ["--kubeconfig", str(kubeconfig)] if kubeconfig else ["--apiserver-fallback", "off"]
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
@@ -186,15 +211,14 @@ def _exporter(
                 "--port",
                 str(port),
                 "--node-name",
-                "bench-node",
+                node,
                 "--runtime-socket-dir",
                 str(socket_dir),
                 "--kubelet-pods-url",
                 pods_url,
                 "--collection-interval",
                 str(interval_s),
-                "--apiserver-fallback",
-                "off",
+                *fallback,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -244,6 +268,92 @@ def _metric(text: str, name: str) -> float:
     return float(match.group(1)) if match else float("nan")
 
 
+def _node_requests(audit_log: Path, after_s: float) -> list[dict[str, Any]]:
+    """Audited pod requests received after `after_s` (Unix time) that select one bench node."""
+    found = []
+    for line in audit_log.read_text().splitlines():
+        event = json.loads(line)
+        uri = event.get("requestURI", "")
+        if "spec.nodeName%3Dbench-node-" not in uri:
+            continue
+        received = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+        if received >= after_s:
+            found.append(event)
+    return found
+
+
+def _apiserver_requests(
+    socket_dir: Path, pod_objects: list[dict[str, Any]], work: Path, window_s: float
+) -> dict[str, float]:
+    """Pod requests per minute and node the API server receives from fallback exporters."""
+    audit_log = work / "audit.log"
+    (work / "audit-policy.yaml").write_text(AUDIT_POLICY)
+    config = ControlPlaneConfig(
+        controller_manager=False,
+        scheduler=False,
+        kwok=False,
+        extra_apiserver_args=[
+            f"--audit-policy-file={work / 'audit-policy.yaml'}",
+            f"--audit-log-path={audit_log}",
+            "--audit-log-format=json",
+        ],
+    )
+    closed = f"http://127.0.0.1:{free_port()}/pods"  # nothing listens: the fallback reads
+    with ControlPlane(config) as cp, contextlib.ExitStack() as stack:
+        kube = KubeClient.connect(str(cp.kubeconfig_path))
+        kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": "bench"}})
+        # No controller manager here to create it; pod admission needs it.
+        kube.request(
+            "POST",
+            "/api/v1/namespaces/bench/serviceaccounts",
+            body={"metadata": {"name": "default"}},
+        )
+        for n, pod in enumerate(pod_objects):
+            body = json.loads(json.dumps(pod))
+            del body["metadata"]["uid"], body["status"]
+            body["spec"]["nodeName"] = f"bench-node-{n % NODES}"
+            for container in body["spec"]["containers"]:
+                container["image"] = "registry.example/bench:1"
+            kube.request("POST", "/api/v1/namespaces/bench/pods", body=body)
+        kube.close()
+        procs = []
+        for i in range(NODES):
+            log = work / f"apiserver-{i}.log"
+            procs.append(
+                stack.enter_context(
+                    _exporter(socket_dir, closed, 15, log, f"bench-node-{i}", cp.kubeconfig_path)
+                )
+            )
+        per_node = len(pod_objects) // NODES
+        deadline = time.monotonic() + 120
+        for i, (proc, url) in enumerate(procs):
+            name = rf'lj_runtimekit_exporter_pods\{{node="bench-node-{i}",source="apiserver"\}}'
+            while True:
+                with contextlib.suppress(OSError):  # not serving yet
+                    if _metric(_get(url, gzip_ok=False).decode(), name) == per_node:
+                        break
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit(f"bench-node-{i}: its {per_node} pods not listed in 120 s")
+                time.sleep(0.5)
+        startup = len(_node_requests(audit_log, 0.0))
+        started = time.time()
+        time.sleep(window_s)
+        steady = _node_requests(audit_log, started)
+        rss = [_rss_mb(proc.pid)[0] for proc, _ in procs]
+    verbs: dict[str, int] = {}
+    for event in steady:
+        verbs[event["verb"]] = verbs.get(event["verb"], 0) + 1
+    return {
+        "apiserver_requests_per_min_per_node": round(len(steady) / (window_s / 60) / NODES, 3),
+        "apiserver_lists_in_window": verbs.get("list", 0),
+        "apiserver_watches_in_window": verbs.get("watch", 0),
+        "apiserver_startup_requests_per_node": round(startup / NODES, 2),
+        "apiserver_window_s": window_s,
+        "apiserver_nodes": NODES,
+        "apiserver_fallback_rss_mb": round(max(rss), 1),
+    }
+
+
 def main() -> int:
     """Run the benchmark and write the JSON part."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -251,6 +361,12 @@ def main() -> int:
     parser.add_argument("--scrapes", type=int, default=500, help="scrapes measured per run")
     parser.add_argument(
         "--duration", type=float, default=60.0, help="seconds the paced run spreads its scrapes"
+    )
+    parser.add_argument(
+        "--apiserver-window",
+        type=float,
+        default=330.0,
+        help="seconds the API server requests of the fallback are counted (0: skip)",
     )
     args = parser.parse_args()
 
@@ -277,6 +393,11 @@ def main() -> int:
                 final = _get(url, gzip_ok=False).decode()
         finally:
             kubelet.stop()
+        apiserver = (
+            _apiserver_requests(sim.socket_dir, _pods(plan), work, args.apiserver_window)
+            if args.apiserver_window
+            else {}
+        )
 
     collections = _metric(final, "lj_runtimekit_exporter_collection_duration_seconds_count")
     collection_sum = _metric(final, "lj_runtimekit_exporter_collection_duration_seconds_sum")
@@ -306,6 +427,7 @@ def main() -> int:
         "metrics_bytes": len(text.encode()),
         "containers": len(plan),
         "scrapes": args.scrapes,
+        **apiserver,
         "host_load_1m": round(max(load_before, os.getloadavg()[0]), 2),
         "host_cpus": os.cpu_count() or 0,
     }
