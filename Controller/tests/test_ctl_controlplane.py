@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,12 @@ from controller_harness import (  # type: ignore[import-not-found]
     kubeconfig_via,
 )
 from kubernetes import client as k8s
+from prometheus_client.parser import text_string_to_metric_families
 
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.kwok import failure_annotations
 from lj_runtimekit.envtest.nodes import NodeFactory, Taint
+from lj_runtimekit.testkit.ports import free_port
 from lj_runtimekit.testkit.waits import wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -97,10 +100,13 @@ def test_label_enables_unlabel_disables_and_cleans_up(
     node = node_factory.create(
         f"{namespace}-a", enable=False, taints=[Taint("dedicated", "NoSchedule", "gpu")]
     )
-    op = start_operator("--leader-elect=false")
+    port = free_port()
+    op = start_operator("--leader-elect=false", f"--health-port={port}")
     with JobWatch(cluster.batch.api_client, namespace) as jobs:
         cluster.label(node, LABEL, "true")
+        labelled = time.monotonic()
         wait_state(cluster, node, "enabled")
+        enabled_s = time.monotonic() - labelled
         wait_no_jobs(cluster)
         annotations = cluster.annotations(node)
         assert annotations[JOB_ANNOTATION].startswith(f"{namespace}/lj-runtimekit-enable-")
@@ -125,6 +131,21 @@ def test_label_enables_unlabel_disables_and_cleans_up(
     assert not meta.finalizers
     assert not [k for k in meta.annotations if "kopf" in k or "last-handled" in k]
     assert op.alive()
+
+    # Label change -> done, once per action, within the time the test saw it take.
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    seconds = {
+        (s.name, s.labels.get("action"), s.labels.get("outcome")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("lj_runtimekit_controller_label_to_done_seconds_")
+    }
+    name = "lj_runtimekit_controller_label_to_done_seconds"
+    assert seconds[(f"{name}_count", "enable", "succeeded")] == 1
+    assert seconds[(f"{name}_count", "disable", "succeeded")] == 1
+    assert 0 < seconds[(f"{name}_sum", "enable", "succeeded")] <= enabled_s
+    assert (f"{name}_count", "enable", "failed") not in seconds
 
 
 def test_nodes_labelled_before_start_and_bad_label_value(

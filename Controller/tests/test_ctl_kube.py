@@ -1,17 +1,15 @@
 """The Controller's API calls on the shared API layer: the errors the real API server
-answers (404 gone, 409 by its reason), and transient failures retried within the bounds
-(the official client's calls stubbed)."""
+answers (404 gone, 409 by its reason), transient failures retried within the bounds (the
+shared client's requests stubbed), and no import of the official client."""
 
 from __future__ import annotations
 
-import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import pytest
-from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 from pytest_mock import MockerFixture
 
 from lj_runtimekit.controller.internal.kube.client import Kube
@@ -19,69 +17,81 @@ from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory
 from lj_runtimekit.proto.pkg.kube import (
     AlreadyExistsError,
+    ApiAccess,
     ConflictError,
+    KubeClient,
     KubeError,
     RetryPolicy,
+    kube_error,
 )
 
 
 @pytest.fixture
 def stubbed(mocker: MockerFixture) -> Iterator[Kube]:
-    """A Kube whose typed API calls are mocks (no server)."""
-    kube = Kube(k8s.ApiClient(), threads=2)
-    kube.core = mocker.Mock()
-    kube.batch = mocker.Mock()
+    """A Kube whose requests are mocks (no server)."""
+    kube = Kube(KubeClient(ApiAccess(server="http://127.0.0.1:1")), threads=2)
+    mocker.patch.object(kube.client, "request")
     yield kube
     kube.close()
 
 
-def _answer(obj: object) -> SimpleNamespace:
-    return SimpleNamespace(data=json.dumps(obj).encode())
-
-
-def _refused(status: int, reason: str, message: str) -> ApiException:
-    exc = ApiException(status=status, reason=reason)
-    exc.body = json.dumps({"kind": "Status", "reason": reason, "message": message})
-    return exc
+def _refused(status: int, reason: str, message: str) -> KubeError:
+    return kube_error("", status, message, reason)
 
 
 async def test_a_transient_failure_is_retried_and_logged(
     stubbed: Kube, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Also under warnings-as-errors: the backoff raises no deprecation warning."""
-    stubbed.core.read_node.side_effect = [
+    request = stubbed.client.request
+    request.side_effect = [  # type: ignore[attr-defined]
         _refused(503, "ServiceUnavailable", "busy"),
-        _answer({"metadata": {"name": "n"}}),
+        {"metadata": {"name": "n"}},
     ]
     with caplog.at_level(logging.WARNING):
         assert await stubbed.read_node("n") == {"metadata": {"name": "n"}}
-    assert stubbed.core.read_node.call_count == 2
+    assert request.call_count == 2  # type: ignore[attr-defined]
     retries = [r for r in caplog.records if r.getMessage() == "API call failed, retrying"]
     assert [r.call for r in retries] == ["read node n"]  # type: ignore[attr-defined]
 
 
 async def test_a_refusal_is_not_retried_and_names_the_call(stubbed: Kube) -> None:
-    stubbed.batch.list_namespaced_job.side_effect = _refused(403, "Forbidden", "jobs is forbidden")
+    request = stubbed.client.request
+    request.side_effect = _refused(403, "Forbidden", "jobs is forbidden")  # type: ignore[attr-defined]
     with pytest.raises(KubeError) as refused:
         await stubbed.list_jobs("ns", "a=b")
     assert str(refused.value) == "list jobs ns a=b: HTTP 403: jobs is forbidden"
-    assert stubbed.batch.list_namespaced_job.call_count == 1
+    assert request.call_count == 1  # type: ignore[attr-defined]
 
 
 async def test_no_answer_is_retried_within_the_attempts(stubbed: Kube) -> None:
     stubbed.retry = RetryPolicy(attempts=3, timeout_s=None, initial_s=0.0, jitter_s=0.0)
-    stubbed.core.list_namespaced_pod.side_effect = ConnectionRefusedError("refused")
+    request = stubbed.client.request
+    request.side_effect = ConnectionRefusedError("refused")  # type: ignore[attr-defined]
     with pytest.raises(KubeError) as failed:
         await stubbed.list_pods("ns", "a=b")
     assert failed.value.status == 0
     assert str(failed.value) == "list pods ns a=b: no answer: refused"
-    assert stubbed.core.list_namespaced_pod.call_count == 3
+    assert request.call_count == 3  # type: ignore[attr-defined]
+
+
+def test_the_controller_does_not_import_the_official_client() -> None:
+    """kopf would import it when installed; its API and model classes were most of the
+    Controller's memory."""
+    code = (
+        "import sys\n"
+        "import lj_runtimekit.controller.cmd.controller.main\n"
+        "import kopf\n"
+        "assert 'kubernetes' not in sys.modules, 'kubernetes imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.fixture
 def kube(control_plane: ControlPlane) -> Iterator[Kube]:
     """A Kube against the control plane, as the Controller builds it."""
-    kube = Kube(control_plane.api_client(), threads=2)
+    kube = Kube(KubeClient.connect(str(control_plane.kubeconfig_path), pool_size=2), threads=2)
     yield kube
     kube.close()
 

@@ -9,12 +9,23 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from lj_runtimekit.controller.internal.health.server import HealthServer
-from lj_runtimekit.controller.internal.metrics.metrics import Counts, exposition
+from lj_runtimekit.controller.internal.metrics.metrics import Counts, LabelToDone, exposition
 
 
 def _get(url: str) -> tuple[str, str]:
     with urllib.request.urlopen(url, timeout=5) as response:
         return response.headers["Content-Type"], response.read().decode()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+COUNTS = Counts(0, 0, 0, 0, 0, 0, 0, False)
 
 
 async def test_metrics_are_served_in_the_prometheus_format_with_the_current_counts() -> None:
@@ -67,3 +78,27 @@ async def test_without_metrics_the_path_is_not_found() -> None:
     finally:
         await server.stop()
     assert status == 404
+
+
+def test_label_to_done_is_observed_once_per_label_change_by_action_and_outcome() -> None:
+    now = [100.0]
+    timer = LabelToDone(clock=lambda: now[0])
+    render = exposition(lambda: COUNTS, timer.histogram)
+    timer.changed("a")
+    timer.changed("b")
+    now[0] = 112.0
+    timer.done("a", "enable", "succeeded")
+    timer.done("a", "enable", "succeeded")  # no new label change: not counted again
+    timer.done("never-changed", "enable", "succeeded")
+    now[0] = 400.0
+    timer.done("b", "disable", "failed")
+    samples = _samples(render().decode())
+    name = "lj_runtimekit_controller_label_to_done_seconds"
+    enable_ok = (("action", "enable"), ("outcome", "succeeded"))
+    disable_failed = (("action", "disable"), ("outcome", "failed"))
+    assert samples[(f"{name}_count", enable_ok)] == 1
+    assert samples[(f"{name}_sum", enable_ok)] == 12.0
+    assert samples[(f"{name}_bucket", (*enable_ok[:1], ("le", "10.0"), *enable_ok[1:]))] == 0
+    assert samples[(f"{name}_bucket", (*enable_ok[:1], ("le", "20.0"), *enable_ok[1:]))] == 1
+    assert samples[(f"{name}_count", disable_failed)] == 1
+    assert samples[(f"{name}_sum", disable_failed)] == 300.0

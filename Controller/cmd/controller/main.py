@@ -16,9 +16,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import kopf
-from kubernetes import client as k8s
-
 from lj_runtimekit.controller.internal.config.config import (
     DEFAULT_LABEL_KEY,
     DEFAULT_NAMESPACE,
@@ -33,12 +30,7 @@ from lj_runtimekit.controller.internal.kube.client import Kube
 from lj_runtimekit.controller.internal.operator.operator import Controller, WatchSettings
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.flags import FlagParser, boolean
-from lj_runtimekit.proto.pkg.kube import (
-    KubeConfigError,
-    KubeError,
-    load_api_client,
-    load_configuration,
-)
+from lj_runtimekit.proto.pkg.kube import KubeClient, KubeConfigError, KubeError, load_access
 from lj_runtimekit.proto.pkg.leaderelection import LeaseConfig
 from lj_runtimekit.proto.pkg.version import component_version
 
@@ -176,46 +168,23 @@ def settings_from(args: argparse.Namespace) -> ControllerSettings:
     )
 
 
-def load_kube(kubeconfig: str, threads: int) -> tuple[k8s.ApiClient, Any]:
-    """API client and a function giving kopf the same credentials (re-read on each login);
-    an empty `kubeconfig` means in-cluster. KubeConfigError when neither is usable."""
-
-    def connection() -> kopf.ConnectionInfo:
-        c = load_configuration(kubeconfig)
-        header = c.get_api_key_with_prefix("authorization") or c.get_api_key_with_prefix(
-            "BearerToken"
-        )
-        scheme, _, token = (header or "").partition(" ")
-        return kopf.ConnectionInfo(
-            server=c.host,
-            ca_path=c.ssl_ca_cert,
-            insecure=not c.verify_ssl,
-            scheme=scheme or None,
-            token=token or None,
-            certificate_path=c.cert_file,
-            private_key_path=c.key_file,
-        )
-
-    return load_api_client(kubeconfig, threads), connection
-
-
 async def preflight(kube: Kube, settings: ControllerSettings) -> None:
     """Fail early and clearly when the API is unreachable or permissions are missing."""
-    await kube.call_json(
-        "list nodes (needs RBAC list on nodes)",
-        lambda: kube.core.list_node(limit=1, _preload_content=False, _request_timeout=(5, 15)),
+    await kube.request(
+        "list nodes (needs RBAC list on nodes)", "GET", "/api/v1/nodes", query={"limit": 1}
     )
-    await kube.call_json(
+    await kube.request(
         f"list jobs in {settings.job.namespace} (needs RBAC list on batch/jobs)",
-        lambda: kube.batch.list_namespaced_job(
-            settings.job.namespace, limit=1, _preload_content=False, _request_timeout=(5, 15)
-        ),
+        "GET",
+        f"/apis/batch/v1/namespaces/{settings.job.namespace}/jobs",
+        query={"limit": 1},
     )
 
 
 async def _run(args: argparse.Namespace, settings: ControllerSettings) -> int:
-    api, connection = load_kube(args.kubeconfig, settings.workers + 4)
-    kube = Kube(api, threads=settings.workers + 4, request_timeout_s=args.api_timeout)
+    threads = settings.workers + 4
+    client = KubeClient.connect(args.kubeconfig, pool_size=threads)
+    kube = Kube(client, threads=threads, request_timeout_s=args.api_timeout)
     try:
         await preflight(kube, settings)
         stop = asyncio.Event()
@@ -236,7 +205,7 @@ async def _run(args: argparse.Namespace, settings: ControllerSettings) -> int:
         controller = Controller(
             settings,
             kube,
-            connection,
+            lambda: load_access(args.kubeconfig),  # re-read on each login: tokens rotate
             WatchSettings(
                 server_timeout_s=args.watch_server_timeout,
                 client_timeout_s=args.watch_client_timeout,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -165,12 +166,21 @@ class JobRecorder:
     """The node reconciler's Job steps: records a finished Job on its Node, deletes Jobs
     (successful ones once recorded, superseded ones)."""
 
-    def __init__(self, kube: Kube, event_namespace: str, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        event_namespace: str,
+        retry: RetryPolicy | None = None,
+        done: Callable[[str, str, str], None] | None = None,
+    ) -> None:
         self.kube = kube
         self.event_namespace = event_namespace
         self.retry = retry or RetryPolicy()
         self.succeeded = 0
         self.failed = 0
+        self.done = done or (lambda node, action, outcome: None)
+        """Told (node, action, `succeeded` or `failed`) when a node's action ends: succeeded,
+        or failed with no retry scheduled."""
 
     async def delete(self, job: JobView, propagation: str) -> bool:
         """Delete the Job (this uid only); False when it was already gone."""
@@ -198,6 +208,7 @@ class JobRecorder:
                 f"Runtime Kit features {done} on node {name} by Job {job.ref}",
             )
             self.succeeded += 1
+            self.done(name, job.action, "succeeded")
             _log.info("features " + done, extra={"node": name, "job": job.ref})
         await self.delete(job, "Background")
 
@@ -213,6 +224,8 @@ class JobRecorder:
             recorded = state  # recorded on the Node, not yet on the Job
         else:
             recorded = await self._record_failed(name, state, job)
+            if recorded.retry_at is None:
+                self.done(name, job.action, "failed")
         if not job.recorded:
             self.kube.node_event(
                 self.event_namespace, node, "Warning", "FeatureJobFailed", recorded.message or ""

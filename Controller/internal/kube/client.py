@@ -1,34 +1,34 @@
 """The Kubernetes API calls of the Controller, on the shared API layer (proto/pkg/kube).
 
-The official client is synchronous; calls run on a dedicated thread pool sized
-to the reconcile workers. Responses are read there and parsed as plain JSON
-dicts (the client's model classes are slow to build and not needed). Failures are the
-shared KubeError types and transient ones (429, 5xx, no answer) are retried
-with the shared bounded policy (`call_async`); 404 reads as "gone"; 409 is
-ConflictError or AlreadyExistsError (by the server's reason) for the
-reconciler to re-read and decide again.
+The shared JSON client is synchronous; calls run on a dedicated thread pool sized
+to the reconcile workers, and answers are plain JSON dicts (the official client is
+not imported: its API and model classes would be most of the Controller's memory).
+Transient failures (429, 5xx, no answer) are retried with the shared bounded policy
+(`call_async`); 404 reads as "gone"; 409 is ConflictError or AlreadyExistsError (by
+the server's reason) for the reconciler to re-read and decide again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
-
-from kubernetes import client as k8s
+from urllib.parse import quote
 
 from lj_runtimekit.proto.pkg.kube import (
+    STRATEGIC_MERGE_PATCH,
     ConflictError,
+    KubeClient,
     KubeError,
     KubeObject,
     NotFoundError,
     RetryPolicy,
     api_time,
     call_async,
+    kube_error,
 )
 
 _log = logging.getLogger(__name__)
@@ -37,49 +37,64 @@ Obj = KubeObject
 COMPONENT = "lj-runtimekit-controller"
 
 
+def _jobs(namespace: str) -> str:
+    return f"/apis/batch/v1/namespaces/{quote(namespace)}/jobs"
+
+
 class Kube:
     """The API calls the reconcilers make."""
 
     def __init__(
         self,
-        api: k8s.ApiClient,
+        client: KubeClient,
         threads: int,
         retry_timeout_s: float = 30.0,
         retry_attempts: int = 8,
         request_timeout_s: float = 30.0,
     ) -> None:
-        self.api = api
-        self.timeout = (min(5.0, request_timeout_s), request_timeout_s)
-        self.core = k8s.CoreV1Api(api)
-        self.batch = k8s.BatchV1Api(api)
+        self.client = client
+        self.timeout_s = request_timeout_s
         self.retry = RetryPolicy(attempts=retry_attempts, timeout_s=retry_timeout_s)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="kube")
         self.instance = socket.gethostname()
         self._events: set[asyncio.Task[None]] = set()
 
     def close(self) -> None:
-        """Stop the thread pool and close the connection pool."""
+        """Stop the thread pool and close the pooled connections."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.api.close()
+        self.client.close()
 
     async def call(self, what: str, fn: Callable[[], _T]) -> _T:
         """`fn()` on the thread pool, transient failures retried; a KubeError naming `what`."""
         return await call_async(what, fn, self.retry, executor=self._pool)
 
-    @staticmethod
-    def _json(response: Any) -> Obj:
-        data: Obj = json.loads(response.data or b"{}")
-        return data
+    async def request(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: object = None,
+        query: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        """One request (`call`): the answer, read and decoded on the pool; a failure is the
+        KubeError of its status, named `what`."""
+        timeout_s = self.timeout_s
 
-    async def call_json(self, what: str, fn: Callable[[], Any]) -> Obj:
-        """`call` of a typed API method (`_preload_content=False`): the answer read and parsed
-        on the pool, which also hands its connection back."""
-        return await self.call(what, lambda: self._json(fn()))
+        def run() -> Obj:
+            try:
+                return self.client.request(
+                    method, path, body, query, content_type, timeout_s, limited=False
+                )
+            except KubeError as exc:
+                raise kube_error(what, exc.status, exc.message, exc.reason) from None
 
-    async def maybe(self, what: str, fn: Callable[[], Any]) -> Obj | None:
-        """`call_json`, None on 404."""
+        return await self.call(what, run)
+
+    async def maybe(self, what: str, method: str, path: str, **kw: Any) -> Obj | None:
+        """`request`, None on 404."""
         try:
-            return await self.call_json(what, fn)
+            return await self.request(what, method, path, **kw)
         except NotFoundError:
             return None
 
@@ -87,12 +102,7 @@ class Kube:
 
     async def read_node(self, name: str) -> Obj | None:
         """The Node, None when it does not exist."""
-        return await self.maybe(
-            f"read node {name}",
-            lambda: self.core.read_node(
-                name, _preload_content=False, _request_timeout=self.timeout
-            ),
-        )
+        return await self.maybe(f"read node {name}", "GET", f"/api/v1/nodes/{quote(name)}")
 
     async def patch_node(self, name: str, patch: Obj, resource_version: str | None) -> Obj | None:
         """Patch the Node (strategic merge: maps merge, null removes a key); None when it
@@ -107,85 +117,63 @@ class Kube:
             }
         return await self.maybe(
             f"patch node {name}",
-            lambda: self.core.patch_node(
-                name, patch, _preload_content=False, _request_timeout=self.timeout
-            ),
+            "PATCH",
+            f"/api/v1/nodes/{quote(name)}",
+            body=patch,
+            content_type=STRATEGIC_MERGE_PATCH,
         )
 
-    def iter_nodes(self, selector: str, page: int = 500) -> Iterator[Obj]:
-        """Every Node matching `selector`, listed in pages (blocking; call from a thread)."""
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"label_selector": selector, "limit": page}
-            if token:
-                kwargs["_continue"] = token
-            response = self.core.list_node(
-                _preload_content=False, _request_timeout=self.timeout, **kwargs
+    def _node_metadata(self, selector: str, page: int) -> dict[str, Obj]:
+        return {
+            n["metadata"]["name"]: n["metadata"]
+            for data in self.client.pages(
+                "/api/v1/nodes",
+                {"labelSelector": selector},
+                page,
+                metadata_only=True,
+                timeout_s=self.timeout_s,
             )
-            data = self._json(response)
-            yield from data.get("items", [])
-            token = data.get("metadata", {}).get("continue")
-            if not token:
-                return
+            for n in data.get("items") or ()
+        }
 
-    async def node_metadata(self, selector: str) -> dict[str, Obj]:
-        """Name -> metadata of the Nodes matching `selector` (the rest is dropped per page)."""
+    async def node_metadata(self, selector: str, page: int = 500) -> dict[str, Obj]:
+        """Name -> metadata of the Nodes matching `selector` (listed in pages of metadata
+        only: labels and annotations are all the resync needs)."""
         return await self.call(
-            f"list nodes {selector}",
-            lambda: {n["metadata"]["name"]: n["metadata"] for n in self.iter_nodes(selector)},
+            f"list nodes {selector}", lambda: self._node_metadata(selector, page)
         )
 
     # Jobs and pods
 
-    async def _list(
-        self, kind: str, method: Callable[..., Any], namespace: str, selector: str
-    ) -> list[Obj]:
-        """The `kind` objects in `namespace` matching `selector` (`method` lists them)."""
-        data = await self.call_json(
-            f"list {kind} {namespace} {selector}",
-            lambda: method(
-                namespace,
-                label_selector=selector,
-                _preload_content=False,
-                _request_timeout=self.timeout,
-            ),
+    async def _list(self, kind: str, path: str, namespace: str, selector: str) -> list[Obj]:
+        """The objects at `path` matching `selector` (`kind` in `namespace`)."""
+        data = await self.request(
+            f"list {kind} {namespace} {selector}", "GET", path, query={"labelSelector": selector}
         )
-        items: list[Obj] = data.get("items", [])
+        items: list[Obj] = data.get("items") or []
         return items
 
     async def list_jobs(self, namespace: str, selector: str) -> list[Obj]:
         """Jobs in `namespace` matching `selector`."""
-        return await self._list("jobs", self.batch.list_namespaced_job, namespace, selector)
+        return await self._list("jobs", _jobs(namespace), namespace, selector)
 
     async def create_job(self, manifest: Obj) -> Obj:
         """Create the Job; AlreadyExistsError when one of that name exists."""
         namespace = manifest["metadata"]["namespace"]
         name = manifest["metadata"]["name"]
-        return await self.call_json(
-            f"create job {namespace}/{name}",
-            lambda: self.batch.create_namespaced_job(
-                namespace,
-                manifest,
-                _preload_content=False,
-                _request_timeout=self.timeout,
-            ),
+        return await self.request(
+            f"create job {namespace}/{name}", "POST", _jobs(namespace), body=manifest
         )
 
     async def delete_job(self, namespace: str, name: str, uid: str, propagation: str) -> bool:
         """Delete this exact Job (uid precondition); False when it is already gone."""
-        body = k8s.V1DeleteOptions(
-            propagation_policy=propagation, preconditions=k8s.V1Preconditions(uid=uid)
-        )
+        body = {"propagationPolicy": propagation, "preconditions": {"uid": uid}}
         try:
             deleted = await self.maybe(
                 f"delete job {namespace}/{name}",
-                lambda: self.batch.delete_namespaced_job(
-                    name,
-                    namespace,
-                    body=body,
-                    _preload_content=False,
-                    _request_timeout=self.timeout,
-                ),
+                "DELETE",
+                f"{_jobs(namespace)}/{quote(name)}",
+                body=body,
             )
         except ConflictError:  # a new Job of that name: not ours to delete
             return False
@@ -195,18 +183,17 @@ class Kube:
         """Merge annotations into the Job (404 ignored)."""
         await self.maybe(
             f"annotate job {namespace}/{name}",
-            lambda: self.batch.patch_namespaced_job(
-                name,
-                namespace,
-                {"metadata": {"annotations": annotations}},
-                _preload_content=False,
-                _request_timeout=self.timeout,
-            ),
+            "PATCH",
+            f"{_jobs(namespace)}/{quote(name)}",
+            body={"metadata": {"annotations": annotations}},
+            content_type=STRATEGIC_MERGE_PATCH,
         )
 
     async def list_pods(self, namespace: str, selector: str) -> list[Obj]:
         """Pods in `namespace` matching `selector`."""
-        return await self._list("pods", self.core.list_namespaced_pod, namespace, selector)
+        return await self._list(
+            "pods", f"/api/v1/namespaces/{quote(namespace)}/pods", namespace, selector
+        )
 
     # Events
 
@@ -248,11 +235,11 @@ class Kube:
             "count": 1,
         }
         try:
-            await self.call_json(
+            await self.request(
                 f"create event for node {meta['name']}",
-                lambda: self.core.create_namespaced_event(
-                    namespace, body, _preload_content=False, _request_timeout=self.timeout
-                ),
+                "POST",
+                f"/api/v1/namespaces/{quote(namespace)}/events",
+                body=body,
             )
         except KubeError as exc:
             _log.warning(

@@ -40,14 +40,14 @@ from lj_runtimekit.controller.internal.controller.node_controller import NodeCon
 from lj_runtimekit.controller.internal.health.server import HealthServer
 from lj_runtimekit.controller.internal.jobspec import jobspec
 from lj_runtimekit.controller.internal.kube.client import Kube
-from lj_runtimekit.controller.internal.metrics.metrics import Counts, exposition
+from lj_runtimekit.controller.internal.metrics.metrics import Counts, LabelToDone, exposition
 from lj_runtimekit.controller.internal.nodestate.state import (
     STATE_LABEL,
     NodeState,
     desired_action,
 )
 from lj_runtimekit.controller.internal.workqueue.queue import WorkQueue
-from lj_runtimekit.proto.pkg.kube import KubeClient, KubeError
+from lj_runtimekit.proto.pkg.kube import ApiAccess, KubeError
 from lj_runtimekit.proto.pkg.leaderelection import LeaderElector, LeaseConfig
 
 _log = logging.getLogger(__name__)
@@ -97,6 +97,24 @@ def kopf_settings(settings: ControllerSettings, watch: WatchSettings) -> kopf.Op
     )
     s.persistence.finalizer = "lj-runtimekit.io/unused-finalizer"
     return s
+
+
+def connection_info(access: ApiAccess) -> kopf.ConnectionInfo:
+    """kopf's credentials: the same server, CA, client certificate and token as the
+    Controller's own client."""
+    scheme, _, token = (access.authorization() or "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=access.server,
+        ca_path=access.ca_path,
+        ca_data=access.ca_data,
+        insecure=access.insecure,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=access.cert_path,
+        certificate_data=access.cert_data,
+        private_key_path=access.key_path,
+        private_key_data=access.key_data,
+    )
 
 
 class Triggers:
@@ -167,7 +185,7 @@ class Controller:
         self,
         settings: ControllerSettings,
         kube: Kube,
-        login: Callable[[], kopf.ConnectionInfo],
+        login: Callable[[], ApiAccess],
         watch: WatchSettings | None = None,
         lease: LeaseConfig | None = None,
         health: HealthServer | None = None,
@@ -178,7 +196,10 @@ class Controller:
         self.watch = watch or WatchSettings()
         self.lease = lease
         self.health = health
-        self.recorder = JobRecorder(kube, NODE_EVENT_NAMESPACE, settings.retry)
+        self.label_to_done = LabelToDone()
+        self.recorder = JobRecorder(
+            kube, NODE_EVENT_NAMESPACE, settings.retry, self.label_to_done.done
+        )
         self.nodes = NodeController(kube, settings, self.recorder)
         self.queue = WorkQueue(self.nodes.reconcile, settings.workers)
         self.triggers = Triggers(settings.label_key, self.nodes.wish_renewed)
@@ -186,7 +207,7 @@ class Controller:
         self._work_since: float | None = None
         self._kopf: asyncio.Task[Any] | None = None
         if health is not None:
-            health.metrics = exposition(self.counts)
+            health.metrics = exposition(self.counts, self.label_to_done.histogram)
 
     def counts(self) -> Counts:
         """What the Controller has done so far, for its metrics."""
@@ -232,9 +253,10 @@ class Controller:
 
         @kopf.on.login(registry=registry)
         def credentials(**_: Any) -> kopf.ConnectionInfo:
-            return login()  # re-read on every (re-)login: in-cluster tokens rotate
+            return connection_info(login())  # on every (re-)login: in-cluster tokens rotate
 
         triggers = self.triggers
+        label_changed = self.label_to_done.changed
 
         @kopf.on.event("", "v1", "nodes", registry=registry)
         async def node_event(
@@ -242,6 +264,7 @@ class Controller:
         ) -> None:
             seen()
             if triggers.node(type, name, body):
+                label_changed(name)
                 queue.add(name)
 
         @kopf.on.event("batch", "v1", "jobs", registry=registry)
@@ -296,7 +319,7 @@ class Controller:
                 await self.health.stop()
 
     async def _run(self, stop: asyncio.Event) -> int:
-        elector = LeaderElector(KubeClient(self.kube.api), self.lease) if self.lease else None
+        elector = LeaderElector(self.kube.client, self.lease) if self.lease else None
         if elector is not None and not await elector.acquire_async(stop):
             return 0
         kopf_stop = asyncio.Event()
