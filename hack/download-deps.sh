@@ -37,7 +37,9 @@ done
   || die "malformed Kubernetes version '$version': expected v1.MINOR.PATCH, e.g. v1.34.4"
 version="v${version#v}"
 minor=${BASH_REMATCH[1]}
-(( minor >= 30 )) || die "Kubernetes $version is too old: this project supports 1.30 and later"
+oldest=$(sed -n 's/^K8S_OLDEST_VERSION=v1\.\([0-9]*\)\..*/\1/p' hack/versions.env)
+(( minor >= oldest )) \
+  || die "Kubernetes $version is too old: the oldest supported is 1.$oldest (docs/compatibility.md)"
 command -v go >/dev/null || die "Go is needed to look the version up on the Go module proxy"
 if ! out=$(cd "${TMPDIR:-/tmp}" && GOFLAGS=-mod=mod GOTOOLCHAIN=local go list -m "k8s.io/kubernetes@$version" 2>&1); then
   reason=${out##*$'\n'}

@@ -14,6 +14,9 @@
 #        hack/k8s-tools.sh --check    only check; exit 1 if something is missing
 # Versions come from hack/versions.env; K8S_VERSION, ETCD_VERSION,
 # KWOK_VERSION and HELM_VERSION in the environment override them.
+# K8S_TOOLS (space-separated names) limits what is provided; the default is
+# all, without lj-hollow-node for a Kubernetes minor other than
+# HOLLOW_NODE_MINOR (its glue follows that minor's kubelet internals).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,11 +50,21 @@ case "${1-}" in
   --bin-dir) echo "$bin"; exit 0 ;;
   --check) mode=check ;;
   "") ;;
-  -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
   *) die "unknown argument '$1' (try --help)" ;;
 esac
 
-tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm lj-hollow-node)
+all_tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm lj-hollow-node)
+default_tools=("${all_tools[@]}")
+if [[ $k8s_minor != "$HOLLOW_NODE_MINOR" ]]; then
+  # The glue reaches kubelet internals that change between minors.
+  default_tools=("${all_tools[@]:0:7}")
+  log "Kubernetes $K8S_VERSION: no lj-hollow-node (its glue follows Kubernetes 1.$HOLLOW_NODE_MINOR); the kubelet-backed tests and the sandbox need 1.$HOLLOW_NODE_MINOR"
+fi
+read -r -a tools <<<"${K8S_TOOLS:-${default_tools[*]}}"
+for t in "${tools[@]}"; do
+  [[ " ${all_tools[*]} " == *" $t "* ]] || die "K8S_TOOLS names '$t'; known: ${all_tools[*]}"
+done
 
 # The Go source of lj-hollow-node; its hash is stored next to the binary so
 # that a change to the source rebuilds it.

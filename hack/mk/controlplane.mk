@@ -28,3 +28,11 @@ test-controlplane: ## Run the envtest harness and control plane tests (tests/con
 bench-controlplane: ## Measure cold build, warm start and 1000 KWOK nodes into bench/parts/controlplane.json
 	bash hack/k8s-tools.sh
 	$(UV) run lj-envtest bench --out bench/parts/controlplane.json
+
+K8S_OLDEST_VERSION := $(shell sed -n 's/^K8S_OLDEST_VERSION=//p' hack/versions.env)
+
+.PHONY: test-oldest-k8s
+test-oldest-k8s: sync ## Run every control-plane test against the oldest supported Kubernetes (K8S_OLDEST_VERSION), less the kubelet-backed ones (cold tools build: about 8 minutes)
+	K8S_VERSION=$(K8S_OLDEST_VERSION) bash hack/k8s-tools.sh
+	K8S_VERSION=$(K8S_OLDEST_VERSION) $(UV) run pytest -m "controlplane and not e2e" \
+		--ignore=tests/envtest/test_hollow_node.py $(PYTEST_ARGS)

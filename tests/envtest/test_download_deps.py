@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "hack" / "download-deps.sh"
-OTHER_VERSION = "v1.33.7"  # another supported release line than the pinned 1.34
+OLDEST_VERSION = "v1.28.0"  # the oldest supported release, as hack/versions.env names it
 
 _IGNORE = shutil.ignore_patterns(
     ".git",
@@ -48,21 +48,25 @@ def repo_copy(tmp_path: Path) -> Path:
     return copy
 
 
-def test_switch_to_another_version_pins_client_and_refreshes_lock(repo_copy: Path) -> None:
-    result = run(["--skip-tools", OTHER_VERSION], repo_copy)
+def test_oldest_version_is_the_one_versions_env_names() -> None:
+    assert f"K8S_OLDEST_VERSION={OLDEST_VERSION}\n" in (ROOT / "hack" / "versions.env").read_text()
+
+
+def test_switch_to_the_oldest_version_pins_client_and_refreshes_lock(repo_copy: Path) -> None:
+    result = run(["--skip-tools", OLDEST_VERSION], repo_copy)
 
     assert result.returncode == 0, result.stdout + result.stderr
     versions = (repo_copy / "hack" / "versions.env").read_text()
-    assert f"K8S_VERSION={OTHER_VERSION}\n" in versions
+    assert f"K8S_VERSION={OLDEST_VERSION}\n" in versions
     pyproject = (repo_copy / "hack" / "envtest" / "pyproject.toml").read_text()
-    assert '"kubernetes>=33,<34"' in pyproject
+    assert '"kubernetes>=28,<29"' in pyproject
     # No member keeps the old pin.
     for member in repo_copy.glob("**/pyproject.toml"):
         assert '"kubernetes>=34,<35"' not in member.read_text(), member
     lock = (repo_copy / "uv.lock").read_text()
     match = re.search(r'name = "kubernetes"\nversion = "([^"]+)"', lock)
     assert match is not None
-    assert match.group(1).startswith("33.")
+    assert match.group(1).startswith("28.")
     # The real repository is untouched.
     assert '"kubernetes>=34,<35"' in (ROOT / "hack" / "envtest" / "pyproject.toml").read_text()
 
@@ -74,6 +78,7 @@ def test_switch_to_another_version_pins_client_and_refreshes_lock(repo_copy: Pat
         ("v1.34.x", "malformed Kubernetes version"),
         ("v2.0.0", "malformed Kubernetes version"),
         ("v1.99.0", "unknown Kubernetes version v1.99.0"),
+        ("v1.27.16", "too old: the oldest supported is 1.28"),
     ],
 )
 def test_bad_versions_are_refused_without_changes(
