@@ -17,8 +17,6 @@ import uuid
 from collections.abc import Sequence
 from types import FrameType
 
-from prometheus_client import start_http_server
-
 from lj_runtimekit.proto.pkg import logs
 from lj_runtimekit.proto.pkg.flags import FlagParser, port
 from lj_runtimekit.proto.pkg.kube import Informer, KubeClient, KubeConfigError, RateLimiter
@@ -41,6 +39,7 @@ from lj_runtimekit.schedulerframework.internal.extender.server import (
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling import plugin as coscheduling
 from lj_runtimekit.schedulerframework.internal.scheduler import metrics
 from lj_runtimekit.schedulerframework.internal.scheduler.events import EventRecorder
+from lj_runtimekit.schedulerframework.internal.scheduler.httpserver import serve_http
 from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import Scheduler
 
 DIST = "lj-runtimekit-schedulerframework"
@@ -224,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     if args.metrics_port:
         try:
-            start_http_server(args.metrics_port)
+            serve_http(args.metrics_port, scheduler)
         except OSError as exc:
             log.error("cannot serve metrics on port %d: %s", args.metrics_port, exc)
             return 1

@@ -297,15 +297,27 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             g.members[pod.uid] = pod
         return g
 
-    def _drop_plan(self, g: _Gang) -> None:
+    def _drop_plan(self, g: _Gang, why: str = "") -> None:
+        """Forget the gang's plan and its claims; `why` (not complete): an event on the
+        members not bound yet says so."""
         if g.plan is None:
             return
+        dropped = 0
         for nodes in g.plan.slots.values():
             for n in nodes:
                 if self._claims.get(n) == g.key:
                     del self._claims[n]
+                    dropped += 1
         g.plan = None
         self._retry_turned_away(g.key)
+        if why:
+            message = (
+                f"gang {g.key}: placement plan dropped ({why}); its claims on {dropped} "
+                "node(s) released"
+            )
+            for p in list(g.members.values()):
+                if not p.node_name:
+                    self.handle.event(p, "Normal", "GangPlanDropped", message)
 
     def _retry_turned_away(self, key: str) -> None:
         """A claim of the gang went: the pods its claims kept off nodes are tried again now,
@@ -318,7 +330,7 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
         for g in list(self._gangs.values()):
             if g.plan is not None and g.plan.deadline < now and not g.waiting:
                 self._plan_unmet(g, None)
-                self._drop_plan(g)
+                self._drop_plan(g, "its timeout passed with no member waiting")
 
     def _plan_unmet(self, g: _Gang, reserved: str | None) -> None:
         """The gang's plan is dropped at its timeout: remember it as not met when members
@@ -504,6 +516,14 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             "gang planned",
             extra={"gang": g.key, "members": need, "nodes": len(cands), "placement": how},
         )
+        claimed = sum(len(nodes) for nodes in slots.values())
+        self.handle.event(
+            pod,
+            "Normal",
+            "GangPlanned",
+            f"gang {g.key}: {need} member(s) planned on {claimed} node(s) ({how}); they reserve "
+            f"within {spec.timeout_s:g}s",
+        )
         return SUCCESS
 
     def _busy_exclusive(self, key: str, own: str, held: Mapping[tuple[str, str], str]) -> set[str]:
@@ -660,7 +680,7 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
         try:
             if not deleted:
                 self._plan_unmet(g, member)
-            self._drop_plan(g)
+            self._drop_plan(g, reason)
             if not deleted:
                 g.backoff_until = time.monotonic() + self.args.backoff_seconds
                 g.backoff_reason = (
@@ -731,6 +751,47 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             w = self.handle.get_waiting_pod(uid)
             if w is not None:
                 w.allow(NAME)
+
+    def debug_state(self) -> list[dict[str, Any]]:
+        """Every gang known, for GET /debug/gangs: its size, members, plan (placement, slots
+        per job and node, deadline), claimed nodes, reserved and waiting members, backoff."""
+        now = time.monotonic()
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            claimed: dict[str, list[str]] = {}
+            for node, key in self._claims.items():
+                claimed.setdefault(key, []).append(node)
+            for key, g in sorted(self._gangs.items()):
+                members = g.members
+
+                def keys(uids: set[str], members: dict[str, PodInfo] = members) -> list[str]:
+                    return sorted(members[u].key if u in members else u for u in uids)
+
+                plan: dict[str, Any] | None = None
+                if g.plan is not None:
+                    plan = {
+                        "placement": g.plan.how,
+                        "slots": g.plan.slots,
+                        "used": g.plan.used,
+                        "deadline_in_s": round(g.plan.deadline - now, 1),
+                        "topology_note": g.plan.gate_note,
+                    }
+                out.append(
+                    {
+                        "gang": key,
+                        "min_members": g.spec.min_members if g.spec else None,
+                        "members": len(members),
+                        "bound": sorted(p.key for p in members.values() if p.node_name),
+                        "plan": plan,
+                        "claimed_nodes": sorted(claimed.get(key, ())),
+                        "reserved": keys(g.reserved),
+                        "waiting": keys(g.waiting),
+                        "backoff_s": round(max(0.0, g.backoff_until - now), 1),
+                        "backoff_reason": g.backoff_reason if g.backoff_until > now else "",
+                        "unmet": g.unmet.reason if g.unmet is not None else "",
+                    }
+                )
+        return out
 
     # -- for tests and the bench ------------------------------------------------------------
 
