@@ -13,7 +13,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,7 @@ class PodSpec:
     annotations: dict[str, str]
     phase: str = "Running"
     node: str = "node-a"
+    labels: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         """The pod as a Kubernetes object."""
@@ -75,6 +76,7 @@ class PodSpec:
                 "namespace": self.namespace,
                 "name": self.name,
                 "annotations": self.annotations,
+                "labels": self.labels,
             },
             "spec": {"nodeName": self.node, "containers": [{"name": c} for c in self.containers]},
             "status": {"phase": self.phase},

@@ -145,7 +145,8 @@ async def test_without_the_kubelet_the_watch_is_the_only_source() -> None:
     # A broken watch: its last copy is still served, and the failure is counted.
     watch.problem = "watch broken, serving its last copy: no answer"
     read = await source.read()
-    assert read.view is not None and read.view.pods == watch.pods
+    assert read.view is not None
+    assert read.view.pods == watch.pods
     assert read.errors == (("apiserver", watch.problem),)
     watch.pods = None
     read = await source.read()

@@ -22,6 +22,7 @@ from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as text_string_to_metric_families_om,
 )
 
+from lj_runtimekit.exporter.internal.metrics.families import unit_of
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
@@ -313,6 +314,27 @@ def test_openmetrics_for_scrapers_that_ask(bed: Bed) -> None:
     assert families["lj_runtimekit_device_energy_joules"].type == "counter"
     assert families["lj_runtimekit_exporter"].type == "info"
     assert len(families["lj_runtimekit_container_utilization_ratio"].samples) == 4
+    # Units on every family named with one, under the names the 0.0.4 format serves.
+    expected_units = {
+        "lj_runtimekit_device_memory_used_bytes": "bytes",
+        "lj_runtimekit_device_utilization_ratio": "ratio",
+        "lj_runtimekit_device_temperature_celsius": "celsius",
+        "lj_runtimekit_device_power_watts": "watts",
+        "lj_runtimekit_device_energy_joules": "joules",
+        "lj_runtimekit_mig_memory_total_bytes": "bytes",
+        "lj_runtimekit_container_core_allocated_ratio": "ratio",
+        "lj_runtimekit_exporter_collection_duration_seconds": "seconds",
+        "lj_runtimekit_exporter_scrape_duration_seconds": "seconds",
+        "lj_runtimekit_exporter_last_collection_timestamp_seconds": "seconds",
+        "process_resident_memory_bytes": "",
+    }
+    assert {name: families[name].unit for name in expected_units} == expected_units
+    for name, family in families.items():
+        if name.startswith("lj_runtimekit_"):
+            assert family.unit == unit_of(name), name
+    assert "# UNIT lj_runtimekit_device_power_watts watts\n" in text
+    served = {s.name for f in families.values() for s in f.samples}
+    assert served == bed.exporter.scrape().names()
     after = bed.exporter.scrape()
     assert after.value("lj_runtimekit_exporter_scrape_duration_seconds_count") >= 2
 
@@ -383,7 +405,11 @@ class Prometheus:
 
     def query(self, expr: str) -> dict[str, Any]:
         """Instant query through the HTTP API; the decoded JSON answer."""
-        url = f"{self.base}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+        return self.api("query", query=expr)
+
+    def api(self, path: str, **params: str) -> dict[str, Any]:
+        """GET /api/v1/<path>?<params>; the decoded JSON answer."""
+        url = f"{self.base}/api/v1/{path}?{urllib.parse.urlencode(params)}"
         try:
             with urllib.request.urlopen(url, timeout=10) as r:
                 answer: dict[str, Any] = json.load(r)
@@ -446,6 +472,25 @@ def test_prometheus_scrapes_and_promql_returns_the_pod_value(
     )
     up = _vector(prometheus, 'up{job="lj-exporter"}', lj)
     assert float(up[0]["value"][1]) == 1
+
+
+def test_prometheus_keeps_the_units_it_scraped(bed: Bed, prometheus: Prometheus, lj: Any) -> None:
+    _vector(prometheus, "lj_runtimekit_device_power_watts", lj)
+    units = {}
+    for name in (
+        "lj_runtimekit_device_power_watts",
+        "lj_runtimekit_container_memory_used_bytes",
+        "lj_runtimekit_exporter_collection_duration_seconds",
+    ):
+        answer = prometheus.api("targets/metadata", match_target='{job="lj-exporter"}', metric=name)
+        assert answer["status"] == "success", answer
+        (entry,) = answer["data"]
+        units[name] = entry["unit"]
+    assert units == {
+        "lj_runtimekit_device_power_watts": "watts",
+        "lj_runtimekit_container_memory_used_bytes": "bytes",
+        "lj_runtimekit_exporter_collection_duration_seconds": "seconds",
+    }
 
 
 _METRIC = re.compile(r"\b(?:lj_runtimekit|process)_[a-z0-9_]+")

@@ -17,13 +17,14 @@ from collections.abc import Sequence
 from prometheus_client import disable_created_metrics
 
 from lj_runtimekit.exporter.internal.collector.loop import CollectionLoop
+from lj_runtimekit.exporter.internal.metrics.labels import LabelConfig, pod_label_allowlist
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics
 from lj_runtimekit.exporter.internal.pods.apiserver import ApiServerPods
 from lj_runtimekit.exporter.internal.pods.kubelet import KubeletPods
 from lj_runtimekit.exporter.internal.pods.source import NodePods
 from lj_runtimekit.exporter.internal.server.http import MetricsServer, make_app
 from lj_runtimekit.proto.pkg import logs
-from lj_runtimekit.proto.pkg.flags import FlagParser, port, positive_seconds
+from lj_runtimekit.proto.pkg.flags import FlagParser, boolean, port, positive_seconds
 from lj_runtimekit.proto.pkg.kube import in_cluster
 from lj_runtimekit.proto.pkg.kubeletpods import DEFAULT_KUBELET_PODS_URL, check_pods_url
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
@@ -134,6 +135,30 @@ def _parser() -> FlagParser:
         "protocol.yaml with the resource and annotation names",
         shown="the built-in names",
     )
+    p.env_flag(
+        "--dcgm-label-names",
+        "LJ_EXPORTER_DCGM_LABEL_NAMES",
+        "false",
+        "name the labels as dcgm-exporter does (Hostname, gpu, UUID, modelName, GPU_I_PROFILE,"
+        " GPU_I_ID) so its dashboards select these series",
+        type=boolean,
+    )
+    p.env_flag(
+        "--pod-labels",
+        "LJ_EXPORTER_POD_LABELS",
+        "",
+        "comma-separated pod label keys copied onto the container series as label_<key>"
+        " (characters outside [a-zA-Z0-9_] become _)",
+        shown="none",
+        type=pod_label_allowlist,
+    )
+    p.env_flag(
+        "--pod-uid-label",
+        "LJ_EXPORTER_POD_UID_LABEL",
+        "false",
+        "add the pod's UID as the pod_uid label of the container series",
+        type=boolean,
+    )
     p.log_flags("LJ_EXPORTER_")
     p.add_argument("--version", action="store_true", help="print the version and exit")
     return p
@@ -200,6 +225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         node_name=args.node_name,
         interval_s=args.collection_interval,
         component_version=version,
+        label_config=LabelConfig(
+            dcgm_names=args.dcgm_label_names,
+            pod_labels=args.pod_labels,
+            pod_uid=args.pod_uid_label,
+        ),
     )
     try:
         server = MetricsServer(make_app(metrics, loop.healthy), args.listen_address, args.port)

@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 from lj_runtimekit.exporter.internal.allocation.assignments import Allocations, pod_allocations
 from lj_runtimekit.exporter.internal.collector.runtime import read_runtime
 from lj_runtimekit.exporter.internal.metrics.families import build_families
+from lj_runtimekit.exporter.internal.metrics.labels import LabelConfig
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics, status_families
 from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
 from lj_runtimekit.exporter.internal.metrics.xid import XidCodes
@@ -48,6 +49,7 @@ class CollectionLoop:
         node_name: str,
         interval_s: float,
         component_version: str,
+        label_config: LabelConfig,
     ) -> None:
         self._client = client
         self._pods = pods
@@ -56,6 +58,7 @@ class CollectionLoop:
         self._node = node_name
         self.interval_s = interval_s
         self._version = component_version
+        self._labels = label_config
         self._runtime_up: bool | None = None
         self._kubelet_up: bool | None = None
         self._gate_messages: tuple[str, ...] = ()
@@ -107,7 +110,13 @@ class CollectionLoop:
             allocations = pod_allocations(pod_read.view.pods, self._protocol.annotations)
             self._note_problems(allocations.problems)
         families: list[Metric] = build_families(
-            self._node, self._protocol.resources, runtime, pod_read.view, allocations, self._xids
+            self._node,
+            self._protocol.resources,
+            runtime,
+            pod_read.view,
+            allocations,
+            self._xids,
+            self._labels,
         )
         families += status_families(
             node=self._node,
@@ -119,6 +128,7 @@ class CollectionLoop:
             pods_source=pod_read.view.source if pod_read.view else None,
             pods_count=len(pod_read.view.pods) if pod_read.view else 0,
             collected_at_unix=time.time(),
+            label_config=self._labels,
         )
         self._metrics.publish(families)
         self._metrics.collection_duration.observe(time.perf_counter() - started)

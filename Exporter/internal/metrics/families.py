@@ -1,8 +1,9 @@
 """Metric families of one collection: devices, MIG instances, containers, allocation.
 
 Every name carries the one prefix `lj_runtimekit_`, values are in base units
-(bytes, seconds, joules, watts, degrees Celsius, ratios 0-1) and counters end
-in `_total`. Families are built once per collection; a scrape only yields them.
+(bytes, seconds, joules, watts, degrees Celsius, ratios 0-1) named by the
+name's last word, which OpenMetrics also serves as the family's unit, and
+counters end in `_total`. Families are built once per collection; a scrape only yields them.
 While the Runtime is down the device, MIG and container families are absent
 (not stale-marked): Prometheus then ends those series itself at the next
 scrape, and `lj_runtimekit_runtime_up` is 0.
@@ -20,6 +21,7 @@ from lj_runtimekit.exporter.internal.allocation.assignments import (
     Allocations,
     share_percents,
 )
+from lj_runtimekit.exporter.internal.metrics.labels import LabelConfig
 from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
 from lj_runtimekit.exporter.internal.metrics.xid import XidCodes
 from lj_runtimekit.exporter.internal.pods.model import PodView
@@ -44,6 +46,14 @@ CONTAINER_LABELS = (
     "mig_instance_id",
 )
 MODES = ("exclusive", "tdm", "mig")
+UNITS = ("bytes", "seconds", "ratio", "celsius", "watts", "joules")
+"""Base units a family name may end in: OpenMetrics serves it as the family's `# UNIT`."""
+
+
+def unit_of(name: str) -> str:
+    """The unit a family name (without `_total`) ends in, else empty."""
+    suffix = name.rpartition("_")[2]
+    return suffix if suffix in UNITS else ""
 
 
 def mode_name(mode: int) -> str:
@@ -60,11 +70,11 @@ class _Place:
 
 
 def _gauge(name: str, doc: str, labels: Iterable[str]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
+    return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels), unit=unit_of(name))
 
 
 def _counter(name: str, doc: str, labels: Iterable[str]) -> CounterMetricFamily:
-    return CounterMetricFamily(PREFIX + name, doc, labels=list(labels))
+    return CounterMetricFamily(PREFIX + name, doc, labels=list(labels), unit=unit_of(name))
 
 
 def whole_resource(resources: Resources, kind: int) -> str:
@@ -81,11 +91,15 @@ def build_families(
     pods: PodView | None,
     allocations: Allocations | None,
     xids: XidCodes,
+    label_config: LabelConfig,
 ) -> list[Metric]:
     """The device, MIG, container and allocation families of one collection (`xids` splits
-    the devices' XID counters by code across collections)."""
+    the devices' XID counters by code across collections; `label_config` names the labels)."""
     if runtime is None:
         return []
+    names = label_config.names
+    device_names = names(DEVICE_LABELS)
+    mig_names = names(MIG_LABELS)
     families: list[Metric] = []
     places: dict[str, _Place] = {}
     device_labels: dict[str, list[str]] = {}
@@ -94,52 +108,52 @@ def build_families(
         "device_info",
         "Static facts of a device (value 1): PCI bus id, NUMA node, and the extended resource"
         " that offers it whole.",
-        (*DEVICE_LABELS, "pci_bus_id", "numa_node", "resource"),
+        names((*DEVICE_LABELS, "pci_bus_id", "numa_node", "resource")),
     )
     util = _gauge(
-        "device_utilization_ratio", "Compute utilization of the device, 0-1.", DEVICE_LABELS
+        "device_utilization_ratio", "Compute utilization of the device, 0-1.", device_names
     )
-    mem_used = _gauge("device_memory_used_bytes", "Device memory in use.", DEVICE_LABELS)
-    mem_total = _gauge("device_memory_total_bytes", "Total device memory.", DEVICE_LABELS)
-    temp = _gauge("device_temperature_celsius", "Device temperature.", DEVICE_LABELS)
-    power = _gauge("device_power_watts", "Device power draw.", DEVICE_LABELS)
+    mem_used = _gauge("device_memory_used_bytes", "Device memory in use.", device_names)
+    mem_total = _gauge("device_memory_total_bytes", "Total device memory.", device_names)
+    temp = _gauge("device_temperature_celsius", "Device temperature.", device_names)
+    power = _gauge("device_power_watts", "Device power draw.", device_names)
     energy = _counter(
         "device_energy_joules",
         "Energy the device consumed since the Runtime started.",
-        DEVICE_LABELS,
+        device_names,
     )
     ecc = _counter(
         "device_ecc_errors",
         "ECC errors since the Runtime started, by type (corrected, uncorrected).",
-        (*DEVICE_LABELS, "type"),
+        names((*DEVICE_LABELS, "type")),
     )
     xid = _counter(
         "device_xid_errors",
         "XID errors since the Runtime started, by XID code (the code the device's health reason"
         " named when the count rose; empty when it named none).",
-        (*DEVICE_LABELS, "xid"),
+        names((*DEVICE_LABELS, "xid")),
     )
     healthy = _gauge(
-        "device_healthy", "1 when the Runtime reports the device healthy, else 0.", DEVICE_LABELS
+        "device_healthy", "1 when the Runtime reports the device healthy, else 0.", device_names
     )
     mode = _gauge(
         "device_mode",
         "Sharing mode of the device: 1 for the current mode (exclusive, tdm, mig), 0 otherwise.",
-        (*DEVICE_LABELS, "mode"),
+        names((*DEVICE_LABELS, "mode")),
     )
     mig_util = _gauge(
-        "mig_utilization_ratio", "Compute utilization of the MIG instance, 0-1.", MIG_LABELS
+        "mig_utilization_ratio", "Compute utilization of the MIG instance, 0-1.", mig_names
     )
-    mig_used = _gauge("mig_memory_used_bytes", "MIG instance memory in use.", MIG_LABELS)
-    mig_total = _gauge("mig_memory_total_bytes", "Total memory of the MIG instance.", MIG_LABELS)
+    mig_used = _gauge("mig_memory_used_bytes", "MIG instance memory in use.", mig_names)
+    mig_total = _gauge("mig_memory_total_bytes", "Total memory of the MIG instance.", mig_names)
     mig_healthy = _gauge(
-        "mig_healthy", "1 when the Runtime reports the MIG instance healthy, else 0.", MIG_LABELS
+        "mig_healthy", "1 when the Runtime reports the MIG instance healthy, else 0.", mig_names
     )
     mig_info = _gauge(
         "mig_info",
         "Static facts of a MIG instance (value 1): its own ID and the extended resource that"
         " offers its profile.",
-        (*MIG_LABELS, "mig_uuid", "resource"),
+        names((*MIG_LABELS, "mig_uuid", "resource")),
     )
     families += [info, util, mem_used, mem_total, temp, power, energy, ecc, xid, healthy, mode]
     families += [mig_info, mig_util, mig_used, mig_total, mig_healthy]
@@ -197,8 +211,10 @@ def build_families(
             mig_used.add_metric(ilabels_or_none, float(mig.memory_used_bytes))
 
     if pods is not None and allocations is not None:
-        families += _allocation_families(runtime, device_labels, mig_labels, allocations)
-    families += _container_families(node, runtime, places, pods, allocations)
+        families += _allocation_families(
+            runtime, device_labels, mig_labels, allocations, device_names, mig_names
+        )
+    families += _container_families(node, runtime, places, pods, allocations, label_config)
     return families
 
 
@@ -207,26 +223,28 @@ def _allocation_families(
     device_labels: dict[str, list[str]],
     mig_labels: dict[str, list[str]],
     allocations: Allocations,
+    device_names: list[str],
+    mig_names: list[str],
 ) -> list[Metric]:
     core = _gauge(
         "device_core_allocated_ratio",
         "Share of the device's compute allocated to containers (pod annotations), 0-1;"
         " above 1 means over-committed.",
-        DEVICE_LABELS,
+        device_names,
     )
     memory = _gauge(
         "device_memory_allocated_ratio",
         "Share of the device's memory allocated to containers (pod annotations), 0-1;"
         " above 1 means over-committed.",
-        DEVICE_LABELS,
+        device_names,
     )
     containers = _gauge(
         "device_allocated_containers",
         "Containers holding the device, a slice of it or one of its MIG instances.",
-        DEVICE_LABELS,
+        device_names,
     )
     mig_containers = _gauge(
-        "mig_allocated_containers", "Containers holding the MIG instance.", MIG_LABELS
+        "mig_allocated_containers", "Containers holding the MIG instance.", mig_names
     )
     by_device = allocations.by_device
     for device in runtime.devices:
@@ -256,6 +274,7 @@ def _container_families(
     places: dict[str, _Place],
     pods: PodView | None,
     allocations: Allocations | None,
+    label_config: LabelConfig,
 ) -> list[Metric]:
     """Per-container usage (Runtime) and allocation (annotations) of pods the node still runs.
 
@@ -265,28 +284,29 @@ def _container_families(
     """
     if pods is None:
         return []
+    container_names = [*label_config.names(CONTAINER_LABELS), *label_config.pod_label_names()]
     util = _gauge(
         "container_utilization_ratio",
         "Share of the compute the container uses, 0-1, relative to what it holds: the device,"
         " or for a MIG instance (mig_profile and mig_instance_id set) that instance.",
-        CONTAINER_LABELS,
+        container_names,
     )
     mem = _gauge(
-        "container_memory_used_bytes", "Device memory the container uses.", CONTAINER_LABELS
+        "container_memory_used_bytes", "Device memory the container uses.", container_names
     )
     core_alloc = _gauge(
         "container_core_allocated_ratio",
         "Share of the compute allocated to the container, 0-1, relative to what it holds: the"
         " device, or for a MIG instance (mig_profile and mig_instance_id set) that instance"
         " (1 for a whole device or instance).",
-        CONTAINER_LABELS,
+        container_names,
     )
     mem_alloc = _gauge(
         "container_memory_allocated_ratio",
         "Share of the memory allocated to the container, 0-1, relative to what it holds: the"
         " device, or for a MIG instance (mig_profile and mig_instance_id set) that instance"
         " (1 for a whole device or instance).",
-        CONTAINER_LABELS,
+        container_names,
     )
     by_uid = pods.by_uid()
 
@@ -305,6 +325,7 @@ def _container_families(
             device.id,
             instance.profile if instance else "",
             str(instance.instance_id) if instance else "",
+            *label_config.pod_values(pod),
         ]
 
     if runtime.container_metrics is not None:

@@ -19,6 +19,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from lj_runtimekit.exporter.internal.metrics.families import PREFIX
+from lj_runtimekit.exporter.internal.metrics.labels import LabelConfig
 from lj_runtimekit.proto.pkg.featuregate import FEATURE_MINIMUMS, GateReport
 
 ErrorSource = Literal["runtime", "kubelet", "apiserver", "annotations"]
@@ -57,6 +58,7 @@ def status_families(
     pods_source: str | None,
     pods_count: int,
     collected_at_unix: float,
+    label_config: LabelConfig,
 ) -> list[Metric]:
     """runtime_up, kubelet_up (None: the kubelet is not used), the `_info` metric, feature
     gates and the pods view.
@@ -64,18 +66,20 @@ def status_families(
     `gates` is this collection's (None when the Runtime was unreadable); `last_gates` is
     the last collection's that read the Runtime: the `_info` series keeps its labels while
     the Runtime is down, so it stays one series (empty values until the first read).
+    `label_config` names the `node` label.
     """
+    node_label = label_config.names(["node"])
     runtime = GaugeMetricFamily(
         PREFIX + "runtime_up",
         "1 when the last collection could read the Runtime, else 0.",
-        labels=["node"],
+        labels=node_label,
     )
     runtime.add_metric([node], 1.0 if runtime_up else 0.0)
     kubelet = GaugeMetricFamily(
         PREFIX + "kubelet_up",
         "1 when the last collection could read the kubelet's /pods endpoint, else 0 (absent"
         " when the kubelet is not used).",
-        labels=["node"],
+        labels=node_label,
     )
     if kubelet_up is not None:
         kubelet.add_metric([node], 1.0 if kubelet_up else 0.0)
@@ -83,7 +87,7 @@ def status_families(
         PREFIX + "exporter",
         "Exporter version, the Runtime version it last read and the gated features on for it"
         " (both kept while the Runtime is down; empty until the first read).",
-        labels=["node"],
+        labels=node_label,
     )
     info.add_metric(
         [node],
@@ -97,7 +101,7 @@ def status_families(
         PREFIX + "feature_enabled",
         "1 when a gated feature is on for the node's Runtime version, else 0 (absent while the"
         " Runtime version is unknown).",
-        labels=["node", "feature"],
+        labels=label_config.names(["node", "feature"]),
     )
     if gates is not None:
         for feature in sorted(FEATURE_MINIMUMS):
@@ -106,13 +110,14 @@ def status_families(
         PREFIX + "exporter_pods",
         "Pods of the node in the last pods view, by source (kubelet or apiserver); absent when"
         " no source answered.",
-        labels=["node", "source"],
+        labels=label_config.names(["node", "source"]),
     )
     if pods_source is not None:
         pods.add_metric([node, pods_source], pods_count)
     last = GaugeMetricFamily(
         PREFIX + "exporter_last_collection_timestamp_seconds",
         "Unix time the last collection finished.",
+        unit="seconds",
     )
     if collected_at_unix:
         last.add_metric([], collected_at_unix)
@@ -151,12 +156,14 @@ class ExporterMetrics:
             PREFIX + "exporter_scrape_duration_seconds",
             "Time to render /metrics.",
             buckets=SCRAPE_BUCKETS,
+            unit="seconds",
             registry=self.registry,
         )
         self.collection_duration = Histogram(
             PREFIX + "exporter_collection_duration_seconds",
             "Time of one background collection (Runtime and pods read concurrently).",
             buckets=COLLECTION_BUCKETS,
+            unit="seconds",
             registry=self.registry,
         )
         self.collection_errors = Counter(
