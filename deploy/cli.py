@@ -15,9 +15,11 @@ from typing import Any
 
 from lj_runtimekit.deploy import manifests, verify
 from lj_runtimekit.deploy.components import (
+    DEFAULT_JOBS_NAMESPACE,
     DEFAULT_NAMESPACE,
     DEFAULT_REGISTRY,
     DeployError,
+    check_jobs_namespace,
     check_namespace,
     check_registry,
     check_version,
@@ -63,6 +65,9 @@ def _options(args: argparse.Namespace) -> manifests.Options:
         registry=check_registry(args.registry),
         images=parse_image_overrides(args.image or []),
         runtime_class_api=getattr(args, "runtime_class_api", "node.k8s.io/v1"),
+        jobs_namespace=check_jobs_namespace(args.jobs_namespace),
+        device_plugin_pods_url="" if args.no_kubelet_read_only_port else manifests.KUBELET_PODS_URL,
+        admission_policies=not args.no_admission_policies,
     )
 
 
@@ -86,6 +91,14 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     return 0
 
 
+def _in_namespace(obj: manifests.Obj, namespace: str) -> bool:
+    """`obj` is the Namespace `namespace` or an object in it."""
+    meta = obj["metadata"]
+    if obj["kind"] == "Namespace":
+        return bool(meta["name"] == namespace)
+    return bool(meta.get("namespace") == namespace)
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     """Render the manifests with the operator's options."""
     components = parse_components(args.components)
@@ -94,6 +107,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         objs = [manifests.workload(c, opts) for c in components]
     else:
         objs = manifests.render(components, opts, common=not args.no_common)
+    if args.leave_out_namespace:
+        objs = [o for o in objs if not _in_namespace(o, args.leave_out_namespace)]
     text = manifests.dump(objs)
     if args.output == "-":
         sys.stdout.write(text)
@@ -193,11 +208,27 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--registry", default=DEFAULT_REGISTRY)
         p.add_argument("--version", required=True)
         p.add_argument("--image", action="append", help="<component>=<image reference>")
+        p.add_argument("--jobs-namespace", default=DEFAULT_JOBS_NAMESPACE)
+        p.add_argument(
+            "--no-kubelet-read-only-port",
+            action="store_true",
+            help="the Device Plugin watches its node's pods on the API server instead",
+        )
+        p.add_argument(
+            "--no-admission-policies",
+            action="store_true",
+            help="leave out the ValidatingAdmissionPolicies (Kubernetes < 1.30)",
+        )
         p.set_defaults(func=func)
         if name == "render":
             p.add_argument("--runtime-class-api", default="node.k8s.io/v1")
             p.add_argument("--no-common", action="store_true", help="leave out the RuntimeClass")
             p.add_argument("--workloads-only", action="store_true")
+            p.add_argument(
+                "--leave-out-namespace",
+                metavar="NS",
+                help="leave out namespace NS and the objects in it (a dry run before it exists)",
+            )
             p.add_argument("-o", "--output", default="-")
 
     for name, func in (("verify", cmd_verify), ("status", cmd_status)):

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 DEFAULT_NAMESPACE = "kube-system"
+DEFAULT_JOBS_NAMESPACE = "lj-runtimekit-jobs"
+"""The Controller's Jobs: a namespace of their own (deploy/README.md, Controller Jobs)."""
+SHARED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 DEFAULT_REGISTRY = "lj-runtimekit-registry.cn-hangzhou.cr.aliyuncs.com/lj-runtimekit"
 PART_OF = "lj-runtimekit"
 CHECKSUM_ANNOTATION = "lj-runtimekit.io/config-checksum"
@@ -166,6 +169,21 @@ def check_namespace(text: str) -> str:
         raise DeployError(
             f"--namespace={text}: not a namespace name (lowercase letters, digits and '-',"
             " at most 63 characters)"
+        )
+    return text
+
+
+def check_jobs_namespace(text: str) -> str:
+    """The Controller's Jobs namespace: a namespace name, not one the cluster shares."""
+    if not _DNS_LABEL_RE.match(text):
+        raise DeployError(
+            f"--jobs-namespace={text}: not a namespace name (lowercase letters, digits and '-',"
+            " at most 63 characters)"
+        )
+    if text in SHARED_NAMESPACES:
+        raise DeployError(
+            f"--jobs-namespace={text}: the Jobs need a namespace of their own (deploy labels it"
+            f" for PodSecurity and deletes it with the Controller), e.g. {DEFAULT_JOBS_NAMESPACE}"
         )
     return text
 

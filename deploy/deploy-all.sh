@@ -4,8 +4,9 @@
 # Usage: deploy/deploy-all.sh COMMAND [options]
 #
 # Commands:
-#   precheck                 cluster reachable, Kubernetes >= 1.18, RuntimeClass,
-#                            JobSet CRD (when gang scheduling needs it), labelled nodes
+#   precheck                 cluster reachable, Kubernetes >= 1.18 (>= 1.30 for the
+#                            admission policies), RuntimeClass, JobSet CRD (when gang
+#                            scheduling needs it), labelled nodes
 #   deploy                   render and apply every object (server-side apply), wait for rollout
 #   status                   workloads, ready counts, images, pods and their nodes
 #   verify                   pods Running+ready, node capacity = device count, exporter
@@ -18,10 +19,18 @@
 # Options:
 #   --components=LIST   device-plugin,scheduler-framework,exporter,controller (default: all)
 #   --namespace=NS      default kube-system
+#   --jobs-namespace=NS the Controller's Jobs, a namespace of their own; default
+#                       lj-runtimekit-jobs
 #   --registry=REG      default lj-runtimekit-registry.cn-hangzhou.cr.aliyuncs.com/lj-runtimekit
 #   --version=V         v{major}.{feature}.{iteration}; default the VERSION file
 #   --image=C=REF       image of one component (device-plugin, scheduler-framework,
 #                       exporter, controller, job-agent); repeatable
+#   --no-kubelet-read-only-port
+#                       the Device Plugin watches its node's pods on the API server
+#                       instead of reading the kubelet's port 10255
+#   --no-admission-policies
+#                       leave out the ValidatingAdmissionPolicies (required below
+#                       Kubernetes 1.30: RBAC alone then bounds the components)
 #   --dry-run           server-side dry run: validate and show, change nothing
 #   --kubeconfig=FILE   default $KUBECONFIG, then ~/.kube/config
 #   --timeout=DURATION  rollout wait, default 300s
@@ -39,6 +48,9 @@ root=$(cd "$here/.." && pwd)
 op=""
 components=""
 namespace="kube-system"
+jobs_namespace="lj-runtimekit-jobs"
+kubelet_port=true
+admission=true
 registry="lj-runtimekit-registry.cn-hangzhou.cr.aliyuncs.com/lj-runtimekit"
 version=""
 images=()
@@ -47,7 +59,7 @@ kubeconfig="${KUBECONFIG:-}"
 timeout="300s"
 metrics_url=""
 
-usage() { sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,42p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # -- logging ----------------------------------------------------------------------------------
 
@@ -97,6 +109,9 @@ while [[ $# -gt 0 ]]; do
     -h|--help|help) usage; exit 0 ;;
     --components=*) components=${1#*=} ;;
     --namespace=*) namespace=${1#*=} ;;
+    --jobs-namespace=*) jobs_namespace=${1#*=} ;;
+    --no-kubelet-read-only-port) kubelet_port=false ;;
+    --no-admission-policies) admission=false ;;
     --registry=*) registry=${1#*=} ;;
     --version=*) version=${1#*=} ;;
     --image=*) images+=("${1#*=}") ;;
@@ -104,7 +119,7 @@ while [[ $# -gt 0 ]]; do
     --kubeconfig=*) kubeconfig=${1#*=} ;;
     --timeout=*) timeout=${1#*=} ;;
     --metrics-url=*) metrics_url=${1#*=} ;;
-    --components|--namespace|--registry|--version|--image|--kubeconfig|--timeout|--metrics-url)
+    --components|--namespace|--jobs-namespace|--registry|--version|--image|--kubeconfig|--timeout|--metrics-url)
       die "$1 needs a value: write $1=VALUE" ;;
     -*) die "unknown option '$1' (see $0 --help)" ;;
     *)
@@ -149,6 +164,9 @@ if [[ -z $version ]]; then
 fi
 image_args=()
 for image in ${images[@]+"${images[@]}"}; do image_args+=("--image=$image"); done
+image_args+=("--jobs-namespace=$jobs_namespace")
+$kubelet_port || image_args+=(--no-kubelet-read-only-port)
+$admission || image_args+=(--no-admission-policies)
 [[ -f $protocol ]] || die "$protocol is missing (the one source of protocol.yaml)"
 
 render() {
@@ -210,6 +228,12 @@ if (( BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < 18 )); then
   die "Kubernetes $server_version is older than 1.18; fix: upgrade the cluster"
 fi
 log "Kubernetes $server_version >= 1.18"
+# ValidatingAdmissionPolicy v1 and the node name in pod-bound ServiceAccount tokens: 1.30.
+policies_served=true
+if (( BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < 30 )); then policies_served=false; fi
+if ! $policies_served && [[ $op == delete ]]; then
+  image_args+=(--no-admission-policies)  # none can exist there
+fi
 runtime_class_api=node.k8s.io/v1
 api_versions=$("${kc[@]}" api-versions 2>/dev/null || true)
 if ! grep -qx 'node.k8s.io/v1' <<<"$api_versions"; then
@@ -290,12 +314,20 @@ cmd_precheck() {
     log "ok      gang scheduling needs no JobSet"
   fi
   local labelled
-  labelled=$("${kc[@]}" get nodes -l "$enable_label=true" -o name 2>/dev/null | wc -l)
+  labelled=$("${kc[@]}" get nodes -l "$enable_label=true" -o name 2>/dev/null | wc -l) || labelled=0
   if [[ $labelled -gt 0 ]]; then
     log "ok      $labelled node(s) labelled $enable_label=true"
   else
     log "PROBLEM no node is labelled $enable_label=true; fix: kubectl label node <gpu-node> $enable_label=true"
     problems=$((problems + 1))
+  fi
+  if $admission && $policies_served; then
+    log "ok      admission policies: Kubernetes $server_version serves ValidatingAdmissionPolicy v1 and puts the node name in pod-bound ServiceAccount tokens"
+  elif $admission; then
+    log "PROBLEM Kubernetes $server_version is older than 1.30: no ValidatingAdmissionPolicy v1 and no node name in ServiceAccount tokens, so the Controller's Jobs and the node agents' writes cannot be bounded by the API server; fix: upgrade the cluster to >= 1.30, or accept RBAC alone with --no-admission-policies (deploy/README.md, Rights)"
+    problems=$((problems + 1))
+  else
+    log "warning: --no-admission-policies: the Controller may create any Job in $jobs_namespace and the node agents may patch any node and pod (RBAC alone; deploy/README.md, Rights)"
   fi
   if namespace_exists; then
     log "ok      namespace $namespace exists"
@@ -307,7 +339,17 @@ cmd_precheck() {
 }
 
 cmd_deploy() {
-  render -o "$work/manifests.yaml" 2>"$work/render.err" || die "$(sed 's/^error: //' "$work/render.err")"
+  if $admission && ! $policies_served; then
+    die "Kubernetes $server_version is older than 1.30: it has no ValidatingAdmissionPolicy v1 and no node name in ServiceAccount tokens; fix: upgrade the cluster, or deploy with --no-admission-policies (RBAC alone bounds the components then; deploy/README.md, Rights)"
+  fi
+  local leave_out=()
+  if $dry_run && [[ " ${names[*]} " == *" controller "* ]] \
+    && ! "${kc[@]}" get namespace "$jobs_namespace" -o name >/dev/null 2>&1; then
+    leave_out=("--leave-out-namespace=$jobs_namespace")
+    log "dry run: the Jobs' namespace $jobs_namespace does not exist yet, so it and the objects in it are not checked (deploy creates them)"
+  fi
+  render ${leave_out[@]+"${leave_out[@]}"} -o "$work/manifests.yaml" 2>"$work/render.err" \
+    || die "$(sed 's/^error: //' "$work/render.err")"
   cp "$work/manifests.yaml" "$log_file.manifests.yaml"
   log "rendered $(grep -c '^kind:' "$work/manifests.yaml") objects into $log_file.manifests.yaml"
   if ! namespace_exists; then
@@ -341,7 +383,7 @@ cmd_deploy() {
     log "warning: the scheduler's Coscheduling plugin requires JobSet >= $min_jobset but the CRD jobsets.jobset.x-k8s.io is missing: gangs from JobSets will not schedule; see $0 precheck"
   fi
   local labelled
-  labelled=$("${kc[@]}" get nodes -l "$enable_label=true" -o name 2>/dev/null | wc -l)
+  labelled=$("${kc[@]}" get nodes -l "$enable_label=true" -o name 2>/dev/null | wc -l) || labelled=0
   if [[ $labelled -eq 0 ]]; then
     log "warning: no node is labelled $enable_label=true, so the DaemonSets run nowhere; label GPU nodes: kubectl label node <gpu-node> $enable_label=true"
   fi

@@ -22,7 +22,9 @@ from lj_runtimekit.deploy.components import (
     Component,
 )
 from lj_runtimekit.deploy.manifests import (
+    ADMISSION_FILE,
     GENERATED_HEADER,
+    KUBELET_PODS_URL,
     SCHEDULER_CONFIG_KEY,
     SETTINGS,
     Obj,
@@ -39,6 +41,8 @@ from lj_runtimekit.deploy.manifests import (
 CHART = "helm/lj-runtimekit"
 _NS = "lj-sentinel-namespace"
 _RC_API = "lj-sentinel-rcapi"
+_JOBS_NS = "lj-sentinel-jobsns"
+_DP_PODS_URL = "lj-sentinel-dp-pods-url"
 VALUES_KEYS = {
     "device-plugin": "devicePlugin",
     "scheduler-framework": "schedulerFramework",
@@ -54,6 +58,7 @@ MEMBER_CONFIG_HEADER = (
     "# Do not edit: `make -C deploy check-manifests` fails when this file differs.\n"
 )
 _RBAC_FILES = {
+    "Namespace": "namespace.yaml",
     "ServiceAccount": "service_account.yaml",
     "ClusterRole": "role.yaml",
     "Role": "role.yaml",
@@ -110,7 +115,11 @@ def kustomizations(deploy_dir: Path, opts: Options) -> dict[Path, str]:
 def _templated(objs: list[Obj], component: Component | None, opts: Options) -> str:
     """Objects rendered with sentinels, the sentinels replaced by template expressions."""
     text = "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objs)
+    text = text.replace(_JOBS_NS, "{{ .Values.jobsNamespace }}")
     text = text.replace(_NS, "{{ .Release.Namespace }}")
+    text = text.replace(
+        _DP_PODS_URL, f"{{{{ if .Values.kubeletReadOnlyPort }}}}{KUBELET_PODS_URL}{{{{ end }}}}"
+    )
     text = text.replace(_RC_API, '{{ include "lj-runtimekit.runtimeClassApi" . }}')
     for c in COMPONENTS:
         for image in c.images:
@@ -201,6 +210,12 @@ def _values(opts: Options) -> str:
         "components:\n"
         + "".join(f"  {VALUES_KEYS[c.name]}: true\n" for c in COMPONENTS)
         + "runtimeClass:\n  create: true\n"
+        + "# The Controller's Jobs: a namespace of their own (deploy/README.md).\n"
+        + f"jobsNamespace: {opts.jobs_namespace}\n"
+        + "# false: the Device Plugin does not use the kubelet read-only port 10255.\n"
+        + "kubeletReadOnlyPort: true\n"
+        + "# The ValidatingAdmissionPolicies (Kubernetes >= 1.30) that bound the writes.\n"
+        + "admissionPolicies:\n  create: true\n"
         + "# Component tunables: the ConfigMap keys each component reads into its flags.\n"
         + "settings:\n"
         + "".join(
@@ -235,6 +250,8 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
         namespace=_NS,
         images={key: _image_sentinel(key) for key in IMAGE_KEYS},
         runtime_class_api=_RC_API,
+        jobs_namespace=_JOBS_NS,
+        device_plugin_pods_url=_DP_PODS_URL,
     )
     for name, docs in common_files(sentinel).items():
         out[chart / "templates" / f"common-{name}"] = (
@@ -252,11 +269,11 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
                 body = _configmap_template(component, sentinel, docs[0])
             else:
                 body = _templated(docs, component, sentinel)
+            condition = f".Values.components.{VALUES_KEYS[component.name]}"
+            if name == ADMISSION_FILE:
+                condition = f"and {condition} .Values.admissionPolicies.create"
             out[chart / "templates" / f"{component.directory}-{name}"] = (
-                _TEMPLATE_HEADER
-                + f"{{{{- if .Values.components.{VALUES_KEYS[component.name]} }}}}\n"
-                + body
-                + "{{- end }}\n"
+                _TEMPLATE_HEADER + f"{{{{- if {condition} }}}}\n" + body + "{{- end }}\n"
             )
     return out
 
@@ -285,14 +302,20 @@ def member_configs(deploy_dir: Path, opts: Options) -> dict[Path, str]:
             "configmap.yaml": files["02-configmap.yaml"],
             "manager.yaml": files[component.workload_file],
         }
-        for part, named, images in (("rbac", rbac, None), ("manager", manager, component)):
+        parts: list[tuple[str, dict[str, list[Obj]], Component | None]] = [
+            ("rbac", rbac, None),
+            ("manager", manager, component),
+        ]
+        if ADMISSION_FILE in files:
+            parts.append(("policy", {"admission.yaml": files[ADMISSION_FILE]}, None))
+        for part, named, images in parts:
             for name, objs in named.items():
                 out[root / part / name] = dump(objs, header)
             out[root / part / "kustomization.yaml"] = header + _kustomization(
                 list(named), images, opts
             )
         out[root / "default" / "kustomization.yaml"] = header + _kustomization(
-            ["../rbac", "../manager"], None, opts
+            [f"../{part}" for part, _, _ in parts], None, opts
         )
     return out
 

@@ -19,9 +19,11 @@ from typing import Any
 import yaml
 
 from lj_runtimekit.deploy.components import (
+    BY_NAME,
     CHECKSUM_ANNOTATION,
     COMPONENTS,
     CONFIG_DIR,
+    DEFAULT_JOBS_NAMESPACE,
     DEFAULT_NAMESPACE,
     DEFAULT_REGISTRY,
     DEVICE_PLUGIN_DIR,
@@ -44,6 +46,8 @@ METRICS_PORT = 9445
 SCHEDULER_METRICS_PORT = 10261
 CONTROLLER_HEALTH_PORT = 8080
 KUBELET_PODS_URL = "http://$(HOST_IP):10255/pods"
+"""The kubelet's read-only port; `Options.kubelet_read_only_port` off leaves it unused by
+the Device Plugin (which then watches its node's pods on the API server)."""
 EXPORTER_PORT_NAME = "metrics"
 
 
@@ -57,6 +61,12 @@ class Options:
     registry: str = DEFAULT_REGISTRY
     images: Mapping[str, str] = field(default_factory=dict)
     runtime_class_api: str = "node.k8s.io/v1"
+    jobs_namespace: str = DEFAULT_JOBS_NAMESPACE
+    """The Controller's Jobs (and its Lease): a namespace of their own, see `jobs_namespace`."""
+    device_plugin_pods_url: str = KUBELET_PODS_URL
+    """The Device Plugin's --kubelet-pods-url; empty: the kubelet read-only port is not used."""
+    admission_policies: bool = True
+    """The ValidatingAdmissionPolicies (Kubernetes >= 1.30) that bound the components' writes."""
 
     @property
     def protocol(self) -> Protocol:
@@ -230,12 +240,13 @@ def _leases(name: str) -> list[Obj]:
 
 
 def _rules(component: Component) -> list[Obj]:
-    """Cluster-wide rules: only what the component's code calls."""
+    """Cluster-wide rules: only what the component's code calls (deploy/README.md, Rights)."""
     if component.name == "device-plugin":
         # Node labels and inventory annotation; the node's pods by spec.nodeName (one
         # list + watch when the kubelet /pods is off, and a list read when the kubelet's
         # copy shows several pods waiting for devices), the allocation record annotation
-        # on that pod.
+        # on that pod. The node-agent admission policy narrows both patches to its own node
+        # and its own keys.
         return [
             _rule([""], ["nodes"], ["get", "patch"]),
             _rule([""], ["pods"], ["list", "watch", "patch"]),
@@ -245,8 +256,12 @@ def _rules(component: Component) -> list[Obj]:
             _rule([""], ["nodes"], _READ),
             _rule([""], ["pods"], _READ),
             _rule([""], ["pods/binding"], ["create"]),
-            # The PodScheduled=False condition (reason and message) on a pod it cannot place.
+            # The PodScheduled=False condition (reason and message) on a pod it cannot place,
+            # and the nominated node of a preemptor.
             _rule([""], ["pods/status"], ["patch"]),
+            # Preemption: the victims; the disruption budgets it must respect.
+            _rule([""], ["pods"], ["delete"]),
+            _rule(["policy"], ["poddisruptionbudgets"], ["list", "watch"]),
             # Coscheduling reads a JobSet's size for its gang.
             _rule(["jobset.x-k8s.io"], ["jobsets"], ["get"]),
             _EVENTS,
@@ -259,7 +274,8 @@ def _rules(component: Component) -> list[Obj]:
 
 
 def _namespaced_rules(component: Component) -> list[Obj]:
-    """Rules in the component's own namespace (leader election; the Controller's Jobs)."""
+    """Rules in one namespace: the scheduler's Lease (its own namespace); the Controller's
+    Jobs, their pods and its Lease (the Jobs' namespace, its --namespace)."""
     if component.name == "scheduler-framework":
         return _leases(SCHEDULER_LEASE)
     if component.name == "controller":
@@ -273,11 +289,32 @@ def _namespaced_rules(component: Component) -> list[Obj]:
     return []
 
 
+POD_SECURITY = "pod-security.kubernetes.io"
+
+
+def jobs_namespace(opts: Options) -> Obj:
+    """The Controller's Jobs' namespace. The Job Agent mounts the Runtime socket directory
+    (a hostPath), which only the `privileged` Pod Security level admits, so that is what is
+    enforced; `baseline` is audited and warned about, and the Jobs admission policy
+    allows nothing but the Agent's Job there (deploy/README.md, Controller Jobs)."""
+    component = BY_NAME["controller"]
+    meta = _meta(opts.jobs_namespace, component, None)
+    meta["labels"] |= {
+        f"{POD_SECURITY}/enforce": "privileged",
+        f"{POD_SECURITY}/audit": "baseline",
+        f"{POD_SECURITY}/warn": "baseline",
+    }
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
 def rbac(component: Component, opts: Options) -> list[Obj]:
     ns = opts.namespace
     name = component.app
     subject = {"kind": "ServiceAccount", "name": component.service_account, "namespace": ns}
-    objs: list[Obj] = [
+    objs: list[Obj] = []
+    if component.name == "controller":
+        objs.append(jobs_namespace(opts))
+    objs += [
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -306,7 +343,7 @@ def rbac(component: Component, opts: Options) -> list[Obj]:
             {
                 "apiVersion": "v1",
                 "kind": "ServiceAccount",
-                "metadata": _meta(JOB_AGENT_SERVICE_ACCOUNT, component, ns),
+                "metadata": _meta(JOB_AGENT_SERVICE_ACCOUNT, component, opts.jobs_namespace),
                 "automountServiceAccountToken": False,
             }
         )
@@ -333,22 +370,272 @@ def rbac(component: Component, opts: Options) -> list[Obj]:
         ]
     namespaced = _namespaced_rules(component)
     if namespaced:
+        role_ns = opts.jobs_namespace if component.name == "controller" else ns
         objs += [
             {
                 "apiVersion": "rbac.authorization.k8s.io/v1",
                 "kind": "Role",
-                "metadata": _meta(name, component, ns),
+                "metadata": _meta(name, component, role_ns),
                 "rules": namespaced,
             },
             {
                 "apiVersion": "rbac.authorization.k8s.io/v1",
                 "kind": "RoleBinding",
-                "metadata": _meta(name, component, ns),
+                "metadata": _meta(name, component, role_ns),
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
                 "subjects": [subject],
             },
         ]
     return objs
+
+
+# -- admission policies (Kubernetes >= 1.30) ---------------------------------------------------
+
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+"""The node of the pod a ServiceAccount token is bound to (Kubernetes >= 1.30)."""
+_VAP_API = "admissionregistration.k8s.io/v1"
+
+
+def _username(component: Component, opts: Options) -> str:
+    return f"system:serviceaccount:{opts.namespace}:{component.service_account}"
+
+
+def _policy(
+    component: Component,
+    opts: Options,
+    suffix: str,
+    spec: Obj,
+    param_ref: Obj | None = None,
+) -> list[Obj]:
+    """A ValidatingAdmissionPolicy that applies to the component's identity only, and its
+    binding (deny)."""
+    name = f"{component.app}-{suffix}"
+    identity = {
+        "name": "identity",
+        "expression": f"request.userInfo.username == '{_username(component, opts)}'",
+    }
+    binding: Obj = {"policyName": name, "validationActions": ["Deny"]}
+    if param_ref is not None:
+        binding["paramRef"] = param_ref
+    return [
+        {
+            "apiVersion": _VAP_API,
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": _meta(name, component, None),
+            "spec": {"failurePolicy": "Fail", **spec, "matchConditions": [identity]},
+        },
+        {
+            "apiVersion": _VAP_API,
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": _meta(name, component, None),
+            "spec": binding,
+        },
+    ]
+
+
+def _check(expression: str, message: str) -> Obj:
+    return {"expression": expression, "message": message, "reason": "Forbidden"}
+
+
+def _jobs_policy(component: Component, opts: Options) -> list[Obj]:
+    """The Controller may create and change only the Job Agent's Job: the image, the service
+    account and the socket directory of its own Deployment's flags (the policy's parameter,
+    so an upgrade or a rollback moves them together), the socket directory its only volume,
+    mounted read-only, nothing privileged and no host namespace."""
+    say = "the Controller may create only the Job Agent's Job: "
+    checks = [
+        _check(
+            "variables.pod.containers.size() == 1 && variables.pod.containers.all(c,"
+            " variables.flags.exists(f, f == '--job-image=' + c.image))",
+            say + "one container, the image of the Controller's --job-image",
+        ),
+        _check(
+            "variables.pod.?initContainers.orValue([]).size() == 0 &&"
+            " variables.pod.?ephemeralContainers.orValue([]).size() == 0",
+            say + "no init or ephemeral containers",
+        ),
+        _check(
+            "variables.flags.exists(f,"
+            " f == '--job-service-account=' + variables.pod.?serviceAccountName.orValue(''))",
+            say + "the service account of the Controller's --job-service-account",
+        ),
+        _check(
+            "variables.pod.?volumes.orValue([]).size() == 1 && variables.pod.volumes.all(v,"
+            " has(v.hostPath) &&"
+            " variables.flags.exists(f, f == '--socket-dir=' + v.hostPath.path))",
+            say + "one volume, the Runtime socket directory of the Controller's --socket-dir",
+        ),
+        _check(
+            "variables.pod.containers.all(c, c.?volumeMounts.orValue([]).all(m,"
+            " m.?readOnly.orValue(false)))",
+            say + "the socket directory mounted read-only",
+        ),
+        _check(
+            "!variables.pod.?hostPID.orValue(false) && !variables.pod.?hostNetwork.orValue(false)"
+            " && !variables.pod.?hostIPC.orValue(false)",
+            say + "no hostPID, hostNetwork or hostIPC",
+        ),
+        _check(
+            "variables.pod.containers.all(c, !c.?securityContext.?privileged.orValue(false) &&"
+            " c.?securityContext.?capabilities.?add.orValue([]).size() == 0)",
+            say + "not privileged, no added capabilities",
+        ),
+    ]
+    containers = "params.spec.template.spec.containers"
+    spec: Obj = {
+        "paramKind": {"apiVersion": "apps/v1", "kind": "Deployment"},
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": ["batch"],
+                    "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": ["jobs"],
+                }
+            ]
+        },
+        "variables": [
+            {"name": "pod", "expression": "object.spec.template.spec"},
+            {
+                "name": "flags",
+                "expression": f"{containers}.exists_one(c, c.name == '{component.name}')"
+                f" ? {containers}.filter(c, c.name == '{component.name}')[0].?args.orValue([])"
+                " : []",
+            },
+        ],
+        "validations": checks,
+    }
+    param_ref = {
+        "name": component.workload,
+        "namespace": opts.namespace,
+        "parameterNotFoundAction": "Deny",
+    }
+    return _policy(component, opts, "jobs", spec, param_ref)
+
+
+def writable_keys(component: Component, protocol: Protocol) -> dict[str, list[str]]:
+    """The label and annotation keys a node agent writes: `<kind>-labels`/`<kind>-annotations`
+    for nodes and pods (the Device Plugin's node labels, inventory and admission mode; its
+    allocation record and bind phase on pods; the Exporter writes none)."""
+    keys: dict[str, list[str]] = {
+        "node-labels": [],
+        "node-annotations": [],
+        "pod-labels": [],
+        "pod-annotations": [],
+    }
+    if component.name == "device-plugin":
+        labels_, ann = protocol.labels, protocol.annotations
+        keys["node-labels"] = [
+            labels_.device_kind,
+            labels_.device_model,
+            labels_.device_count,
+            labels_.device_mode,
+            labels_.runtime_version,
+        ]
+        keys["node-annotations"] = [ann.node_devices, ann.node_admission]
+        keys["pod-annotations"] = [ann.allocated_devices, ann.bind_phase]
+    return keys
+
+
+def _cel_list(items: list[str]) -> str:
+    return "[" + ", ".join(f"'{item}'" for item in items) + "]"
+
+
+def _changed(field_: str) -> str:
+    """CEL: the keys of `metadata.<field_>` (a map) added, changed or removed by the write,
+    from the variables `new_<field_>` and `old_<field_>`."""
+    new, old = f"variables.new_{field_}", f"variables.old_{field_}"
+    return (
+        f"{new}.filter(k, !(k in {old}) || {old}[k] != {new}[k]) + {old}.filter(k, !(k in {new}))"
+    )
+
+
+def _node_agent_policy(component: Component, opts: Options) -> list[Obj]:
+    """A node agent writes only its own Node and the pods on it (the node of the pod its
+    token is bound to), and there only its own label and annotation keys; a token without a
+    node (Kubernetes < 1.30, a token not bound to a pod) writes nothing."""
+    keys = writable_keys(component, opts.protocol)
+    say = f"{component.app} may write only its own node and its pods' allowed keys: "
+    extra = f"request.userInfo.?extra[?'{NODE_NAME_EXTRA}'].orValue([])"
+    checks = [
+        _check(
+            "variables.node != ''",
+            say + f"its token carries no node name ({NODE_NAME_EXTRA}: a token bound to"
+            " its pod, Kubernetes >= 1.30)",
+        ),
+        _check("request.?subResource.orValue('') == ''", say + "no subresource"),
+        _check(
+            "variables.kind == 'pods' || object.metadata.name == variables.node",
+            say + "another node",
+        ),
+        _check(
+            "variables.kind == 'nodes' ||"
+            " (object.spec.?nodeName.orValue('') == variables.node &&"
+            " oldObject.spec.?nodeName.orValue('') == variables.node)",
+            say + "a pod of another node",
+        ),
+        _check(
+            "object.spec == oldObject.spec &&"
+            " object.metadata.?finalizers.orValue([]) =="
+            " oldObject.metadata.?finalizers.orValue([]) &&"
+            " object.metadata.?ownerReferences.orValue([]) =="
+            " oldObject.metadata.?ownerReferences.orValue([])",
+            say + "spec, finalizers and owners unchanged",
+        ),
+        _check(
+            f"({_changed('labels')}).all(k, k in variables.labelKeys)",
+            say + "a label key it does not own",
+        ),
+        _check(
+            f"({_changed('annotations')}).all(k, k in variables.annotationKeys)",
+            say + "an annotation key it does not own",
+        ),
+    ]
+    spec: Obj = {
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["*"],
+                    "operations": ["UPDATE"],
+                    "resources": ["nodes", "nodes/*", "pods", "pods/*"],
+                }
+            ]
+        },
+        "variables": [
+            {"name": "node", "expression": f"size({extra}) == 1 ? {extra}[0] : ''"},
+            {"name": "kind", "expression": "request.resource.resource"},
+            *(
+                {"name": f"{age}_{field_}", "expression": f"{obj}.metadata.?{field_}.orValue({{}})"}
+                for field_ in ("labels", "annotations")
+                for age, obj in (("new", "object"), ("old", "oldObject"))
+            ),
+            {
+                "name": "labelKeys",
+                "expression": f"variables.kind == 'nodes' ? {_cel_list(keys['node-labels'])}"
+                f" : {_cel_list(keys['pod-labels'])}",
+            },
+            {
+                "name": "annotationKeys",
+                "expression": f"variables.kind == 'nodes'"
+                f" ? {_cel_list(keys['node-annotations'])}"
+                f" : {_cel_list(keys['pod-annotations'])}",
+            },
+        ],
+        "validations": checks,
+    }
+    return _policy(component, opts, "own-node", spec)
+
+
+def admission(component: Component, opts: Options) -> list[Obj]:
+    """The component's admission policies (none without `opts.admission_policies`)."""
+    if not opts.admission_policies:
+        return []
+    if component.name == "controller":
+        return _jobs_policy(component, opts)
+    if component.kind == "DaemonSet":
+        return _node_agent_policy(component, opts)
+    return []
 
 
 def configmap(component: Component, opts: Options) -> Obj:
@@ -460,7 +747,7 @@ def _container(component: Component, opts: Options) -> Obj:
             f"--plugin-dir={DEVICE_PLUGIN_DIR}",
             f"--runtime-socket-dir={RUNTIME_SOCKET_DIR}",
             f"--protocol={protocol}",
-            f"--kubelet-pods-url={KUBELET_PODS_URL}",
+            f"--kubelet-pods-url={opts.device_plugin_pods_url}",
             "--log-format=json",
         ]
         mounts += [
@@ -503,7 +790,8 @@ def _container(component: Component, opts: Options) -> Obj:
         liveness, readiness = _http_probes("/metrics", "metrics")
         root = False
     else:
-        env.append(_env_field("LJ_CONTROLLER_NAMESPACE", "metadata.namespace"))
+        # The Jobs (and the Lease) live in their own namespace (jobs_namespace).
+        env.append({"name": "LJ_CONTROLLER_NAMESPACE", "value": opts.jobs_namespace})
         job_image = image_ref(component.images[1], opts.registry, opts.version, dict(opts.images))
         args = [
             "lj-controller",
@@ -661,17 +949,23 @@ def runtime_class(opts: Options) -> Obj:
     }
 
 
+ADMISSION_FILE = "04-admission.yaml"
+
+
 def component_files(component: Component, opts: Options) -> dict[str, list[Obj]]:
     """The component's manifest files: file name -> objects."""
     workloads: list[Obj] = []
     if component.name == "exporter":
         workloads.append(node_agent_priority_class())
     workloads.append(workload(component, opts))
-    return {
+    files = {
         "01-rbac.yaml": rbac(component, opts),
         "02-configmap.yaml": [configmap(component, opts)],
         component.workload_file: workloads,
     }
+    if policies := admission(component, opts):
+        files[ADMISSION_FILE] = policies
+    return files
 
 
 def common_files(opts: Options) -> dict[str, list[Obj]]:

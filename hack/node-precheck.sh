@@ -3,15 +3,16 @@
 #   - the Runtime socket directory and its socket file(s)
 #   - the Runtime answers; its version (lj-runtime-ctl info) is >= v1.13.0
 #     (base features) and which later features it allows
-#   - the kubelet read-only port (10255) answers /pods with a PodList
+#   - the kubelet read-only port (10255) answers /pods with a PodList (optional: a
+#     warning only; without it deploy with --no-kubelet-read-only-port)
 #   - the kubelet device plugin directory and kubelet.sock
 #   - the container runtime defines the lj-runtime handler (containerd config)
 #
 # Usage: hack/node-precheck.sh [--socket-dir=DIR] [--socket-name=NAME]
 #          [--kubelet-url=URL] [--plugin-dir=DIR] [--containerd-config=FILE]
 # Environment: LJ_RUNTIME_CTL (the lj-runtime-ctl command; default: on PATH or
-# the repository's .venv). Prints one ok/PROBLEM line per check; exits 1 when a
-# check fails, each PROBLEM line saying what to fix.
+# the repository's .venv). Prints one ok/PROBLEM/warning line per check; exits 1
+# when a check fails, each PROBLEM line saying what to fix.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,7 +30,7 @@ while [[ $# -gt 0 ]]; do
     --kubelet-url=*) kubelet_url=${1#*=} ;;
     --plugin-dir=*) plugin_dir=${1#*=} ;;
     --containerd-config=*) containerd_config=${1#*=} ;;
-    -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift
@@ -83,7 +84,8 @@ elif [[ -S $socket_dir/$socket_name ]]; then
   fi
 fi
 
-# 3. kubelet read-only port
+# 3. kubelet read-only port (optional: the components also read the node's pods from the
+#    API server)
 fetch() {
   if command -v curl >/dev/null 2>&1; then
     curl -fsS --max-time 5 "$1"
@@ -94,7 +96,7 @@ fetch() {
 if pods=$(fetch "$kubelet_url" 2>&1) && grep -q '"PodList"' <<<"$pods"; then
   ok "kubelet read-only port answers $kubelet_url with a PodList"
 else
-  problem "kubelet read-only port does not answer $kubelet_url with a PodList ($(tail -n 1 <<<"$pods")); fix: set readOnlyPort: 10255 in the kubelet configuration and restart the kubelet"
+  echo "warning kubelet read-only port does not answer $kubelet_url with a PodList ($(tail -n 1 <<<"$pods")): deploy with --no-kubelet-read-only-port (Helm: kubeletReadOnlyPort=false), so the Device Plugin watches its node's pods on the API server; or set readOnlyPort: 10255 in the kubelet configuration"
 fi
 
 # 4. device plugin directory

@@ -58,6 +58,22 @@ def test_helm_lint_and_template_equal_the_plain_yaml(control_plane: ControlPlane
     run(helm, "lint", "--strict", str(CHART))
     rendered = objects(run(helm, "template", "lj", str(CHART), "--namespace", "kube-system"))
     assert rendered == plain(*ALL)
+    off = objects(
+        run(
+            helm,
+            "template",
+            "lj",
+            str(CHART),
+            "--namespace",
+            "kube-system",
+            "--set",
+            "kubeletReadOnlyPort=false,admissionPolicies.create=false,jobsNamespace=gpu-jobs",
+        )
+    )
+    assert not [k for k in off if k[0].startswith("ValidatingAdmissionPolicy")]
+    assert ("Namespace", None, "gpu-jobs") in off
+    dp = off[("DaemonSet", "kube-system", "lj-runtimekit-device-plugin-ds")]
+    assert "--kubelet-pods-url=" in dp["spec"]["template"]["spec"]["containers"][0]["args"]
     only_exporter = objects(
         run(
             helm,
@@ -88,7 +104,8 @@ def test_member_config_applies_the_deploy_objects(
     component: Component, control_plane: ControlPlane
 ) -> None:
     """`kubectl apply -k <Member>/config/default` gives the objects of deploy/<directory>/
-    (fully qualified images included), and config/rbac/ and config/manager/ split them."""
+    (fully qualified images included), and config/rbac/, config/manager/ and config/policy/
+    split them."""
     config = ROOT / component.member / "config"
     kubectl = tool("kubectl")
     rendered = objects(run(kubectl, "kustomize", str(config / "default")))
@@ -96,7 +113,9 @@ def test_member_config_applies_the_deploy_objects(
     assert rendered == plain(component.directory)
     rbac = objects(run(kubectl, "kustomize", str(config / "rbac")))
     manager = objects(run(kubectl, "kustomize", str(config / "manager")))
+    policy = objects(run(kubectl, "kustomize", str(config / "policy")))
     assert {kind for kind, _, _ in rbac} == {
+        "Namespace",
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
@@ -104,7 +123,11 @@ def test_member_config_applies_the_deploy_objects(
         "RoleBinding",
     }
     assert {kind for kind, _, _ in manager} == {"ConfigMap", component.kind}
-    assert rbac | manager == rendered
+    assert {kind for kind, _, _ in policy} == {
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    assert rbac | manager | policy == rendered
 
 
 def test_helm_output_applies_to_the_api_server(
@@ -121,9 +144,13 @@ def test_helm_output_applies_to_the_api_server(
             namespace,
             "--set",
             "image.registry=registry.example.com/lj,images.exporter=exp:1",
+            "--set",
+            f"jobsNamespace={namespace}-jobs",
         )
     )
     kubectl = control_plane.kubectl_argv()
+    # A server-side dry run needs the namespaces of the objects to exist.
+    run(*kubectl, "create", "namespace", f"{namespace}-jobs")
     run(*kubectl, "apply", "--server-side", "--dry-run=server", "-f", str(manifest))
     try:
         out = run(*kubectl, "apply", "--server-side", "-f", str(manifest))

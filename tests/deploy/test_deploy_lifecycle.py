@@ -45,6 +45,15 @@ CLUSTER_OBJECTS = [
         for c in WORKLOADS
         for kind in ("clusterrole", "clusterrolebinding")
     ),
+    *(
+        (kind, name)
+        for name in (
+            "lj-runtimekit-controller-jobs",
+            "lj-runtimekit-device-plugin-own-node",
+            "lj-runtimekit-exporter-own-node",
+        )
+        for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding")
+    ),
 ]
 
 
@@ -54,6 +63,7 @@ class Env:
     def __init__(self, cp: ControlPlane, namespace: str, tmp: Path) -> None:
         self.cp = cp
         self.namespace = namespace
+        self.jobs_namespace = f"{namespace}-jobs"
         self.kubectl = str(find_tools(("kubectl",))["kubectl"])
         self.deleted = False
         self.env = dict(
@@ -64,7 +74,14 @@ class Env:
         )
 
     def run(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        argv = ["bash", str(SCRIPT), *args, f"--namespace={self.namespace}", "--timeout=90s"]
+        argv = [
+            "bash",
+            str(SCRIPT),
+            *args,
+            f"--namespace={self.namespace}",
+            f"--jobs-namespace={self.jobs_namespace}",
+            "--timeout=90s",
+        ]
         return subprocess.run(
             argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
         )
@@ -95,11 +112,16 @@ class Env:
         """(kind, name) -> (resourceVersion, generation) of every object of the deployment."""
         selector = "app.kubernetes.io/part-of=lj-runtimekit"
         namespaced = "serviceaccounts,configmaps,daemonsets,deployments,roles,rolebindings"
-        cluster = "clusterroles,clusterrolebindings,priorityclasses,runtimeclasses"
+        cluster = (
+            "clusterroles,clusterrolebindings,priorityclasses,runtimeclasses,namespaces,"
+            "validatingadmissionpolicies,validatingadmissionpolicybindings"
+        )
         items = []
         for kinds, ns in (
             (namespaced, [f"--namespace={self.namespace}"]),
             ("roles,rolebindings", ["--namespace=default"]),  # the Controller's node events
+            # The Controller's Jobs, their pods and its Lease; the Job Agent's account.
+            ("serviceaccounts,roles,rolebindings", [f"--namespace={self.jobs_namespace}"]),
             (cluster, []),
         ):
             out = self.k("get", kinds, "-l", selector, "-o", "json", *ns).stdout
@@ -225,7 +247,7 @@ def test_components_deploys_only_the_device_plugin_onto_enabled_gpu_nodes(env: E
 def test_deploy_creates_every_object_and_is_idempotent(env: Env) -> None:
     env.ok("deploy")
     rendered = {
-        (d["kind"], d["metadata"]["name"])
+        (d["kind"], env.jobs_namespace if d["kind"] == "Namespace" else d["metadata"]["name"])
         for f in sorted((ROOT / "deploy").glob("*/0*.yaml"))
         for d in yaml.safe_load_all(f.read_text())
         if d
@@ -236,12 +258,14 @@ def test_deploy_creates_every_object_and_is_idempotent(env: Env) -> None:
     assert "no change: every object is already as rendered" in again
     second = env.live()
     for key in rendered:
-        # Workloads: status updates move the resourceVersion; the spec's generation must stay.
-        field = 1 if key[0] in {"DaemonSet", "Deployment"} else 0
+        # Workloads and policies (type checking): status updates move the resourceVersion;
+        # the spec's generation must stay.
+        field = 1 if key[0] in {"DaemonSet", "Deployment", "ValidatingAdmissionPolicy"} else 0
         assert second[key][field] == first[key][field], f"{key} changed"
 
 
-# (service account, verb, resource, subresource, namespace or None for cluster-wide, allowed)
+# (service account, verb, resource, subresource, namespace or None for cluster-wide, allowed);
+# namespace "@" is the install namespace, "jobs" the Controller's Jobs' namespace.
 ACCESS = [
     ("device-plugin", "patch", "nodes", "", None, True),
     ("device-plugin", "list", "pods", "", None, True),
@@ -262,12 +286,18 @@ ACCESS = [
     ("scheduler-framework", "create", "leases", "", "@", True),
     ("scheduler-framework", "update", "leases", "", "default", False),
     ("scheduler-framework", "patch", "nodes", "", None, False),
-    ("scheduler-framework", "delete", "pods", "", "default", False),
-    ("controller", "create", "jobs", "", "@", True),
+    ("scheduler-framework", "delete", "pods", "", "default", True),  # preemption victims
+    ("scheduler-framework", "watch", "poddisruptionbudgets", "", None, True),
+    ("scheduler-framework", "update", "poddisruptionbudgets", "", "default", False),
+    ("controller", "create", "jobs", "", "jobs", True),
+    ("controller", "create", "jobs", "", "@", False),
     ("controller", "create", "jobs", "", "default", False),
+    ("controller", "list", "pods", "", "jobs", True),
+    ("controller", "list", "pods", "", "@", False),
     ("controller", "create", "events", "", "default", True),
     ("controller", "create", "events", "", "@", False),
-    ("controller", "update", "leases", "", "@", True),
+    ("controller", "update", "leases", "", "jobs", True),
+    ("controller", "update", "leases", "", "@", False),
     ("controller", "patch", "nodes", "", None, True),
     ("controller", "create", "pods", "binding", "default", False),
     ("job-agent", "get", "nodes", "", None, False),
@@ -280,7 +310,7 @@ def test_rbac_grants_what_each_component_calls_and_nothing_more(env: Env) -> Non
         authz = k8s_client.AuthorizationV1Api(api)
         wrong = []
         for account, verb, resource, sub, ns, allowed in ACCESS:
-            namespace = env.namespace if ns == "@" else ns
+            namespace = {"@": env.namespace, "jobs": env.jobs_namespace}.get(ns or "", ns)
             lease = {"scheduler-framework": "lj-runtimekit-scheduler-framework"}.get(
                 account, "lj-runtimekit-controller"
             )
@@ -288,6 +318,7 @@ def test_rbac_grants_what_each_component_calls_and_nothing_more(env: Env) -> Non
                 "jobs": "batch",
                 "leases": "coordination.k8s.io",
                 "jobsets": "jobset.x-k8s.io",
+                "poddisruptionbudgets": "policy",
             }.get(resource, "")
             review = authz.create_subject_access_review(
                 {
@@ -407,6 +438,8 @@ def test_delete_removes_everything_it_created(env: Env) -> None:
     for kind in ("role", "rolebinding"):
         name = "lj-runtimekit-controller-node-events"
         assert env.k("get", kind, name, "-n", "default", check=False).returncode != 0
+    jobs = env.get("namespace", env.jobs_namespace, namespaced=False)
+    assert jobs is None or jobs["status"]["phase"] == "Terminating"
 
     def no_pods() -> bool:
         out = env.k("get", "pods", f"--namespace={env.namespace}", "-o", "name").stdout

@@ -19,6 +19,7 @@ from lj_runtimekit.deploy.components import (
     CHECKSUM_ANNOTATION,
     COMPONENTS,
     DeployError,
+    check_jobs_namespace,
     check_version,
     parse_components,
     parse_image_overrides,
@@ -35,6 +36,16 @@ def plain(component_dir: str) -> list[dict[str, Any]]:
     for path in sorted((DEPLOY / component_dir).glob("0*.yaml")):
         docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return docs
+
+
+CLUSTER_KINDS = (
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PriorityClass",
+    "Namespace",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)
 
 
 def workload_of(component_dir: str) -> dict[str, Any]:
@@ -110,7 +121,11 @@ def test_names_labels_and_namespace(component: Any) -> None:
         assert labels["app.kubernetes.io/part-of"] == "lj-runtimekit"
         if doc["metadata"]["name"] == "lj-runtimekit-controller-node-events":
             assert doc["metadata"]["namespace"] == "default"  # events about Nodes live there
-        elif doc["kind"] not in ("ClusterRole", "ClusterRoleBinding", "PriorityClass"):
+        elif doc["kind"] in ("Role", "RoleBinding") and component.name == "controller":
+            assert doc["metadata"]["namespace"] == "lj-runtimekit-jobs"  # the Jobs' namespace
+        elif doc["metadata"]["name"] == "lj-runtimekit-job-agent":
+            assert doc["metadata"]["namespace"] == "lj-runtimekit-jobs"  # beside its pods
+        elif doc["kind"] not in CLUSTER_KINDS:
             assert doc["metadata"]["namespace"] == "kube-system"
     workload = workload_of(component.directory)
     assert workload["spec"]["template"]["metadata"]["labels"]["app"] == component.app
@@ -218,6 +233,45 @@ def test_render_options_reach_every_object() -> None:
         "controller": "registry.example.com/lj/lj-runtimekit-controller:v2.0.1",
     }
     assert "--job-image=registry.example.com/lj/lj-runtimekit-controller-job-agent:v2.0.1" in text
+    # The admission policies name the identities and the Controller's Deployment there.
+    assert "system:serviceaccount:gpu-system:lj-runtimekit-device-plugin'" in text
+    assert "system:serviceaccount:gpu-system:lj-runtimekit-controller'" in text
+    binding = next(
+        o
+        for o in objs
+        if o["metadata"]["name"] == "lj-runtimekit-controller-jobs"
+        and o["kind"] == "ValidatingAdmissionPolicyBinding"
+    )
+    assert binding["spec"]["paramRef"]["namespace"] == "gpu-system"
+
+
+def test_jobs_namespace_kubelet_port_and_admission_options() -> None:
+    """The Controller's Jobs, its Lease and the Job Agent's account in the Jobs' namespace;
+    the Device Plugin without the kubelet read-only port; no policies (Kubernetes < 1.30)."""
+    opts = manifests.Options(
+        protocol_text=(DEPLOY / "protocol.yaml").read_text(),
+        version=VERSION,
+        jobs_namespace="gpu-jobs",
+        device_plugin_pods_url="",
+        admission_policies=False,
+    )
+    objs = manifests.render(COMPONENTS, opts)
+    kinds = {o["kind"] for o in objs}
+    assert not kinds & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    namespace = next(o for o in objs if o["kind"] == "Namespace")
+    assert namespace["metadata"]["name"] == "gpu-jobs"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    role = next(
+        o
+        for o in objs
+        if o["kind"] == "Role" and o["metadata"]["name"] == "lj-runtimekit-controller"
+    )
+    assert role["metadata"]["namespace"] == "gpu-jobs"
+    workloads = {o["metadata"]["name"]: o for o in objs if o["kind"] in ("DaemonSet", "Deployment")}
+    controller = workloads["lj-runtimekit-controller"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "LJ_CONTROLLER_NAMESPACE", "value": "gpu-jobs"} in controller["env"]
+    dp = workloads["lj-runtimekit-device-plugin-ds"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--kubelet-pods-url=" in dp["args"]
 
 
 @pytest.mark.parametrize(
@@ -232,6 +286,8 @@ def test_render_options_reach_every_object() -> None:
         (lambda: check_version("v1.15.0-rc1"), "is not a version"),
         (lambda: parse_image_overrides(["nothing"]), "expected <component>=<image reference>"),
         (lambda: parse_image_overrides(["gpu=x:1"]), "unknown image 'gpu'"),
+        (lambda: check_jobs_namespace("kube-system"), "the Jobs need a namespace of their own"),
+        (lambda: check_jobs_namespace("Jobs"), "--jobs-namespace=Jobs: not a namespace name"),
     ],
 )
 def test_operator_mistakes_are_named(call: Any, message: str) -> None:
@@ -350,7 +406,7 @@ def test_container_command_line_parses_with_the_real_flags(
         ).load_config(ns["config"])
         assert [p.scheduler_name for p in config.profiles] == [manifests.SCHEDULER_NAME]
     else:
-        assert ns["namespace"] == "kube-system"
+        assert ns["namespace"] == "lj-runtimekit-jobs"  # its Jobs and its Lease
         assert ns["label_key"] == DEFAULTS["labels.enable"]
         settings = module.settings_from(parsed.value.namespace)
         assert settings is not None

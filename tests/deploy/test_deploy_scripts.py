@@ -70,6 +70,7 @@ def log_env(tmp_path: Path) -> dict[str, str]:
         (["upgrade"], "upgrade needs --version=v{major}.{feature}.{iteration}"),
         (["deploy", "--image=exporter"], "expected <component>=<image reference>"),
         (["deploy", "--namespace=Kube_System"], "--namespace=Kube_System: not a namespace name"),
+        (["deploy", "--jobs-namespace=kube-system"], "the Jobs need a namespace of their own"),
         (["deploy", "--registry=https://r.example.com"], "expected a registry prefix"),
         (["deploy", "--timeout=5"], "--timeout=5: expected a duration"),
         (["deploy", "--kubeconfig=/nonexistent/kubeconfig"], "kubeconfig /nonexistent/kubeconfig"),
@@ -122,6 +123,40 @@ def test_unreachable_cluster_names_the_server_and_logs(
     text = log.read_text()
     assert re.search(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \[verify\] ", text, re.M)
     assert "cannot reach the cluster" in text
+
+
+FAKE_OLD_KUBECTL = """#!/bin/sh
+# A kubectl whose cluster is Kubernetes v1.29 and has nothing in it.
+if [ "$1" = version ]; then
+  printf '{\\n  "serverVersion": {\\n    "gitVersion": "v1.29.4"\\n  }\\n}\\n'
+  exit 0
+fi
+exit 1
+"""
+
+
+def test_below_1_30_admission_policies_are_a_problem_unless_left_out(
+    log_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Kubernetes < 1.30 has no ValidatingAdmissionPolicy v1 and no node name in tokens:
+    precheck names it, deploy refuses, and --no-admission-policies turns it into a warning."""
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(FAKE_OLD_KUBECTL)
+    kubectl.chmod(0o755)
+    env = {**log_env, "KUBECTL": str(kubectl)}
+    precheck = run_script("precheck", env=env)
+    assert precheck.returncode == 1
+    assert "PROBLEM Kubernetes v1.29.4 is older than 1.30" in precheck.stdout
+    assert "--no-admission-policies" in precheck.stdout
+    deploy = run_script("deploy", env=env)
+    assert deploy.returncode == 1
+    assert "older than 1.30" in deploy.stderr
+    assert "deploy with --no-admission-policies" in deploy.stderr
+    accepted = run_script("precheck", "--no-admission-policies", env=env)
+    assert "older than 1.30" not in accepted.stdout
+    assert "warning: --no-admission-policies: the Controller may create any Job" in (
+        accepted.stdout
+    )
 
 
 def test_help_lists_every_command() -> None:
@@ -345,9 +380,12 @@ def test_node_precheck_passes_on_a_ready_node_and_names_each_problem(node_dir: P
         server.server_close()
     assert bad.returncode == 1
     problems = [line for line in bad.stdout.splitlines() if line.startswith("PROBLEM")]
-    assert len(problems) == 4, bad.stdout
+    assert len(problems) == 3, bad.stdout
     assert f"no Runtime socket {sockets}/runtime.sock" in problems[0]
-    assert "kubelet read-only port does not answer" in problems[1]
-    assert "readOnlyPort: 10255" in problems[1]
-    assert "kubelet.sock" in problems[2]
-    assert "no lj-runtime runtime handler" in problems[3]
+    assert "kubelet.sock" in problems[1]
+    assert "no lj-runtime runtime handler" in problems[2]
+    # The kubelet read-only port is optional: a warning naming the deploy option.
+    warnings = [line for line in bad.stdout.splitlines() if line.startswith("warning")]
+    assert len(warnings) == 1, bad.stdout
+    assert "kubelet read-only port does not answer" in warnings[0]
+    assert "--no-kubelet-read-only-port" in warnings[0]

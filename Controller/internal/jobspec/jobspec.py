@@ -140,7 +140,7 @@ def build(
                 },
                 "securityContext": container_security,
                 "volumeMounts": [
-                    {"name": SOCKET_VOLUME, "mountPath": settings.socket_dir, "readOnly": False}
+                    {"name": SOCKET_VOLUME, "mountPath": settings.socket_dir, "readOnly": True}
                 ],
             }
         ],

@@ -1,0 +1,251 @@
+"""The components' writes bounded by the API server: the Controller's Jobs (a namespace of
+their own, Pod Security labels, the Jobs admission policy) and the node agents' writes (the
+own-node admission policy), on the real control plane. Every request is made as the
+component's ServiceAccount (impersonation, with the node name a pod-bound token carries)
+and as a server-side dry run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s_client
+from kubernetes.client.rest import ApiException
+
+from lj_runtimekit.controller.internal.config.config import JobSettings
+from lj_runtimekit.controller.internal.jobspec import jobspec
+from lj_runtimekit.deploy import manifests
+from lj_runtimekit.deploy.components import BY_NAME, RUNTIME_SOCKET_DIR, Component
+from lj_runtimekit.envtest.controlplane import ControlPlane
+from lj_runtimekit.envtest.nodes import NodeFactory
+from lj_runtimekit.testkit.waits import wait_for
+
+pytestmark = pytest.mark.controlplane
+
+ROOT = Path(__file__).resolve().parents[2]
+PROTOCOL = manifests.default_options(ROOT / "deploy").protocol
+DEVICE_PLUGIN = BY_NAME["device-plugin"]
+CONTROLLER = BY_NAME["controller"]
+NODE_NAME_HEADER = "Impersonate-Extra-" + manifests.NODE_NAME_EXTRA.replace("/", "%2F")
+
+
+class Install:
+    """The Device Plugin's, the Exporter's and the Controller's objects, applied."""
+
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+        suffix = secrets.token_hex(3)
+        self.opts = manifests.Options(
+            protocol_text=(ROOT / "deploy/protocol.yaml").read_text(),
+            version=(ROOT / "VERSION").read_text().strip(),
+            namespace=f"lj-adm-{suffix}",
+            jobs_namespace=f"lj-adm-{suffix}-jobs",
+        )
+        components = (DEVICE_PLUGIN, BY_NAME["exporter"], CONTROLLER)
+        self.text = manifests.dump(manifests.render(components, self.opts, common=False))
+
+    def kubectl(self, *args: str, stdin: str = "") -> None:
+        result = subprocess.run(
+            self.cp.kubectl_argv(*args), input=stdin, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, f"kubectl {args}: {result.stderr}"
+
+    def user(self, component: Component) -> str:
+        return f"system:serviceaccount:{self.opts.namespace}:{component.service_account}"
+
+    def api(self, component: Component, node: str | None) -> k8s_client.ApiClient:
+        """A client acting as the component's ServiceAccount, with a token bound to a pod on
+        `node` (None: a token without a node)."""
+        api = self.cp.api_client()
+        api.set_default_header("Impersonate-User", self.user(component))
+        if node is not None:
+            api.set_default_header(NODE_NAME_HEADER, node)
+        return api
+
+
+@pytest.fixture(scope="module")
+def install(control_plane: ControlPlane) -> Iterator[Install]:
+    inst = Install(control_plane)
+    admin = control_plane.api_client()
+    core = k8s_client.CoreV1Api(admin)
+    core.create_namespace({"metadata": {"name": inst.opts.namespace}})
+    inst.kubectl("apply", "--server-side", "--field-manager=test", "-f", "-", stdin=inst.text)
+    yield inst
+    inst.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=inst.text)
+    core.delete_namespace(inst.opts.namespace, propagation_policy="Background")
+    admin.close()
+
+
+def refusal(call: Any) -> str:
+    """The API server's message refusing `call` ('' when it was allowed)."""
+    try:
+        call()
+    except ApiException as exc:
+        if exc.status not in (403, 422):
+            raise
+        return str(json.loads(exc.body)["message"])
+    return ""
+
+
+# -- the Controller's Jobs ----------------------------------------------------------------------
+
+
+def controller_job(install: Install, node: dict[str, Any]) -> dict[str, Any]:
+    """The Job the Controller creates (its own jobspec) with the Deployment's flags."""
+    args = dict(
+        a.removeprefix("--").split("=", 1)
+        for a in manifests.workload(CONTROLLER, install.opts)["spec"]["template"]["spec"][
+            "containers"
+        ][0]["args"]
+        if "=" in a
+    )
+    settings = JobSettings(
+        image=args["job-image"],
+        namespace=install.opts.jobs_namespace,
+        socket_dir=args["socket-dir"],
+        service_account=args["job-service-account"],
+    )
+    meta = node["metadata"]
+    return jobspec.build(settings, "enable", meta["name"], meta["uid"], node["spec"].get("taints"))
+
+
+def test_the_jobs_namespace_enforces_pod_security_and_only_the_agent_job_is_admitted(
+    install: Install, node_factory: NodeFactory, api_client: k8s_client.ApiClient
+) -> None:
+    labels = (
+        k8s_client.CoreV1Api(api_client).read_namespace(install.opts.jobs_namespace).metadata.labels
+    )
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert labels["pod-security.kubernetes.io/warn"] == "baseline"
+    node = node_factory.create(f"{install.opts.namespace}-gpu-0", gpus=8, enable=False)
+    node_obj = api_client.sanitize_for_serialization(
+        k8s_client.CoreV1Api(api_client).read_node(node)
+    )
+    job = controller_job(install, node_obj)
+    mount = job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]
+    assert mount == {"name": "runtime-sockets", "mountPath": RUNTIME_SOCKET_DIR, "readOnly": True}
+    as_controller = install.api(CONTROLLER, None)
+    batch = k8s_client.BatchV1Api(as_controller)
+    jobs_ns = install.opts.jobs_namespace
+
+    def create(obj: dict[str, Any], namespace: str = jobs_ns) -> Any:
+        return lambda: batch.create_namespaced_job(namespace, obj, dry_run="All")
+
+    attack = copy.deepcopy(job)
+    pod = attack["spec"]["template"]["spec"]
+    pod["serviceAccountName"] = "default"
+    pod["volumes"] = [{"name": "runtime-sockets", "hostPath": {"path": "/"}}]
+    pod["containers"][0]["securityContext"]["privileged"] = True
+    pod["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+    policy = "the Controller may create only the Job Agent's Job"
+
+    def refused() -> bool:
+        return policy in refusal(create(attack))
+
+    wait_for(refused, 30, "the Jobs admission policy to refuse the attack Job")
+    message = refusal(create(attack))
+    assert "lj-runtimekit-controller-jobs" in message
+    assert "the service account of the Controller's --job-service-account" in message
+    # Each rule alone (the server names the first one a Job breaks).
+    variants: dict[str, Any] = {
+        "the image of the Controller's --job-image": lambda p: p["containers"][0].update(
+            image="busybox"
+        ),
+        "mounted read-only": lambda p: p["containers"][0]["volumeMounts"][0].update(readOnly=False),
+        "one volume": lambda p: p["volumes"].append({"name": "x", "emptyDir": {}}),
+        "no hostPID": lambda p: p.update(hostPID=True),
+        "no hostPID, hostNetwork": lambda p: p.update(hostNetwork=True),
+        "not privileged": lambda p: p["containers"][0]["securityContext"].update(
+            privileged=True, allowPrivilegeEscalation=True
+        ),
+        "no added capabilities": lambda p: p["containers"][0]["securityContext"].update(
+            capabilities={"add": ["SYS_ADMIN"]}
+        ),
+        "the Runtime socket directory of the Controller's --socket-dir": lambda p: p["volumes"][0][
+            "hostPath"
+        ].update(path="/"),
+    }
+    for expected, change in variants.items():
+        variant = copy.deepcopy(job)
+        change(variant["spec"]["template"]["spec"])
+        assert expected in refusal(create(variant)), expected
+    # The Controller's own Job is admitted, in the Jobs' namespace only (RBAC).
+    assert refusal(create(job)) == ""
+    elsewhere = copy.deepcopy(job)
+    elsewhere["metadata"]["namespace"] = install.opts.namespace
+    assert "cannot create resource" in refusal(create(elsewhere, install.opts.namespace))
+    # Anyone else is not bound by the Jobs policy (the attack Job passes admission as admin).
+    admin = k8s_client.BatchV1Api(api_client)
+    admin.create_namespaced_job(jobs_ns, attack, dry_run="All")
+    as_controller.close()
+
+
+# -- the node agents -----------------------------------------------------------------------------
+
+
+def test_the_device_plugin_writes_only_its_own_node_and_pods_and_its_own_keys(
+    install: Install, node_factory: NodeFactory, api_client: k8s_client.ApiClient
+) -> None:
+    own = node_factory.create(f"{install.opts.namespace}-own", gpus=8, enable=False)
+    other = node_factory.create(f"{install.opts.namespace}-other", gpus=8, enable=False)
+    admin = k8s_client.CoreV1Api(api_client)
+    ns = install.opts.namespace
+    for node in (own, other):
+        admin.create_namespaced_pod(
+            ns,
+            {
+                "metadata": {"name": f"pod-{node}"[:63], "annotations": {"team": "a"}},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+            },
+        )
+    own_pod, other_pod = (f"pod-{n}"[:63] for n in (own, other))
+    labels, ann = PROTOCOL.labels, PROTOCOL.annotations
+    dp_api = install.api(DEVICE_PLUGIN, own)
+    dp = k8s_client.CoreV1Api(dp_api)
+
+    def node_patch(name: str, body: dict[str, Any]) -> Any:
+        return lambda: dp.patch_node(name, body, dry_run="All")
+
+    def pod_patch(name: str, body: dict[str, Any]) -> Any:
+        return lambda: dp.patch_namespaced_pod(name, ns, body, dry_run="All")
+
+    own_keys = {
+        "metadata": {
+            "labels": {labels.device_count: "8", labels.device_kind: "gpu"},
+            "annotations": {ann.node_devices: "[]", ann.node_admission: "serial"},
+        }
+    }
+    taint = {"spec": {"taints": [{"key": "evil", "effect": "NoSchedule"}]}}
+    say = "may write only its own node and its pods' allowed keys"
+
+    def refused() -> bool:
+        return say in refusal(node_patch(other, own_keys))
+
+    wait_for(refused, 30, "the own-node admission policy to refuse another node")
+    assert "another node" in refusal(node_patch(other, own_keys))
+    assert "spec, finalizers and owners unchanged" in refusal(node_patch(own, taint))
+    foreign = {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}
+    assert "a label key it does not own" in refusal(node_patch(own, foreign))
+    assert refusal(node_patch(own, own_keys)) == ""
+
+    record = {"metadata": {"annotations": {ann.allocated_devices: "c:0", ann.bind_phase: "x"}}}
+    assert "a pod of another node" in refusal(pod_patch(other_pod, record))
+    image = {"spec": {"containers": [{"name": "c", "image": "evil"}]}}
+    assert "spec, finalizers and owners unchanged" in refusal(pod_patch(own_pod, image))
+    team = {"metadata": {"annotations": {"team": "b"}}}
+    assert "an annotation key it does not own" in refusal(pod_patch(own_pod, team))
+    assert refusal(pod_patch(own_pod, record)) == ""
+    dp_api.close()
+
+    # A token not bound to a pod (or from a server < 1.30) carries no node: nothing passes.
+    unbound_api = install.api(DEVICE_PLUGIN, None)
+    unbound = k8s_client.CoreV1Api(unbound_api)
+    message = refusal(lambda: unbound.patch_node(own, own_keys, dry_run="All"))
+    assert "its token carries no node name" in message
+    unbound_api.close()
