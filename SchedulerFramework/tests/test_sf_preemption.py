@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from prometheus_client import REGISTRY
+
 from lj_runtimekit.proto.pkg.protocol import load_protocol
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
 from lj_runtimekit.schedulerframework.internal.plugins.defaultpreemption import (
@@ -24,9 +26,11 @@ def fill_node(cluster: FakeCluster, pods: int, gpus: int) -> list[str]:
 def test_freed_devices_are_kept_for_the_nominated_pod(cluster: FakeCluster) -> None:
     cluster.add_node("n0", gpus=8)
     low = fill_node(cluster, 8, 1)
+    before = REGISTRY.get_sample_value("lj_scheduler_preemptions_total") or 0.0
     high = cluster.add_pod("high", {GPU: "2"}, priority=100)
     cluster.schedule()
     (done,) = cluster.scheduler.evictor.done
+    assert REGISTRY.get_sample_value("lj_scheduler_preemptions_total") == before + 1
     assert done.node == "n0"
     assert len(done.victims) == 2
     assert cluster.node_of(high) == ""

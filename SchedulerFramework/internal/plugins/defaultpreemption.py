@@ -159,6 +159,8 @@ class DefaultPreemption(PostFilterPlugin):
         self.handle = handle
         self._group = handle.protocol.annotations.gang_group
         self._pdb_warned = False
+        self._cycle_budgets: list[Budget] | None = None
+        """The PDBs of the preemption being worked out (read when first needed)."""
 
     def post_filter(
         self, state: CycleState, pod: PodInfo, statuses: Mapping[str, Status]
@@ -183,12 +185,12 @@ class DefaultPreemption(PostFilterPlugin):
             ]
             if not nodes:
                 return None, NOTHING  # no lower-priority pod anywhere: nothing to say
-            budgets = self._budgets()
+            self._cycle_budgets = None  # read once, when a node first would do
             best: Candidate | None = None
             enough = max(total * MIN_CANDIDATE_NODES_PERCENTAGE // 100, MIN_CANDIDATE_NODES)
             found = 0
             for node in nodes:
-                c = self._select_victims(pod, node, by_node[node], budgets)
+                c = self._select_victims(pod, node, by_node[node])
                 if c is None:
                     continue
                 if best is None or c.rank() < best.rank():
@@ -256,9 +258,7 @@ class DefaultPreemption(PostFilterPlugin):
     def _fits(self, pod: PodInfo, node: str) -> bool:
         return bool(self.handle.filter_nodes(pod, "", (node,)))
 
-    def _select_victims(
-        self, pod: PodInfo, node: str, units: list[Unit], budgets: list[Budget]
-    ) -> Candidate | None:
+    def _select_victims(self, pod: PodInfo, node: str, units: list[Unit]) -> Candidate | None:
         """The fewest units to evict from `node` for `pod` to fit (upstream's
         selectVictimsOnNode), or None when even all of them are not enough."""
         cache = self.handle.cache
@@ -271,7 +271,9 @@ class DefaultPreemption(PostFilterPlugin):
                         cache.remove_pod(p.uid)
             if not self._fits(pod, node):
                 return None
-            violating, fine = split_by_budgets(units, budgets)
+            if self._cycle_budgets is None:
+                self._cycle_budgets = self._budgets()
+            violating, fine = split_by_budgets(units, self._cycle_budgets)
             victims: list[Unit] = []
             violations = 0
             for unit in violating + fine:  # each part highest priority first

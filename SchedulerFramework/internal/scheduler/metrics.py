@@ -58,3 +58,12 @@ ADMISSION_QUEUED = Gauge(
     "lj_scheduler_admission_queued_bindings",
     "Device pod bindings waiting for their node's previous device pod to be admitted.",
 )
+PREEMPTIONS = Counter(
+    "lj_scheduler_preemptions_total",
+    "Pods nominated to a node by preemption (each evicting one or more lower-priority pods).",
+)
+PREEMPTION_VICTIMS = Histogram(
+    "lj_scheduler_preemption_victims",
+    "Pods evicted by one preemption.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)

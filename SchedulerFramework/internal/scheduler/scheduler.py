@@ -345,6 +345,8 @@ class Scheduler:
 
     def preempt(self, pod: PodInfo, node_name: str, victims: Sequence[PodInfo]) -> None:
         self.nominator.add(pod, node_name, [v.uid for v in victims])
+        metrics.PREEMPTIONS.inc()
+        metrics.PREEMPTION_VICTIMS.observe(len(victims))
         names = ", ".join(v.key for v in victims)
         self.event(
             pod,
