@@ -82,7 +82,7 @@ def _parser() -> FlagParser:
         "--kubelet-timeout",
         "LJ_EXPORTER_KUBELET_TIMEOUT",
         "5",
-        "seconds a /pods request may take",
+        "seconds a /pods request, or the API server watch's first list, may take",
         type=positive_seconds,
     )
     p.env_flag(
