@@ -58,3 +58,21 @@ def test_node_label_change_does_not_move_a_pod_short_of_devices(cluster: FakeClu
     cluster.scheduler.queue.activate([waiting])
     cluster.schedule()
     assert cluster.node_of(waiting) == "n0"
+
+
+def test_event_during_the_attempt_backs_off_only_pods_it_may_help() -> None:
+    q = SchedulingQueue(initial_backoff_s=10)
+    q.events_of = {"GpuShare": frozenset({ClusterEvent.POD_DELETE})}
+    for name in ("a", "b"):
+        q.add(parse_pod({"metadata": {"name": name, "namespace": "ns", "uid": name}}))
+    a, b = q.pop(0), q.pop(0)
+    assert a is not None
+    assert b is not None
+    q.move_for_event(ClusterEvent.NODE_LABEL)  # while both are being scheduled
+    a.rejected_by = frozenset({"GpuShare"})
+    q.add_unschedulable(a)
+    assert q.counts()["unschedulable"] == 1  # a label does not help a pod short of devices
+    q.move_for_event(ClusterEvent.POD_DELETE)
+    b.rejected_by = frozenset({"GpuShare"})
+    q.add_unschedulable(b)
+    assert q.counts()["backoff"] == 2  # a, moved by the event; b, failed after it

@@ -61,6 +61,8 @@ class SchedulingQueue:
         """in flight when a change that may let them fit came: to backoff if they fail"""
         self.scheduling_cycle = 0
         self._move_request_cycle = -1
+        self._event_cycle: dict[str, int] = {}
+        """cluster event -> the scheduling cycle in which it last came"""
         self._closed = False
         self.events_of: dict[str, frozenset[str]] = {}
         """Plugin name -> the cluster events that may undo its rejection (unknown: all)."""
@@ -184,7 +186,7 @@ class SchedulingQueue:
                 self._activate_in_flight.discard(uid)
                 qp.backoff_until = 0.0
                 self._push_active(qp)
-            elif moved or self._move_request_cycle >= qp.cycle:
+            elif moved or self._move_request_cycle >= qp.cycle or self._event_since(qp):
                 self._push_backoff(qp)  # something changed while it was being scheduled
             else:
                 qp.unschedulable_since = now
@@ -213,6 +215,10 @@ class SchedulingQueue:
             for qp in pods:
                 self._move(qp, now)
 
+    def _event_since(self, qp: QueuedPod) -> bool:
+        """An event that may undo its rejection came since the pod was popped."""
+        return any(c >= qp.cycle and self._cares(qp, e) for e, c in self._event_cycle.items())
+
     def _cares(self, qp: QueuedPod, event: str) -> bool:
         if not qp.rejected_by:
             return True
@@ -221,10 +227,11 @@ class SchedulingQueue:
 
     def move_for_event(self, event: str) -> int:
         """Cluster event `event` (a ClusterEvent): moves the unschedulable pods a rejecting
-        plugin of which registered it; how many moved."""
+        plugin of which registered it; how many moved. A pod being scheduled when it comes
+        goes to backoff instead of the unschedulable pods if it fails for such a plugin."""
         with self._cond:
             now = time.monotonic()
-            self._move_request_cycle = self.scheduling_cycle
+            self._event_cycle[event] = self.scheduling_cycle
             moved = [qp for qp in self._unschedulable.values() if self._cares(qp, event)]
             for qp in moved:
                 del self._unschedulable[qp.pod.uid]
