@@ -1,6 +1,6 @@
 """Controller benchmark: N KWOK nodes labelled at once -> seconds until every enable Job
 is done and cleaned up (all Nodes `enabled`, no Job and no pod left), duplicate Jobs
-(must be 0) and the Controller's peak RSS. Writes flat numeric JSON (bench/parts/).
+(must be 0) and the Controller's peak RSS. Merges flat numeric JSON into bench/parts/.
 
     uv run python Controller/bench/bench_controller.py --nodes 500 --out bench/parts/controller.json
 """
@@ -178,8 +178,10 @@ def main() -> int:
             op.stop()
         factory.cleanup()
         api.close()
+    merged = json.loads(args.out.read_text()) if args.out.exists() else {}
+    merged.update(result)  # keeps the keys of the other Controller bench (lease skew)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.write_text(json.dumps(merged, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
 
