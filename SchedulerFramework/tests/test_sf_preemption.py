@@ -84,3 +84,22 @@ def test_budgets_take_one_disruption_per_covered_pod() -> None:
     violating, fine = split_by_budgets([b, c, a], budgets)
     assert violating == [b]  # a (higher priority) took the one allowed disruption
     assert fine == [c, a]
+
+
+def test_nomination_read_back_after_a_restart(cluster: FakeCluster) -> None:
+    cluster.add_node("n0", gpus=8)
+    fill_node(cluster, 8, 1)
+    high = cluster.add_pod("high", {GPU: "2"}, priority=100)
+    cluster.schedule()
+    (done,) = cluster.scheduler.evictor.done
+    cluster.pods[high]["status"]["nominatedNodeName"] = "n0"  # what the evictor writes
+    for v in done.victims:
+        cluster.delete_pod(v.uid)
+    cluster.restart()
+    assert [p.uid for p in cluster.scheduler.nominations()["n0"]] == [high]
+    late = cluster.add_pod("late", {GPU: "1"}, priority=0)
+    # the two free GPUs are the nominated pod's: the late one fits nowhere
+    assert cluster.scheduler.filter_nodes(parse_pod(cluster.pods[late]), "") == []
+    cluster.schedule()
+    assert cluster.node_of(late) == ""
+    assert cluster.node_of(high) == "n0"
