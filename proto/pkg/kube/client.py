@@ -112,7 +112,7 @@ class KubeClient:
             resp = self._pool.request(
                 method,
                 url,
-                body=body if body is None or isinstance(body, bytes) else json.dumps(body),
+                body=body if body is None or isinstance(body, bytes | str) else json.dumps(body),
                 headers=headers,
                 timeout=timeout,
                 preload_content=False,
@@ -145,10 +145,10 @@ class KubeClient:
         limited: bool = True,
         accept: str = "application/json",
     ) -> bytes:
-        """The raw body of the answer to `method path` (`body` sent as JSON); KubeError
-        unless it is a 2xx. `timeout_s` bounds the wait for each part of the answer (a
-        connection: at most CONNECT_TIMEOUT_S). `limited` requests wait for the rate
-        limiter."""
+        """The raw body of the answer to `method path` (`body` sent as JSON, bytes and str
+        as they are); KubeError unless it is a 2xx. `timeout_s` bounds the wait for each
+        part of the answer (a connection: at most CONNECT_TIMEOUT_S). `limited` requests
+        wait for the rate limiter."""
         if limited and self.limiter is not None:
             self.limiter.wait()
         what = f"{method} {path}"

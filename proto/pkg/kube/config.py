@@ -93,7 +93,7 @@ class ApiAccess:
     password: str | None = None
     header: Callable[[], str | None] | None = None
     """The Authorization header, from a loader this module hands over to (exec plugins)."""
-    _read: tuple[float, str] = field(default=(0.0, ""), repr=False)
+    _read: tuple[float, str] = field(default=(0.0, ""), init=False, repr=False, compare=False)
 
     def authorization(self) -> str | None:
         """The Authorization header value now (None: none, e.g. client certificates)."""
