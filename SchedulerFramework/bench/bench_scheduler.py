@@ -10,11 +10,27 @@ created before the scheduler starts:
    order alternates between rounds so neither always runs on a warmer API
    server. Each round gives one ratio (ours / theirs, in the same minute);
    the reported rates and ratio are the medians over rounds, the per-round
-   values are kept beside them;
-2. lj-scheduler places N slice pods (core 25 % / memory 25 %);
-3. gangs (bench_gang.py): a 256-pod gang on topology-labelled nodes
+   values are kept beside them. Each round also runs the kube-scheduler on
+   matched work (`whole_gpu_ratio_matched_work`): its NodeResourcesFit
+   scores MostAllocated on the GPU resource (binpack, as GpuShare does) and
+   its percentageOfNodesToScore is the share of the nodes lj-scheduler
+   scores for a whole-GPU pod (GpuShare's rankedNodesToScore over the node
+   count; the kube-scheduler never scores fewer than 100 nodes). Beside our
+   filter+score latencies stand the kube-scheduler's own
+   `scheduler_scheduling_algorithm_duration_seconds` p50/p99, scraped from
+   its /metrics;
+2. warm open loop: both schedulers running and synced (a warm-up pod each
+   bound), pods arrive at a fixed rate (`--open-loop-rate`, alternating
+   between the two, the kube-scheduler on the matched profile) for
+   `--open-loop-seconds`; create-to-bind p50/p99 per scheduler (from the
+   intended arrival time to the bind seen by the watch);
+3. lj-scheduler places N slice pods (core 25 % / memory 25 %);
+4. gangs (bench_gang.py): a 256-pod gang on topology-labelled nodes
    (gang_256_place_s) and four competing gangs of which three fit
    (partial_gangs, gang_competing_whole).
+
+Every pod names the `lj-runtime` RuntimeClass (created first). The machine's
+load average is recorded at the start and at the end.
 
 Throughput is (N-1) / (last bind - first bind), from a watch. The
 filter+score latencies come from lj-scheduler's histogram
@@ -29,7 +45,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import ssl
 import statistics
 import subprocess
 import sys
@@ -226,13 +244,17 @@ def delete_pods(kube: KubeClient, ns: str) -> None:
 
 
 def histogram_quantiles(text: str, name: str, qs: tuple[float, ...]) -> list[float]:
-    buckets: list[tuple[float, float]] = []
+    """Quantiles in ms of a Prometheus histogram, interpolated within buckets (the series of
+    every label set summed). ValueError when the text has no such histogram."""
+    counts: dict[float, float] = {}
     for line in text.splitlines():
         if line.startswith(f"{name}_bucket{{"):
             bound = line.split('le="', 1)[1].split('"', 1)[0]
             upper = float("inf") if bound == "+Inf" else float(bound)
-            buckets.append((upper, float(line.split()[-1])))
-    buckets.sort()
+            counts[upper] = counts.get(upper, 0.0) + float(line.split()[-1])
+    buckets = sorted(counts.items())
+    if not buckets:
+        raise ValueError(f"no histogram {name} in the metrics")
     total = buckets[-1][1]
     out: list[float] = []
     for q in qs:
@@ -262,22 +284,10 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_lj(
-    kube: KubeClient,
-    cp: ControlPlane,
-    work: Path,
-    config: Path,
-    ns: str,
-    n: int,
-    limits: dict[str, str],
-) -> tuple[float, str, float]:
-    """Creates `n` pods, starts lj-scheduler, waits for all binds.
-
-    Returns (pods/s, the scheduler's /metrics text, its CPU seconds).
-    """
-    make_namespace(kube, ns)
-    create_pods(kube, ns, "lj-bench", n, limits)
-    watch = BindWatch(kube, ns, KubeClient.connect(str(cp.kubeconfig_path), pool_size=64))
+def start_lj(
+    cp: ControlPlane, work: Path, config: Path, ns: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    """lj-scheduler with `config`; (process, its metrics port)."""
     port = free_port()
     with (work / f"lj-scheduler-{ns}.log").open("wb") as out:
         lj = subprocess.Popen(
@@ -295,6 +305,26 @@ def run_lj(
             stderr=out,
             env=dict(os.environ),
         )
+    return lj, port
+
+
+def run_lj(
+    kube: KubeClient,
+    cp: ControlPlane,
+    work: Path,
+    config: Path,
+    ns: str,
+    n: int,
+    limits: dict[str, str],
+) -> tuple[float, str, float]:
+    """Creates `n` pods, starts lj-scheduler, waits for all binds.
+
+    Returns (pods/s, the scheduler's /metrics text, its CPU seconds).
+    """
+    make_namespace(kube, ns)
+    create_pods(kube, ns, "lj-bench", n, limits)
+    watch = BindWatch(kube, ns, KubeClient.connect(str(cp.kubeconfig_path), pool_size=64))
+    lj, port = start_lj(cp, work, config, ns)
     try:
         log(f"lj-scheduler run ({ns}, {limits})")
         rate = watch.wait(n, 600)
@@ -312,63 +342,127 @@ def _rounded(v: Any) -> Any:
     return [round(x, 3) for x in v] if isinstance(v, list) else round(v, 3)
 
 
+KUBE_ALGORITHM = "scheduler_scheduling_algorithm_duration_seconds"
+
+
+def kube_scheduler_config(
+    cp: ControlPlane, work: Path, name: str, matched_percentage: int | None
+) -> Path:
+    """A KubeSchedulerConfiguration with one profile `name`; with `matched_percentage`, the
+    matched-work profile (binpack on the GPU resource, that share of nodes scored)."""
+    profile: dict[str, Any] = {"schedulerName": name}
+    doc: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": str(cp.kubeconfig_path), "qps": QPS, "burst": BURST},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [profile],
+    }
+    if matched_percentage is not None:
+        doc["percentageOfNodesToScore"] = matched_percentage
+        profile["pluginConfig"] = [
+            {
+                "name": "NodeResourcesFit",
+                "args": {
+                    "scoringStrategy": {
+                        "type": "MostAllocated",
+                        "resources": [{"name": P.resources.gpu, "weight": 1}],
+                    }
+                },
+            }
+        ]
+    path = work / f"kube-scheduler-{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def start_kube_scheduler(
+    cp: ControlPlane, work: Path, name: str, matched_percentage: int | None
+) -> tuple[Process, int]:
+    """The stock kube-scheduler with profile `name`; (process, its secure metrics port)."""
+    port = free_port()
+    cfg = kube_scheduler_config(cp, work, name, matched_percentage)
+    ks = Process("kube-scheduler", cp.kube_scheduler_argv(cfg, port), work / f"{name}.log")
+    ks.start()
+    return ks, port
+
+
+def kube_scheduler_metrics(cp: ControlPlane, port: int) -> str:
+    """The kube-scheduler's /metrics, read as the control plane's admin (client certificate)."""
+    assert cp.pki is not None
+    ctx = ssl.create_default_context(cafile=str(cp.pki.ca_cert))
+    ctx.load_cert_chain(str(cp.pki.admin_cert), str(cp.pki.admin_key))
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx) as r:
+        return str(r.read().decode())
+
+
 def run_kube_scheduler(
-    kube: KubeClient, cp: ControlPlane, work: Path, ns: str, n: int
-) -> tuple[float, float]:
-    """The stock kube-scheduler places `n` whole-GPU pods; (pods/s, CPU ms per pod)."""
+    kube: KubeClient,
+    cp: ControlPlane,
+    work: Path,
+    ns: str,
+    n: int,
+    matched_percentage: int | None = None,
+) -> tuple[float, float, str]:
+    """The stock kube-scheduler places `n` whole-GPU pods; (pods/s, CPU ms per pod, its
+    /metrics text)."""
     make_namespace(kube, ns)
     create_pods(kube, ns, ns, n, {P.resources.gpu: "1"})
     watch = BindWatch(kube, ns)
-    sched_cfg = work / f"kube-scheduler-{ns}.yaml"
-    sched_cfg.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kubescheduler.config.k8s.io/v1",
-                "kind": "KubeSchedulerConfiguration",
-                "clientConnection": {
-                    "kubeconfig": str(cp.kubeconfig_path),
-                    "qps": QPS,
-                    "burst": BURST,
-                },
-                "leaderElection": {"leaderElect": False},
-                "profiles": [{"schedulerName": ns}],
-            }
-        )
-    )
-    ks = Process(
-        "kube-scheduler", cp.kube_scheduler_argv(sched_cfg), work / f"kube-scheduler-{ns}.log"
-    )
-    log(f"kube-scheduler run ({ns})")
-    ks.start()
+    shown = f", matched work {matched_percentage}% of nodes" if matched_percentage else ""
+    log(f"kube-scheduler run ({ns}{shown})")
+    ks, port = start_kube_scheduler(cp, work, ns, matched_percentage)
     try:
         rate = watch.wait(n, 600)
         assert ks.pid is not None
         cpu_ms = process_cpu_s(ks.pid) * 1000 / n
+        text = kube_scheduler_metrics(cp, port)
     finally:
         ks.stop()
     log(f"kube-scheduler: {rate:.1f} pods/s")
-    return rate, cpu_ms
+    return rate, cpu_ms, text
+
+
+def matched_percentage(nodes: int) -> int:
+    """The share of nodes lj-scheduler scores for a whole-GPU pod, as a percentage."""
+    return max(1, min(100, math.ceil(100 * GpuShareArgs.ranked_nodes_to_score / nodes)))
+
+
+def quantiles_ms(text: str, metric: str) -> tuple[float, float]:
+    p50, p99 = histogram_quantiles(text, metric, (0.5, 0.99))
+    return p50, p99
 
 
 def run_whole_rounds(
-    kube: KubeClient, cp: ControlPlane, work: Path, lj_cfg: Path, n: int, rounds: int
+    kube: KubeClient, cp: ControlPlane, work: Path, lj_cfg: Path, n: int, rounds: int, nodes: int
 ) -> tuple[dict[str, Any], int]:
-    """Alternating whole-GPU rounds of both schedulers: (medians plus the per-round values,
-    overcommit violations found after the lj-scheduler rounds)."""
+    """Alternating whole-GPU rounds of both schedulers (the kube-scheduler with its default
+    profile and on matched work): (medians plus the per-round values, overcommit
+    violations found after the lj-scheduler rounds)."""
     ours: list[float] = []
     theirs: list[float] = []
+    matched: list[float] = []
     ours_cpu: list[float] = []
     theirs_cpu: list[float] = []
     texts: list[str] = []
+    kube_texts: list[str] = []
+    matched_texts: list[str] = []
+    pct = matched_percentage(nodes)
     violations = 0
     for r in range(rounds):
-        order = ("kube", "lj") if r % 2 == 0 else ("lj", "kube")
+        order = ("kube", "lj", "matched") if r % 2 == 0 else ("matched", "lj", "kube")
         for which in order:
             if which == "kube":
                 ns = f"bench-kube-{r}"
-                rate, cpu_ms = run_kube_scheduler(kube, cp, work, ns, n)
+                rate, cpu_ms, text = run_kube_scheduler(kube, cp, work, ns, n)
                 theirs.append(rate)
                 theirs_cpu.append(cpu_ms)
+                kube_texts.append(text)
+            elif which == "matched":
+                ns = f"bench-kube-matched-{r}"
+                rate, _, text = run_kube_scheduler(kube, cp, work, ns, n, pct)
+                matched.append(rate)
+                matched_texts.append(text)
             else:
                 ns = f"bench-lj-{r}"
                 rate, text, cpu_s = run_lj(kube, cp, work, lj_cfg, ns, n, {P.resources.gpu: "1"})
@@ -377,10 +471,17 @@ def run_whole_rounds(
                 texts.append(text)
                 violations += overcommit_violations(kube)
             delete_pods(kube, ns)
-        log(f"round {r + 1}/{rounds}: ratio {ours[-1] / theirs[-1]:.2f}")
+        log(
+            f"round {r + 1}/{rounds}: ratio {ours[-1] / theirs[-1]:.2f}, "
+            f"matched work {ours[-1] / matched[-1]:.2f}"
+        )
     ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
-    median_round = sorted(range(rounds), key=lambda i: ours[i])[rounds // 2]
-    text = texts[median_round]
+    matched_ratios = [a / b for a, b in zip(ours, matched, strict=True)]
+
+    def median_round(rates: list[float]) -> int:
+        return sorted(range(rounds), key=lambda i: rates[i])[rounds // 2]
+
+    text = texts[median_round(ours)]
     out: dict[str, Any] = {
         "whole_gpu_pods_per_s": statistics.median(ours),
         "kube_scheduler_whole_gpu_pods_per_s": statistics.median(theirs),
@@ -390,6 +491,11 @@ def run_whole_rounds(
         "whole_gpu_ratio_per_round": ratios,
         "whole_gpu_pods_per_s_per_round": ours,
         "kube_scheduler_whole_gpu_pods_per_s_per_round": theirs,
+        "whole_gpu_ratio_matched_work": statistics.median(matched_ratios),
+        "whole_gpu_ratio_matched_work_per_round": matched_ratios,
+        "kube_scheduler_matched_whole_gpu_pods_per_s": statistics.median(matched),
+        "kube_scheduler_matched_whole_gpu_pods_per_s_per_round": matched,
+        "kube_scheduler_matched_percentage_of_nodes_to_score": pct,
         "cpu_ms_per_whole_gpu_pod": statistics.median(ours_cpu),
         "kube_scheduler_cpu_ms_per_whole_gpu_pod": statistics.median(theirs_cpu),
         "whole_gpu_rounds": rounds,
@@ -400,10 +506,76 @@ def run_whole_rounds(
         ("bind", "lj_scheduler_binding_duration_seconds"),
         ("admission", "lj_scheduler_admission_duration_seconds"),
     ):
-        p50, p99 = histogram_quantiles(text, metric, (0.5, 0.99))
-        out[f"{key}_p50_ms"] = p50
-        out[f"{key}_p99_ms"] = p99
+        out[f"{key}_p50_ms"], out[f"{key}_p99_ms"] = quantiles_ms(text, metric)
+    for key, rates, scraped in (
+        ("kube_scheduler_algorithm", theirs, kube_texts),
+        ("kube_scheduler_matched_algorithm", matched, matched_texts),
+    ):
+        out[f"{key}_p50_ms"], out[f"{key}_p99_ms"] = quantiles_ms(
+            scraped[median_round(rates)], KUBE_ALGORITHM
+        )
     return out, violations
+
+
+def run_open_loop(
+    kube: KubeClient,
+    cp: ControlPlane,
+    work: Path,
+    lj_cfg: Path,
+    nodes: int,
+    rate: float,
+    seconds: float,
+) -> dict[str, Any]:
+    """Both schedulers warm and synced; whole-GPU pods arrive at `rate` per second in all,
+    alternating between them; create-to-bind p50/p99 of each."""
+    ns = "bench-open"
+    kube_name = f"{ns}-kube"
+    make_namespace(kube, ns)
+    watch = BindWatch(kube, ns, KubeClient.connect(str(cp.kubeconfig_path), pool_size=64))
+    lj, _ = start_lj(cp, work, lj_cfg, ns)
+    ks, _ = start_kube_scheduler(cp, work, kube_name, matched_percentage(nodes))
+    gpu = {P.resources.gpu: "1"}
+
+    def create(name: str, scheduler: str) -> None:
+        kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body=pod_body(name, scheduler, gpu))
+
+    try:
+        create("warm-lj", "lj-bench")
+        create("warm-kube", kube_name)
+        deadline = time.monotonic() + 120
+        while not {"warm-lj", "warm-kube"} <= set(watch.times):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the warm-up pods were not bound in 120s")
+            time.sleep(0.1)
+        total = int(rate * seconds)
+        log(f"open loop: {total} pods at {rate:g}/s, both schedulers warm")
+        arrival: dict[str, float] = {}
+        with ThreadPoolExecutor(32) as pool:
+            start = time.monotonic()
+            for i in range(total):
+                due = start + i / rate
+                time.sleep(max(0.0, due - time.monotonic()))
+                name, scheduler = (f"lj-{i}", "lj-bench") if i % 2 == 0 else (f"ks-{i}", kube_name)
+                arrival[name] = due
+                pool.submit(create, name, scheduler)
+        watch.wait(total + 2, 300)
+    finally:
+        lj.terminate()
+        lj.wait(30)
+        ks.stop()
+    out: dict[str, Any] = {"open_loop_rate_pods_per_s": rate, "open_loop_pods": total}
+    for key, prefix in (("open_loop", "lj-"), ("kube_scheduler_open_loop", "ks-")):
+        ms = sorted(
+            (watch.times[name] - due) * 1000 for name, due in arrival.items() if name[:3] == prefix
+        )
+        out[f"{key}_create_to_bind_p50_ms"] = ms[len(ms) // 2]
+        out[f"{key}_create_to_bind_p99_ms"] = ms[min(len(ms) - 1, int(0.99 * len(ms)))]
+    delete_pods(kube, ns)
+    log(
+        f"open loop create-to-bind p99: lj-scheduler {out['open_loop_create_to_bind_p99_ms']:.0f}"
+        f" ms, kube-scheduler {out['kube_scheduler_open_loop_create_to_bind_p99_ms']:.0f} ms"
+    )
+    return out
 
 
 def main() -> int:
@@ -416,8 +588,11 @@ def main() -> int:
     ap.add_argument(
         "--bind-workers", type=int, default=None, help="lj-scheduler's bindWorkers (its default)"
     )
+    ap.add_argument("--open-loop-rate", type=float, default=50.0, help="pods/s, both together")
+    ap.add_argument("--open-loop-seconds", type=float, default=20.0)
     args = ap.parse_args()
     began = time.monotonic()
+    load_at_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="ljbench"))
     cfg = ControlPlaneConfig(controller_manager=True, scheduler=False, kwok=True, verbosity=0)
     results: dict[str, Any] = {}
@@ -458,10 +633,19 @@ def main() -> int:
             )
         )
         # 1. whole-GPU rounds, both schedulers
-        whole, violations = run_whole_rounds(kube, cp, work, lj_cfg, args.pods, args.rounds)
+        whole, violations = run_whole_rounds(
+            kube, cp, work, lj_cfg, args.pods, args.rounds, args.nodes
+        )
         results.update(whole)
+        # 2. warm open loop, both schedulers at once
+        results.update(
+            run_open_loop(
+                kube, cp, work, lj_cfg, args.nodes, args.open_loop_rate, args.open_loop_seconds
+            )
+        )
+        violations += overcommit_violations(kube)
 
-        # 2. lj-scheduler, slices (a fresh process, pods created before it starts)
+        # 3. lj-scheduler, slices (a fresh process, pods created before it starts)
         rate, text, cpu_s = run_lj(
             kube,
             cp,
@@ -473,12 +657,10 @@ def main() -> int:
         )
         results["share_pods_per_s"] = rate
         results["cpu_ms_per_share_pod"] = cpu_s * 1000 / args.share_pods
-        p50, p99 = histogram_quantiles(
-            text, "lj_scheduler_filter_score_duration_seconds", (0.5, 0.99)
+        results["share_filter_score_p50_ms"], results["share_filter_score_p99_ms"] = quantiles_ms(
+            text, "lj_scheduler_filter_score_duration_seconds"
         )
-        results["share_filter_score_p50_ms"] = p50
-        results["share_filter_score_p99_ms"] = p99
-        # 3. gangs: a 256-pod gang, and four competing gangs (bench_gang.py)
+        # 4. gangs: a 256-pod gang, and four competing gangs (bench_gang.py)
         results.update(
             run_gang_bench(
                 kube, cp, work, lj_cfg, [s.name for s in specs], make_namespace, BindWatch, log
@@ -491,6 +673,7 @@ def main() -> int:
     out["whole_gpu_pods"] = args.pods
     out["share_pods"] = args.share_pods
     out["bench_duration_s"] = round(time.monotonic() - began, 1)
+    out["load_avg_1m_at_start"] = round(load_at_start, 1)
     out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 1)
     out["cpus"] = os.cpu_count() or 0
     out_doc = out
