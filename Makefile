@@ -52,8 +52,8 @@ test: deps sync lint check-floors ## Run lint, the dependency floors check and e
 	$(UV) run pytest
 
 .PHONY: unit
-unit: sync ## The fast inner loop: every test that needs no control plane (no Kubernetes binaries built), UNIT_WORKERS processes
-	$(UV) run pytest -q -m "not controlplane and not e2e" --numprocesses=$(UNIT_WORKERS)
+unit: sync ## The fast inner loop: every test that needs no control plane (no Kubernetes binaries built) and builds no image, UNIT_WORKERS processes
+	$(UV) run pytest -q -m "not controlplane and not e2e and not images" --numprocesses=$(UNIT_WORKERS)
 
 .PHONY: build
 build: ## Build the wheel of every workspace member into dist/

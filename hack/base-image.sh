@@ -7,7 +7,7 @@
 #   uv      /uv and /uvx of the uv on this machine (hack/bootstrap.sh installs it from
 #           PyPI at UV_VERSION), the stand-in for ghcr.io/astral-sh/uv:UV_VERSION.
 # The bookworm root file system is cached as a tar under
-# ${XDG_CACHE_HOME:-~/.cache}/lj-runtimekit/base/, keyed by this script's recipe: a cold
+# ${XDG_CACHE_HOME:-~/.cache}/lj-runtimekit/base/, keyed by this script: a cold
 # build takes about a minute, an import from the cache a few seconds, an image already
 # in the storage nothing. LJ_BASE_REFRESH=1 builds the root file system anew (newer
 # Debian security updates).
@@ -32,10 +32,10 @@ mirrors=(
 )
 # Fixed file and image times: the same root file system gives the same image digest.
 epoch=1700000000
-# The cache key: everything above that shapes the root file system.
-key=$(printf '%s\n' "$suite" "$packages" "${mirrors[@]}" "$epoch" | sha256sum | cut -c1-12)
+# The cache key: this recipe (a changed script builds anew).
+key=$(sha256sum <"${BASH_SOURCE[0]}" | cut -c1-12)
 python_ref=localhost/lj-runtimekit-python:3.11-$suite-$key
-uv_ref=localhost/lj-runtimekit-uv:$uv_version
+uv_ref=localhost/lj-runtimekit-uv:$uv_version-$key
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/lj-runtimekit/base
 rootfs=$cache/python-$suite-$key.tar
 
@@ -51,6 +51,7 @@ if ! exists "$python_ref"; then
     command -v mmdebstrap >/dev/null 2>&1 \
       || die "'mmdebstrap' not found: make deps installs it (Debian package mmdebstrap)"
     mkdir -p "$cache"
+    rm -f "$cache/python-$suite-"*  # the root file systems of older recipes
     log "building the $suite root file system with mmdebstrap into $rootfs"
     SOURCE_DATE_EPOCH=$epoch mmdebstrap --quiet --format=tar --variant=essential --include="$packages" \
       --aptopt='APT::Install-Recommends "false"' \
@@ -75,7 +76,7 @@ if ! exists "$python_ref"; then
     --label "org.opencontainers.image.description=Debian $suite with python3.11 $python_deb" \
     --label "org.opencontainers.image.version=$python_deb" \
     "$ctr"
-  "$buildah" commit --quiet --rm --timestamp "$epoch" "$ctr" "$python_ref" >/dev/null
+  "$buildah" commit --quiet --rm --timestamp "$epoch" --identity-label=false "$ctr" "$python_ref" >/dev/null
   trap - EXIT
 fi
 
@@ -91,7 +92,7 @@ if ! exists "$uv_ref"; then
   "$buildah" copy --quiet --chmod 0755 "$ctr" "$uv_bin" /uv >/dev/null
   "$buildah" copy --quiet --chmod 0755 "$ctr" "$(dirname "$uv_bin")/uvx" /uvx >/dev/null
   "$buildah" config --entrypoint '["/uv"]' "$ctr"
-  "$buildah" commit --quiet --rm --timestamp "$epoch" "$ctr" "$uv_ref" >/dev/null
+  "$buildah" commit --quiet --rm --timestamp "$epoch" --identity-label=false "$ctr" "$uv_ref" >/dev/null
   trap - EXIT
 fi
 

@@ -25,7 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = "3.11"
-UNIT_MARKERS = "not controlplane and not e2e"
+UNIT_MARKERS = "not controlplane and not e2e and not images"
 
 
 @dataclass(frozen=True)

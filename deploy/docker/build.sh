@@ -11,8 +11,10 @@
 # bookworm Python 3.11 base built from Debian's packages and the uv of this machine
 # (its UV_VERSION), and the machine's CA bundle (SSL_CERT_FILE) is mounted over the
 # build stage's for the wheel downloads (nothing of it lands in an image). Files
-# and the image creation time carry the last commit's time, so the same sources
-# and base give the same digest.
+# and the image creation time carry the last commit's time, without build history:
+# the same sources and base give the same image ID (the config digest); the
+# manifest digest of the local storage may still differ (buildah notes the stage
+# it built on), a pushed one is the registry's.
 #
 # Usage: deploy/docker/build.sh COMPONENT [--push]
 #   COMPONENT: device-plugin, scheduler-framework, exporter, controller
@@ -106,6 +108,7 @@ for image in "${images[@]}"; do
     --file "$root/deploy/docker/$image.Dockerfile"
     --build-arg "VERSION=$version"
     --build-arg "GIT_REVISION=$revision"
+    --build-arg "SOURCE_DATE_EPOCH=$epoch"
     --tag "$ref"
     "${base_args[@]}"
   )
@@ -120,6 +123,7 @@ for image in "${images[@]}"; do
     fi
   else
     "$buildah" build --isolation chroot --layers --pull=false --timestamp "$epoch" \
+      --omit-history --identity-label=false \
       --ignorefile "$root/deploy/docker/$image.Dockerfile.dockerignore" "${common[@]}" "$root"
     image_id=sha256:$("$buildah" inspect --type image --format '{{.FromImageID}}' "$ref")
     # The manifest digest in the local storage; a push (compressed layers) has its own.

@@ -16,9 +16,12 @@ FROM ghcr.io/astral-sh/uv:${UV_VERSION} AS uv
 
 FROM ${PYTHON_IMAGE} AS build
 COPY --from=uv /uv /usr/local/bin/uv
-# uv trusts the base's CA bundle (build.sh may mount the machine's over it).
-ENV UV_NO_CACHE=1 UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy \
-    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+# uv trusts the base's CA bundle (build.sh may mount the machine's over it). For the
+# same layer from the same sources: bytecode hash-checked (SOURCE_DATE_EPOCH set), and
+# no uv_cache.json (the build time uv notes for the wheels installed from a path).
+ARG SOURCE_DATE_EPOCH
+ENV UV_NO_CACHE=1 UV_PYTHON_DOWNLOADS=never UV_LINK_MODE=copy UV_COMPILE_BYTECODE=1 \
+    PYTHONDONTWRITEBYTECODE=1 SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 WORKDIR /src
 COPY . .
 RUN uv build --wheel --out-dir /wheels proto \
@@ -29,6 +32,8 @@ RUN uv build --wheel --out-dir /wheels proto \
  && uv pip install --python /opt/lj-runtimekit/bin/python --require-hashes \
       -r /wheels/requirements.txt \
  && uv pip install --python /opt/lj-runtimekit/bin/python --no-deps /wheels/*.whl \
+ && for d in /opt/lj-runtimekit/lib/python3*/site-packages/lj_runtimekit_*.dist-info; do \
+      rm "$d/uv_cache.json" && sed -i '/\/uv_cache\.json,/d' "$d/RECORD" || exit 1; done \
  && uv pip check --python /opt/lj-runtimekit/bin/python \
  && /opt/lj-runtimekit/bin/lj-device-plugin --help >/dev/null
 
