@@ -76,3 +76,28 @@ def test_event_during_the_attempt_backs_off_only_pods_it_may_help() -> None:
     b.rejected_by = frozenset({"GpuShare"})
     q.add_unschedulable(b)
     assert q.counts()["backoff"] == 2  # a, moved by the event; b, failed after it
+
+
+def test_label_change_moves_a_pod_only_when_the_node_now_matches(cluster: FakeCluster) -> None:
+    cluster.add_node("n0", gpus=8)
+    cluster.add_node("n1", gpus=8, labels={"team": "a"})
+    cluster.add_pod("full", {GPU: "8"}, nodeSelector={"team": "a"})
+    cluster.schedule()
+    waiting = cluster.add_pod("waiting", {GPU: "1"}, nodeSelector={"team": "a"})
+    cluster.schedule()  # n0: NodeAffinity, n1: GpuShare
+    queue = cluster.scheduler.queue
+
+    def relabel(node: str, **labels: str) -> None:
+        obj = copy.deepcopy(cluster.nodes[node])
+        obj["metadata"]["labels"].update(labels)
+        cluster.nodes[node] = obj
+        cluster.scheduler.on_node("MODIFIED", copy.deepcopy(obj))
+
+    relabel("n0", other="x")  # n0 still does not match
+    relabel("n1", other="x")  # n1 matched already: its devices are the problem
+    assert queue.counts()["unschedulable"] == 1
+    relabel("n0", team="a")  # now n0 matches
+    assert queue.counts()["unschedulable"] == 0
+    queue.activate([waiting])
+    cluster.schedule()
+    assert cluster.node_of(waiting) == "n0"

@@ -125,6 +125,24 @@ class EnqueueExtensions(Plugin, Protocol):
 
 
 @runtime_checkable
+class QueueingHintPlugin(Plugin, Protocol):
+    def queueing_hint(self, pod: PodInfo, old: NodeInfo | None, new: NodeInfo) -> bool:
+        """Whether a node event (`old`: the node before, None when new) may make `pod`, which
+        this plugin rejected, fit (upstream's QueueingHintFn); events without a node, or
+        plugins without it, always may."""
+        ...
+
+
+def passes_now(plugin: FilterPlugin, pod: PodInfo, old: NodeInfo | None, new: NodeInfo) -> bool:
+    """The queueing hint of a Filter that reads only the pod and the node: the node passes it
+    now and did not before."""
+    state = CycleState()
+    return plugin.filter(state, pod, new).ok and (
+        old is None or not plugin.filter(state, pod, old).ok
+    )
+
+
+@runtime_checkable
 class PodEventPlugin(Plugin, Protocol):
     def on_pod_event(self, etype: str, pod: PodInfo) -> None:
         """Every pod of this scheduler seen by the watch (ADDED / MODIFIED / DELETED)."""
@@ -143,6 +161,7 @@ EXTENSION_POINTS: tuple[type[Plugin], ...] = (
     BindPlugin,
     PostBindPlugin,
     EnqueueExtensions,
+    QueueingHintPlugin,
     PodEventPlugin,
 )
 

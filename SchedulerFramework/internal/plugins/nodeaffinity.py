@@ -19,8 +19,10 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
     FilterPlugin,
     Handle,
     PreFilterPlugin,
+    QueueingHintPlugin,
     ScoreExtensions,
     ScorePlugin,
+    passes_now,
     scale_to_max,
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
@@ -93,7 +95,14 @@ def pod_matches_node(pod: PodInfo, node: NodeInfo) -> bool:
     return terms is None or any(term_matches(t, node) for t in terms)
 
 
-class NodeAffinity(PreFilterPlugin, FilterPlugin, ScorePlugin, ScoreExtensions, EnqueueExtensions):
+class NodeAffinity(
+    PreFilterPlugin,
+    FilterPlugin,
+    ScorePlugin,
+    ScoreExtensions,
+    EnqueueExtensions,
+    QueueingHintPlugin,
+):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:
@@ -101,6 +110,9 @@ class NodeAffinity(PreFilterPlugin, FilterPlugin, ScorePlugin, ScoreExtensions, 
 
     def events_to_register(self) -> frozenset[str]:
         return frozenset({ClusterEvent.NODE_ADD, ClusterEvent.NODE_LABEL})
+
+    def queueing_hint(self, pod: PodInfo, old: NodeInfo | None, new: NodeInfo) -> bool:
+        return passes_now(self, pod, old, new)
 
     def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
         required = bool(pod.node_selector) or pod.required_affinity is not None

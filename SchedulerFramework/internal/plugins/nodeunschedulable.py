@@ -13,6 +13,8 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
     EnqueueExtensions,
     FilterPlugin,
     Handle,
+    QueueingHintPlugin,
+    passes_now,
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
@@ -35,7 +37,7 @@ class Args:
         return Args()
 
 
-class NodeUnschedulable(FilterPlugin, EnqueueExtensions):
+class NodeUnschedulable(FilterPlugin, EnqueueExtensions, QueueingHintPlugin):
     name = NAME
 
     def __init__(self, args: Args, handle: Handle) -> None:
@@ -43,6 +45,9 @@ class NodeUnschedulable(FilterPlugin, EnqueueExtensions):
 
     def events_to_register(self) -> frozenset[str]:
         return frozenset({ClusterEvent.NODE_ADD, ClusterEvent.NODE_TAINT})
+
+    def queueing_hint(self, pod: PodInfo, old: NodeInfo | None, new: NodeInfo) -> bool:
+        return passes_now(self, pod, old, new)
 
     def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
         if not node.unschedulable:

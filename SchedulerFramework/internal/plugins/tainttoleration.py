@@ -18,8 +18,10 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
     FilterPlugin,
     Handle,
     PreFilterPlugin,
+    QueueingHintPlugin,
     ScoreExtensions,
     ScorePlugin,
+    passes_now,
     scale_to_max,
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
@@ -50,7 +52,12 @@ def untolerated(taints: Iterable[Taint], tolerations: Sequence[Toleration]) -> I
 
 
 class TaintToleration(
-    PreFilterPlugin, FilterPlugin, ScorePlugin, ScoreExtensions, EnqueueExtensions
+    PreFilterPlugin,
+    FilterPlugin,
+    ScorePlugin,
+    ScoreExtensions,
+    EnqueueExtensions,
+    QueueingHintPlugin,
 ):
     name = NAME
 
@@ -60,6 +67,9 @@ class TaintToleration(
 
     def events_to_register(self) -> frozenset[str]:
         return frozenset({ClusterEvent.NODE_ADD, ClusterEvent.NODE_TAINT})
+
+    def queueing_hint(self, pod: PodInfo, old: NodeInfo | None, new: NodeInfo) -> bool:
+        return passes_now(self, pod, old, new)
 
     def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
         if not self.handle.cache.soft_tainted:

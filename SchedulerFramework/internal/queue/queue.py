@@ -17,7 +17,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
@@ -219,20 +219,26 @@ class SchedulingQueue:
         """An event that may undo its rejection came since the pod was popped."""
         return any(c >= qp.cycle and self._cares(qp, e) for e, c in self._event_cycle.items())
 
-    def _cares(self, qp: QueuedPod, event: str) -> bool:
+    def _cares(
+        self, qp: QueuedPod, event: str, hint: Callable[[PodInfo, str], bool] | None = None
+    ) -> bool:
         if not qp.rejected_by:
             return True
         events_of = self.events_of
-        return any(event in events_of.get(p, (event,)) for p in qp.rejected_by)
+        return any(
+            event in events_of.get(p, (event,)) and (hint is None or hint(qp.pod, p))
+            for p in qp.rejected_by
+        )
 
-    def move_for_event(self, event: str) -> int:
+    def move_for_event(self, event: str, hint: Callable[[PodInfo, str], bool] | None = None) -> int:
         """Cluster event `event` (a ClusterEvent): moves the unschedulable pods a rejecting
-        plugin of which registered it; how many moved. A pod being scheduled when it comes
-        goes to backoff instead of the unschedulable pods if it fails for such a plugin."""
+        plugin of which registered it, and, given `hint(pod, plugin)`, says it may help; how
+        many moved. A pod being scheduled when it comes goes to backoff instead of the
+        unschedulable pods if it fails for a plugin that registered it."""
         with self._cond:
             now = time.monotonic()
             self._event_cycle[event] = self.scheduling_cycle
-            moved = [qp for qp in self._unschedulable.values() if self._cares(qp, event)]
+            moved = [qp for qp in self._unschedulable.values() if self._cares(qp, event, hint)]
             for qp in moved:
                 del self._unschedulable[qp.pod.uid]
                 self._move(qp, now)

@@ -8,6 +8,7 @@ ThreadPoolExecutor; see the README.
 
 from __future__ import annotations
 
+import copy
 import heapq
 import logging
 import threading
@@ -28,7 +29,11 @@ from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
     parse_pod,
 )
 from lj_runtimekit.schedulerframework.internal.config.config import Config
-from lj_runtimekit.schedulerframework.internal.framework.interface import PodEventPlugin, WaitingPod
+from lj_runtimekit.schedulerframework.internal.framework.interface import (
+    PodEventPlugin,
+    QueueingHintPlugin,
+    WaitingPod,
+)
 from lj_runtimekit.schedulerframework.internal.framework.runtime import (
     Diagnosis,
     EnabledPlugin,
@@ -259,8 +264,13 @@ class Scheduler:
             self.frameworks[profile.scheduler_name] = Framework(
                 profile.scheduler_name, plugins, self, config.percentage_of_nodes_to_score
             )
+        self._hints: dict[str, QueueingHintPlugin] = {}
+        """plugin name -> its queueing hint for node events"""
         for fwk in self.frameworks.values():
             self.queue.events_of.update(fwk.events_of())
+            self._hints.update(
+                (p.name, p) for p in fwk.plugins if isinstance(p, QueueingHintPlugin)
+            )
         self._pool = ThreadPoolExecutor(config.bind_workers, thread_name_prefix="bind")
         self._bind_slots = threading.BoundedSemaphore(config.bind_workers * 4)
         self._binds_in_flight = 0
@@ -411,12 +421,24 @@ class Scheduler:
         if old == signature:
             return  # a heartbeat: nothing the scheduler looks at changed
         self._node_signatures[name] = signature
-        self._cache.update_node(obj)
-        for event in node_events(old, signature):
-            self._cluster_event(event)
+        live = self._cache.nodes.get(name)
+        before = copy.copy(live) if live is not None and live.present else None
+        node = self._cache.update_node(obj)
+        events = node_events(old, signature)
+        if before is not None and before.foreign != node.foreign:  # its owner changed
+            events += [ClusterEvent.NODE_TAINT, ClusterEvent.NODE_ALLOCATABLE]
 
-    def _cluster_event(self, event: str) -> None:
-        moved = self.queue.move_for_event(event)
+        def hint(pod: PodInfo, plugin: str) -> bool:
+            h = self._hints.get(plugin)
+            return h is None or h.queueing_hint(pod, before, node)
+
+        for event in dict.fromkeys(events):
+            self._cluster_event(event, hint)
+
+    def _cluster_event(
+        self, event: str, hint: Callable[[PodInfo, str], bool] | None = None
+    ) -> None:
+        moved = self.queue.move_for_event(event, hint)
         log.debug("cluster event %s moved %d unschedulable pod(s)", event, moved)
 
     def on_pod(self, etype: str, obj: KubeObject) -> None:
