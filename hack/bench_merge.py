@@ -54,6 +54,7 @@ TARGETS = {
     ("scheduler", "partial_gangs"): ("==", 0.0),
     ("exporter", "scrape_p99_ms"): ("<=", 25.0),
     ("exporter", "rss_mb"): ("<=", 80.0),
+    ("exporter", "apiserver_requests_per_min_per_node"): ("<=", 1.0),
     ("controller", "label_500_nodes_done_s"): ("<=", 180.0),
     ("controller", "duplicate_jobs"): ("==", 0.0),
     ("e2e", "churn_device_conflicts"): ("==", 0.0),
