@@ -38,6 +38,8 @@ from lj_runtimekit.testkit.waits import wait_for
 pytestmark = pytest.mark.controlplane
 LABEL = "lj_runtimekit_enable"
 T = 60  # seconds any single step may take on a loaded 2-core machine
+JOBS_NAMESPACE = "lj-runtimekit-jobs"
+"""Where config/ puts the Jobs, their Role and the Job Agent's ServiceAccount."""
 
 
 @pytest.fixture
@@ -458,7 +460,8 @@ def test_least_privilege_rbac_is_enough(
     tmp_path: Any,
 ) -> None:
     """config/rbac applied for real; the Controller runs with its ServiceAccount's token
-    (leader election on, Jobs in kube-system with the agent's ServiceAccount)."""
+    (in kube-system; leader election on, Jobs in their own namespace with the agent's
+    ServiceAccount, as config/manager runs it)."""
     rbac = Path(__file__).resolve().parents[1] / "config" / "rbac"
     applied = subprocess.run(
         control_plane.kubectl_argv("apply", "-k", str(rbac)),
@@ -477,11 +480,11 @@ def test_least_privilege_rbac_is_enough(
     doc["contexts"][0]["context"]["user"] = "controller"
     kubeconfig = tmp_path / "controller-sa"
     kubeconfig.write_text(yaml.safe_dump(doc))
-    system = Cluster(api_client, "kube-system")
+    system = Cluster(api_client, JOBS_NAMESPACE)
     node = node_factory.create(f"{namespace}-rbac", enable=False)
     op = OperatorProcess(
         kubeconfig,
-        "kube-system",
+        JOBS_NAMESPACE,
         tmp_path / "controller-rbac.log",
         "--leader-elect=true",
         "--lease-name=lj-runtimekit-controller",
@@ -505,5 +508,5 @@ def test_least_privilege_rbac_is_enough(
         op.stop()
         for job in node_jobs(system, node):
             system.batch.delete_namespaced_job(
-                job.metadata.name, "kube-system", propagation_policy="Background"
+                job.metadata.name, JOBS_NAMESPACE, propagation_policy="Background"
             )
