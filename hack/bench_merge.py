@@ -57,6 +57,8 @@ TARGETS = {
     ("exporter", "apiserver_requests_per_min_per_node"): ("<=", 1.0),
     ("controller", "label_500_nodes_done_s"): ("<=", 180.0),
     ("controller", "duplicate_jobs"): ("==", 0.0),
+    ("controller", "rss_mb"): ("<=", 100.0),
+    ("controller", "skewed_leader_takeovers"): ("==", 0.0),
     ("e2e", "churn_device_conflicts"): ("==", 0.0),
     ("e2e", "churn_ledger_mismatches"): ("==", 0.0),
 }
