@@ -287,6 +287,8 @@ class DefaultPreemption(PostFilterPlugin):
                     cache.remove_pod(p.uid)
                 victims.append(unit)
                 violations += int(unit in violating)
+            if not victims:
+                return None  # fits as it is (what turned it away was not these pods)
             return Candidate(node, tuple(victims), violations)
         finally:
             for p in out.values():
