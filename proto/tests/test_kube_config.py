@@ -117,6 +117,10 @@ def test_access_from_a_broken_kubeconfig_names_the_file(tmp_path: Path) -> None:
     unknown.write_text(KUBECONFIG.replace("cluster: c,", "cluster: other,"))
     with pytest.raises(KubeConfigError, match="cluster 'other' is not in clusters"):
         load_access(str(unknown))
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("current-context: x\ncontexts: [just-a-string]\n")
+    with pytest.raises(KubeConfigError, match=f"kubeconfig {odd} is not usable: "):
+        load_access(str(odd))
 
 
 def test_in_cluster_access_rereads_the_rotated_token(

@@ -153,7 +153,7 @@ def load_access(kubeconfig: str | None) -> ApiAccess:
         return _kubeconfig_access(kubeconfig)
     except _Delegate:
         return ApiAccess.from_configuration(load_configuration(kubeconfig))
-    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, yaml.YAMLError) as exc:
         raise KubeConfigError(f"kubeconfig {kubeconfig} is not usable: {exc}") from exc
 
 
