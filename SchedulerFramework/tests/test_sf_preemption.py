@@ -40,16 +40,16 @@ def test_freed_devices_are_kept_for_the_nominated_pod(cluster: FakeCluster) -> N
     cluster.schedule()
     assert len(cluster.scheduler.evictor.done) == 1
     assert any("waiting for the pods preempted on node n0" in e for e in cluster.events(high))
-    # a lower-priority pod arrives; the victims go; it does not take what they freed
+    # a lower-priority pod arrives; the victims go; what they freed is not for it
     late = cluster.add_pod("late", {GPU: "1"}, priority=0)
     for v in done.victims:
         cluster.delete_pod(v.uid)
-    cluster.scheduler.queue.activate([late])
-    cluster.schedule()
-    assert cluster.node_of(late) == ""
-    cluster.scheduler.queue.activate([high])
+    assert cluster.scheduler.filter_nodes(parse_pod(cluster.pods[late]), "") == []
+    # the last victim gone, the pod is tried at once (not after its backoff)
+    assert cluster.scheduler.queue.counts()["backoff"] == 0
     cluster.schedule()
     assert cluster.node_of(high) == "n0"
+    assert cluster.node_of(late) == ""
     assert len([u for u in low if u in cluster.pods]) == 6
 
 

@@ -42,6 +42,8 @@ class Nominator:
         self.by_node: dict[str, list[PodInfo]] = {}
         self._node_of: dict[str, str] = {}
         self._victims: dict[str, frozenset[str]] = {}
+        self._preemptor_of: dict[str, str] = {}
+        """victim uid -> the uid of the pod it makes room for"""
 
     def add(self, pod: PodInfo, node: str, victims: Sequence[str] = ()) -> None:
         with self._cache.lock:
@@ -50,6 +52,7 @@ class Nominator:
             self._node_of[pod.uid] = node
             if victims:
                 self._victims[pod.uid] = frozenset(victims)
+                self._preemptor_of.update(dict.fromkeys(victims, pod.uid))
 
     def update(self, pod: PodInfo) -> None:
         """A pending pod seen by the watch: kept nominated (the newer object), or nominated
@@ -67,7 +70,7 @@ class Nominator:
     def remove(self, uid: str) -> None:
         with self._cache.lock:
             node = self._node_of.pop(uid, None)
-            self._victims.pop(uid, None)
+            self.drop_victims(uid)
             if node is None:
                 return
             left = [p for p in self.by_node[node] if p.uid != uid]
@@ -76,10 +79,19 @@ class Nominator:
             else:
                 del self.by_node[node]
 
+    def victim_gone(self, uid: str) -> str | None:
+        """Pod `uid` left the cache: the pod it was a victim for, once all its victims have."""
+        with self._cache.lock:
+            preemptor = self._preemptor_of.pop(uid, None)
+            if preemptor is None or self.pending(preemptor) is not None:
+                return None
+            return preemptor if preemptor in self._node_of else None
+
     def drop_victims(self, uid: str) -> None:
         """An eviction failed: the pod may preempt again."""
         with self._cache.lock:
-            self._victims.pop(uid, None)
+            for victim in self._victims.pop(uid, ()):
+                self._preemptor_of.pop(victim, None)
 
     def pending(self, uid: str) -> str | None:
         """The nominated node while a victim of the pod's preemption is still accounted."""
@@ -91,9 +103,6 @@ class Nominator:
                 return self._node_of.get(uid)
             del self._victims[uid]
             return None
-
-    def nominated(self, uid: str) -> str | None:
-        return self._node_of.get(uid)
 
 
 @dataclass(frozen=True)

@@ -458,6 +458,7 @@ class Scheduler:
             if pod.uid in self._cache.pods:
                 self._cache.remove_pod(pod.uid)
                 self._cluster_event(ClusterEvent.POD_DELETE)
+                self._victim_gone(pod.uid)
             return
         if pod.node_name:
             self.queue.delete(pod.uid)
@@ -466,6 +467,7 @@ class Scheduler:
             devices_changed = self._cache.update_pod(pod)
             if was_terminal:
                 self._cluster_event(ClusterEvent.POD_DELETE)
+                self._victim_gone(pod.uid)
             elif devices_changed:
                 self._cluster_event(ClusterEvent.POD_DEVICES)
             return
@@ -479,6 +481,13 @@ class Scheduler:
         if pod.uid in self._cache.pods:
             return  # assumed: its binding is in flight
         self.queue.add(pod)
+
+    def _victim_gone(self, uid: str) -> None:
+        """The last victim of a preemption went: its pod is tried now, not after its backoff
+        (what it waited for is there)."""
+        preemptor = self.nominator.victim_gone(uid)
+        if preemptor is not None:
+            self.queue.activate([preemptor])
 
     def _follow_admission(self, etype: str, obj: KubeObject) -> None:
         """Open a node again once its device pod's admission is settled (or the pod gone);
