@@ -66,7 +66,7 @@ def _options(args: argparse.Namespace) -> manifests.Options:
         images=parse_image_overrides(args.image or []),
         runtime_class_api=getattr(args, "runtime_class_api", "node.k8s.io/v1"),
         jobs_namespace=check_jobs_namespace(args.jobs_namespace),
-        device_plugin_pods_url="" if args.no_kubelet_read_only_port else manifests.KUBELET_PODS_URL,
+        kubelet_pods_url="" if args.no_kubelet_read_only_port else manifests.KUBELET_PODS_URL,
         admission_policies=not args.no_admission_policies,
     )
 
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--no-kubelet-read-only-port",
             action="store_true",
-            help="the Device Plugin watches its node's pods on the API server instead",
+            help="the node agents watch their node's pods on the API server instead",
         )
         p.add_argument(
             "--no-admission-policies",

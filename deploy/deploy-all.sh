@@ -26,8 +26,8 @@
 #   --image=C=REF       image of one component (device-plugin, scheduler-framework,
 #                       exporter, controller, job-agent); repeatable
 #   --no-kubelet-read-only-port
-#                       the Device Plugin watches its node's pods on the API server
-#                       instead of reading the kubelet's port 10255
+#                       the Device Plugin and the Exporter watch their node's pods
+#                       on the API server instead of reading the kubelet's port 10255
 #   --no-admission-policies
 #                       leave out the ValidatingAdmissionPolicies (required below
 #                       Kubernetes 1.30: RBAC alone then bounds the components)

@@ -35,6 +35,7 @@ from lj_runtimekit.deploy.manifests import (
     config_data,
     default_options,
     dump,
+    image_name,
     plain_files,
 )
 
@@ -42,7 +43,7 @@ CHART = "helm/lj-runtimekit"
 _NS = "lj-sentinel-namespace"
 _RC_API = "lj-sentinel-rcapi"
 _JOBS_NS = "lj-sentinel-jobsns"
-_DP_PODS_URL = "lj-sentinel-dp-pods-url"
+_PODS_URL = "lj-sentinel-pods-url"
 VALUES_KEYS = {
     "device-plugin": "devicePlugin",
     "scheduler-framework": "schedulerFramework",
@@ -69,7 +70,8 @@ _RBAC_FILES = {
 
 
 def _image_sentinel(key: str) -> str:
-    return f"lj-sentinel-image-{key}"
+    """A sentinel image reference; its `image_name` (no tag) is the name sentinel."""
+    return f"lj-sentinel-image-{key}:lj-sentinel-tag"
 
 
 def _kustomization(resources: list[str], component: Component | None, opts: Options) -> str:
@@ -118,15 +120,18 @@ def _templated(objs: list[Obj], component: Component | None, opts: Options) -> s
     text = text.replace(_JOBS_NS, "{{ .Values.jobsNamespace }}")
     text = text.replace(_NS, "{{ .Release.Namespace }}")
     text = text.replace(
-        _DP_PODS_URL, f"{{{{ if .Values.kubeletReadOnlyPort }}}}{KUBELET_PODS_URL}{{{{ end }}}}"
+        _PODS_URL, f"{{{{ if .Values.kubeletReadOnlyPort }}}}{KUBELET_PODS_URL}{{{{ end }}}}"
     )
     text = text.replace(_RC_API, '{{ include "lj-runtimekit.runtimeClassApi" . }}')
     for c in COMPONENTS:
         for image in c.images:
+            args = f'(list . "{image.key}" "{image.repository}")'
             text = text.replace(
-                _image_sentinel(image.key),
-                '{{ include "lj-runtimekit.image"'
-                f' (list . "{image.key}" "{image.repository}") }}}}',
+                _image_sentinel(image.key), f'{{{{ include "lj-runtimekit.image" {args} }}}}'
+            )
+            text = text.replace(
+                image_name(_image_sentinel(image.key)),
+                f'{{{{ include "lj-runtimekit.imageName" {args} }}}}',
             )
     if component is not None:
         checksum = config_checksum(config_data(component, opts))
@@ -164,6 +169,13 @@ def _helpers() -> str:
         "{{- $tag := $root.Values.image.tag | default $root.Chart.AppVersion -}}",
         '{{- printf "%s/%s:%s" (trimSuffix "/" $root.Values.image.registry) $repo $tag -}}',
         "{{- end -}}",
+        "{{- end -}}",
+        "",
+        '{{- define "lj-runtimekit.imageName" -}}',
+        "{{- /* The image reference without its tag and digest (manifests.image_name). */ -}}",
+        '{{- $ref := include "lj-runtimekit.image" . -}}',
+        '{{- $ref = regexReplaceAll "@.*$" $ref "" -}}',
+        '{{- regexReplaceAll ":[^:/]*$" $ref "" -}}',
         "{{- end -}}",
         "",
         '{{- define "lj-runtimekit.runtimeClassApi" -}}',
@@ -212,7 +224,7 @@ def _values(opts: Options) -> str:
         + "runtimeClass:\n  create: true\n"
         + "# The Controller's Jobs: a namespace of their own (deploy/README.md).\n"
         + f"jobsNamespace: {opts.jobs_namespace}\n"
-        + "# false: the Device Plugin does not use the kubelet read-only port 10255.\n"
+        + "# false: the node agents do not use the kubelet read-only port 10255.\n"
         + "kubeletReadOnlyPort: true\n"
         + "# The ValidatingAdmissionPolicies (Kubernetes >= 1.30) that bound the writes.\n"
         + "admissionPolicies:\n  create: true\n"
@@ -251,7 +263,7 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
         images={key: _image_sentinel(key) for key in IMAGE_KEYS},
         runtime_class_api=_RC_API,
         jobs_namespace=_JOBS_NS,
-        device_plugin_pods_url=_DP_PODS_URL,
+        kubelet_pods_url=_PODS_URL,
     )
     for name, docs in common_files(sentinel).items():
         out[chart / "templates" / f"common-{name}"] = (

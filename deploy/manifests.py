@@ -42,12 +42,14 @@ Obj = dict[str, Any]
 NODE_AGENT_PRIORITY_CLASS = "lj-runtimekit-node-agent"
 JOB_AGENT_SERVICE_ACCOUNT = "lj-runtimekit-job-agent"
 """The Job Agent's pods talk to the Runtime only: a ServiceAccount without rights or token."""
+JOB_AGENT_COMMAND = "lj-job-agent"
+"""The command of the Controller's Jobs (Controller jobspec)."""
 METRICS_PORT = 9445
 SCHEDULER_METRICS_PORT = 10261
 CONTROLLER_HEALTH_PORT = 8080
 KUBELET_PODS_URL = "http://$(HOST_IP):10255/pods"
-"""The kubelet's read-only port; `Options.kubelet_read_only_port` off leaves it unused by
-the Device Plugin (which then watches its node's pods on the API server)."""
+"""The kubelet's read-only port; an empty `Options.kubelet_pods_url` leaves it unused (the
+node agents then watch their node's pods on the API server)."""
 EXPORTER_PORT_NAME = "metrics"
 
 
@@ -63,8 +65,8 @@ class Options:
     runtime_class_api: str = "node.k8s.io/v1"
     jobs_namespace: str = DEFAULT_JOBS_NAMESPACE
     """The Controller's Jobs (and its Lease): a namespace of their own, see `jobs_namespace`."""
-    device_plugin_pods_url: str = KUBELET_PODS_URL
-    """The Device Plugin's --kubelet-pods-url; empty: the kubelet read-only port is not used."""
+    kubelet_pods_url: str = KUBELET_PODS_URL
+    """The node agents' --kubelet-pods-url; empty: the kubelet read-only port is not used."""
     admission_policies: bool = True
     """The ValidatingAdmissionPolicies (Kubernetes >= 1.30) that bound the components' writes."""
 
@@ -267,8 +269,9 @@ def _rules(component: Component) -> list[Obj]:
             _EVENTS,
         ]
     if component.name == "exporter":
-        # The API server fallback of the kubelet /pods list (by spec.nodeName).
-        return [_rule([""], ["pods"], ["list"])]
+        # Its node's pods by spec.nodeName: one list and watch (the source when the kubelet
+        # port is off, the fallback while the kubelet does not answer).
+        return [_rule([""], ["pods"], ["list", "watch"])]
     # Nodes: watch the enable label, record the Controller's state on the Node.
     return [_rule([""], ["nodes"], [*_READ, "patch"])]
 
@@ -400,13 +403,7 @@ def _username(component: Component, opts: Options) -> str:
     return f"system:serviceaccount:{opts.namespace}:{component.service_account}"
 
 
-def _policy(
-    component: Component,
-    opts: Options,
-    suffix: str,
-    spec: Obj,
-    param_ref: Obj | None = None,
-) -> list[Obj]:
+def _policy(component: Component, opts: Options, suffix: str, spec: Obj) -> list[Obj]:
     """A ValidatingAdmissionPolicy that applies to the component's identity only, and its
     binding (deny)."""
     name = f"{component.app}-{suffix}"
@@ -415,8 +412,6 @@ def _policy(
         "expression": f"request.userInfo.username == '{_username(component, opts)}'",
     }
     binding: Obj = {"policyName": name, "validationActions": ["Deny"]}
-    if param_ref is not None:
-        binding["paramRef"] = param_ref
     return [
         {
             "apiVersion": _VAP_API,
@@ -437,17 +432,37 @@ def _check(expression: str, message: str) -> Obj:
     return {"expression": expression, "message": message, "reason": "Forbidden"}
 
 
+def image_name(ref: str) -> str:
+    """An image reference without its tag and digest (`registry:5000/team/agent`)."""
+    name = ref.split("@", 1)[0]
+    head, slash, last = name.rpartition("/")
+    return head + slash + last.split(":", 1)[0]
+
+
 def _jobs_policy(component: Component, opts: Options) -> list[Obj]:
-    """The Controller may create and change only the Job Agent's Job: the image, the service
-    account and the socket directory of its own Deployment's flags (the policy's parameter,
-    so an upgrade or a rollback moves them together), the socket directory its only volume,
-    mounted read-only, nothing privileged and no host namespace."""
+    """The Controller may create and change only the Job Agent's Job: one container of the
+    Job Agent image (any tag or digest of it, so an upgrade or a rollback of the Controller
+    needs no change here) running lj-job-agent, the Job Agent's service account, the
+    Runtime socket directory its only volume, mounted read-only, nothing privileged and no
+    host namespace.
+
+    No parameter object: a policy whose parameter is a built-in kind stops finding it once
+    its binding was deleted and created again, until the API server restarts (Kubernetes
+    issue 130887), and `delete` then `deploy` does exactly that."""
+    agent = image_name(
+        image_ref(component.images[1], opts.registry, opts.version, dict(opts.images))
+    )
     say = "the Controller may create only the Job Agent's Job: "
     checks = [
         _check(
             "variables.pod.containers.size() == 1 && variables.pod.containers.all(c,"
-            " variables.flags.exists(f, f == '--job-image=' + c.image))",
-            say + "one container, the image of the Controller's --job-image",
+            f" c.image == '{agent}' || c.image.startsWith('{agent}:')"
+            f" || c.image.startsWith('{agent}@'))",
+            say + f"one container, the image {agent}",
+        ),
+        _check(
+            f"variables.pod.containers.all(c, c.?command.orValue([]) == ['{JOB_AGENT_COMMAND}'])",
+            say + f"the command {JOB_AGENT_COMMAND}",
         ),
         _check(
             "variables.pod.?initContainers.orValue([]).size() == 0 &&"
@@ -455,15 +470,13 @@ def _jobs_policy(component: Component, opts: Options) -> list[Obj]:
             say + "no init or ephemeral containers",
         ),
         _check(
-            "variables.flags.exists(f,"
-            " f == '--job-service-account=' + variables.pod.?serviceAccountName.orValue(''))",
-            say + "the service account of the Controller's --job-service-account",
+            f"variables.pod.?serviceAccountName.orValue('') == '{JOB_AGENT_SERVICE_ACCOUNT}'",
+            say + f"the service account {JOB_AGENT_SERVICE_ACCOUNT}",
         ),
         _check(
             "variables.pod.?volumes.orValue([]).size() == 1 && variables.pod.volumes.all(v,"
-            " has(v.hostPath) &&"
-            " variables.flags.exists(f, f == '--socket-dir=' + v.hostPath.path))",
-            say + "one volume, the Runtime socket directory of the Controller's --socket-dir",
+            f" v.?hostPath.?path.orValue('') == '{RUNTIME_SOCKET_DIR}')",
+            say + f"one volume, the Runtime socket directory {RUNTIME_SOCKET_DIR}",
         ),
         _check(
             "variables.pod.containers.all(c, c.?volumeMounts.orValue([]).all(m,"
@@ -481,9 +494,7 @@ def _jobs_policy(component: Component, opts: Options) -> list[Obj]:
             say + "not privileged, no added capabilities",
         ),
     ]
-    containers = "params.spec.template.spec.containers"
     spec: Obj = {
-        "paramKind": {"apiVersion": "apps/v1", "kind": "Deployment"},
         "matchConstraints": {
             "resourceRules": [
                 {
@@ -494,23 +505,10 @@ def _jobs_policy(component: Component, opts: Options) -> list[Obj]:
                 }
             ]
         },
-        "variables": [
-            {"name": "pod", "expression": "object.spec.template.spec"},
-            {
-                "name": "flags",
-                "expression": f"{containers}.exists_one(c, c.name == '{component.name}')"
-                f" ? {containers}.filter(c, c.name == '{component.name}')[0].?args.orValue([])"
-                " : []",
-            },
-        ],
+        "variables": [{"name": "pod", "expression": "object.spec.template.spec"}],
         "validations": checks,
     }
-    param_ref = {
-        "name": component.workload,
-        "namespace": opts.namespace,
-        "parameterNotFoundAction": "Deny",
-    }
-    return _policy(component, opts, "jobs", spec, param_ref)
+    return _policy(component, opts, "jobs", spec)
 
 
 def writable_keys(component: Component, protocol: Protocol) -> dict[str, list[str]]:
@@ -747,7 +745,7 @@ def _container(component: Component, opts: Options) -> Obj:
             f"--plugin-dir={DEVICE_PLUGIN_DIR}",
             f"--runtime-socket-dir={RUNTIME_SOCKET_DIR}",
             f"--protocol={protocol}",
-            f"--kubelet-pods-url={opts.device_plugin_pods_url}",
+            f"--kubelet-pods-url={opts.kubelet_pods_url}",
             "--log-format=json",
         ]
         mounts += [
@@ -762,7 +760,7 @@ def _container(component: Component, opts: Options) -> Obj:
         args = [
             "lj-exporter",
             f"--runtime-socket-dir={RUNTIME_SOCKET_DIR}",
-            f"--kubelet-pods-url={KUBELET_PODS_URL}",
+            f"--kubelet-pods-url={opts.kubelet_pods_url}",
             f"--port={METRICS_PORT}",
             f"--protocol-file={protocol}",
             "--log-format=json",
@@ -925,6 +923,18 @@ def workload(component: Component, opts: Options) -> Obj:
     }
 
 
+def disruption_budget(component: Component, opts: Options) -> Obj:
+    """A voluntary disruption (a drain) leaves one of the Controller's two replicas: the
+    standby that takes the Lease. The scheduler runs one replica (Recreate): a budget could
+    only block drains or allow all, so it has none."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(component.app, component, opts.namespace),
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": component.app}}},
+    }
+
+
 def node_agent_priority_class() -> Obj:
     return {
         "apiVersion": "scheduling.k8s.io/v1",
@@ -958,6 +968,8 @@ def component_files(component: Component, opts: Options) -> dict[str, list[Obj]]
     if component.name == "exporter":
         workloads.append(node_agent_priority_class())
     workloads.append(workload(component, opts))
+    if component.name == "controller":
+        workloads.append(disruption_budget(component, opts))
     files = {
         "01-rbac.yaml": rbac(component, opts),
         "02-configmap.yaml": [configmap(component, opts)],

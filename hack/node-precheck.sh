@@ -96,7 +96,7 @@ fetch() {
 if pods=$(fetch "$kubelet_url" 2>&1) && grep -q '"PodList"' <<<"$pods"; then
   ok "kubelet read-only port answers $kubelet_url with a PodList"
 else
-  echo "warning kubelet read-only port does not answer $kubelet_url with a PodList ($(tail -n 1 <<<"$pods")): deploy with --no-kubelet-read-only-port (Helm: kubeletReadOnlyPort=false), so the Device Plugin watches its node's pods on the API server; or set readOnlyPort: 10255 in the kubelet configuration"
+  echo "warning kubelet read-only port does not answer $kubelet_url with a PodList ($(tail -n 1 <<<"$pods")): deploy with --no-kubelet-read-only-port (Helm: kubeletReadOnlyPort=false), so the Device Plugin and the Exporter watch their node's pods on the API server; or set readOnlyPort: 10255 in the kubelet configuration"
 fi
 
 # 4. device plugin directory

@@ -97,7 +97,7 @@ def refusal(call: Any) -> str:
 
 
 def controller_job(install: Install, node: dict[str, Any]) -> dict[str, Any]:
-    """The Job the Controller creates (its own jobspec) with the Deployment's flags."""
+    """The Job the Controller creates (its own jobspec) with its Deployment's flags."""
     args = dict(
         a.removeprefix("--").split("=", 1)
         for a in manifests.workload(CONTROLLER, install.opts)["spec"]["template"]["spec"][
@@ -148,35 +148,50 @@ def test_the_jobs_namespace_enforces_pod_security_and_only_the_agent_job_is_admi
     def refused() -> bool:
         return policy in refusal(create(attack))
 
-    wait_for(refused, 30, "the Jobs admission policy to refuse the attack Job")
+    wait_for(
+        refused,
+        30,
+        "the Jobs admission policy to refuse the attack Job",
+        describe=lambda: refusal(create(attack)) or "admitted",
+    )
     message = refusal(create(attack))
     assert "lj-runtimekit-controller-jobs" in message
-    assert "the service account of the Controller's --job-service-account" in message
+    assert "the service account lj-runtimekit-job-agent" in message
     # Each rule alone (the server names the first one a Job breaks).
-    variants: dict[str, Any] = {
-        "the image of the Controller's --job-image": lambda p: p["containers"][0].update(
-            image="busybox"
+    agent = job["spec"]["template"]["spec"]["containers"][0]["image"].rsplit(":", 1)[0]
+    variants: list[tuple[str, Any]] = [
+        ("the image", lambda p: p["containers"][0].update(image="busybox")),
+        ("the image", lambda p: p["containers"][0].update(image=f"{agent}-x:1")),
+        ("the command lj-job-agent", lambda p: p["containers"][0].update(command=["sh"])),
+        ("read-only", lambda p: p["containers"][0]["volumeMounts"][0].update(readOnly=False)),
+        ("one volume", lambda p: p["volumes"].append({"name": "x", "emptyDir": {}})),
+        ("one volume", lambda p: p["volumes"][0]["hostPath"].update(path="/")),
+        ("no hostPID", lambda p: p.update(hostPID=True)),
+        ("no hostPID, hostNetwork", lambda p: p.update(hostNetwork=True)),
+        (
+            "not privileged",
+            lambda p: p["containers"][0]["securityContext"].update(
+                privileged=True, allowPrivilegeEscalation=True
+            ),
         ),
-        "mounted read-only": lambda p: p["containers"][0]["volumeMounts"][0].update(readOnly=False),
-        "one volume": lambda p: p["volumes"].append({"name": "x", "emptyDir": {}}),
-        "no hostPID": lambda p: p.update(hostPID=True),
-        "no hostPID, hostNetwork": lambda p: p.update(hostNetwork=True),
-        "not privileged": lambda p: p["containers"][0]["securityContext"].update(
-            privileged=True, allowPrivilegeEscalation=True
+        (
+            "no added capabilities",
+            lambda p: p["containers"][0]["securityContext"].update(
+                capabilities={"add": ["SYS_ADMIN"]}
+            ),
         ),
-        "no added capabilities": lambda p: p["containers"][0]["securityContext"].update(
-            capabilities={"add": ["SYS_ADMIN"]}
-        ),
-        "the Runtime socket directory of the Controller's --socket-dir": lambda p: p["volumes"][0][
-            "hostPath"
-        ].update(path="/"),
-    }
-    for expected, change in variants.items():
+    ]
+    for expected, change in variants:
         variant = copy.deepcopy(job)
         change(variant["spec"]["template"]["spec"])
         assert expected in refusal(create(variant)), expected
-    # The Controller's own Job is admitted, in the Jobs' namespace only (RBAC).
+    # The Controller's own Job is admitted, in the Jobs' namespace only (RBAC); after an
+    # upgrade or a rollback too (another tag or a digest of the Job Agent image).
     assert refusal(create(job)) == ""
+    for image in (f"{agent}:v9.9.9", f"{agent}@sha256:{'a' * 64}"):
+        other = copy.deepcopy(job)
+        other["spec"]["template"]["spec"]["containers"][0]["image"] = image
+        assert refusal(create(other)) == "", image
     elsewhere = copy.deepcopy(job)
     elsewhere["metadata"]["namespace"] = install.opts.namespace
     assert "cannot create resource" in refusal(create(elsewhere, install.opts.namespace))
@@ -227,7 +242,12 @@ def test_the_device_plugin_writes_only_its_own_node_and_pods_and_its_own_keys(
     def refused() -> bool:
         return say in refusal(node_patch(other, own_keys))
 
-    wait_for(refused, 30, "the own-node admission policy to refuse another node")
+    wait_for(
+        refused,
+        30,
+        "the own-node admission policy to refuse another node",
+        describe=lambda: refusal(node_patch(other, own_keys)) or "admitted",
+    )
     assert "another node" in refusal(node_patch(other, own_keys))
     assert "spec, finalizers and owners unchanged" in refusal(node_patch(own, taint))
     foreign = {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}

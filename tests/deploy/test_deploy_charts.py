@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from lj_runtimekit.deploy import manifests
 from lj_runtimekit.deploy.components import COMPONENTS, Component
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.versions import find_tools
@@ -70,10 +71,17 @@ def test_helm_lint_and_template_equal_the_plain_yaml(control_plane: ControlPlane
             "kubeletReadOnlyPort=false,admissionPolicies.create=false,jobsNamespace=gpu-jobs",
         )
     )
+    # The Jobs policy names the Job Agent image without its tag or digest, as manifests does.
+    agent = "r.example.com:5000/agent:v1@sha256:" + "a" * 64
+    pinned = objects(run(helm, "template", "lj", str(CHART), "--set", f"images.job-agent={agent}"))
+    policy = pinned[("ValidatingAdmissionPolicy", None, "lj-runtimekit-controller-jobs")]
+    name = manifests.image_name(agent)
+    assert f"c.image == '{name}' ||" in policy["spec"]["validations"][0]["expression"]
     assert not [k for k in off if k[0].startswith("ValidatingAdmissionPolicy")]
     assert ("Namespace", None, "gpu-jobs") in off
-    dp = off[("DaemonSet", "kube-system", "lj-runtimekit-device-plugin-ds")]
-    assert "--kubelet-pods-url=" in dp["spec"]["template"]["spec"]["containers"][0]["args"]
+    for agent in ("lj-runtimekit-device-plugin-ds", "lj-runtimekit-exporter-ds"):
+        ds = off[("DaemonSet", "kube-system", agent)]
+        assert "--kubelet-pods-url=" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
     only_exporter = objects(
         run(
             helm,
@@ -122,7 +130,7 @@ def test_member_config_applies_the_deploy_objects(
         "Role",
         "RoleBinding",
     }
-    assert {kind for kind, _, _ in manager} == {"ConfigMap", component.kind}
+    assert {kind for kind, _, _ in manager} == {"ConfigMap", component.kind, "PodDisruptionBudget"}
     assert {kind for kind, _, _ in policy} == {
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",

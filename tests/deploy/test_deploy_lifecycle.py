@@ -111,7 +111,10 @@ class Env:
     def live(self) -> dict[tuple[str, str], tuple[str, int]]:
         """(kind, name) -> (resourceVersion, generation) of every object of the deployment."""
         selector = "app.kubernetes.io/part-of=lj-runtimekit"
-        namespaced = "serviceaccounts,configmaps,daemonsets,deployments,roles,rolebindings"
+        namespaced = (
+            "serviceaccounts,configmaps,daemonsets,deployments,roles,rolebindings,"
+            "poddisruptionbudgets"
+        )
         cluster = (
             "clusterroles,clusterrolebindings,priorityclasses,runtimeclasses,namespaces,"
             "validatingadmissionpolicies,validatingadmissionpolicybindings"
@@ -275,6 +278,7 @@ ACCESS = [
     ("device-plugin", "update", "pods", "", "default", False),
     ("device-plugin", "create", "jobs", "", "@", False),
     ("exporter", "list", "pods", "", None, True),
+    ("exporter", "watch", "pods", "", None, True),
     ("exporter", "patch", "nodes", "", None, False),
     ("exporter", "get", "secrets", "", "@", False),
     ("scheduler-framework", "create", "pods", "binding", "default", True),

@@ -233,16 +233,30 @@ def test_render_options_reach_every_object() -> None:
         "controller": "registry.example.com/lj/lj-runtimekit-controller:v2.0.1",
     }
     assert "--job-image=registry.example.com/lj/lj-runtimekit-controller-job-agent:v2.0.1" in text
-    # The admission policies name the identities and the Controller's Deployment there.
+    # The admission policies name the identities, and the Job Agent image without its tag.
     assert "system:serviceaccount:gpu-system:lj-runtimekit-device-plugin'" in text
     assert "system:serviceaccount:gpu-system:lj-runtimekit-controller'" in text
-    binding = next(
+    policy = next(
         o
         for o in objs
-        if o["metadata"]["name"] == "lj-runtimekit-controller-jobs"
-        and o["kind"] == "ValidatingAdmissionPolicyBinding"
+        if o["kind"] == "ValidatingAdmissionPolicy"
+        and o["metadata"]["name"] == "lj-runtimekit-controller-jobs"
     )
-    assert binding["spec"]["paramRef"]["namespace"] == "gpu-system"
+    image_rule = policy["spec"]["validations"][0]["expression"]
+    assert "c.image == 'registry.example.com/lj/lj-runtimekit-controller-job-agent'" in image_rule
+
+
+@pytest.mark.parametrize(
+    ("ref", "name"),
+    [
+        ("r.example.com/lj/agent:v1.2.3", "r.example.com/lj/agent"),
+        ("r.example.com:5000/agent", "r.example.com:5000/agent"),
+        ("r.example.com:5000/agent:v1@sha256:" + "a" * 64, "r.example.com:5000/agent"),
+        ("agent@sha256:" + "a" * 64, "agent"),
+    ],
+)
+def test_image_name_drops_tag_and_digest(ref: str, name: str) -> None:
+    assert manifests.image_name(ref) == name
 
 
 def test_jobs_namespace_kubelet_port_and_admission_options() -> None:
@@ -252,7 +266,7 @@ def test_jobs_namespace_kubelet_port_and_admission_options() -> None:
         protocol_text=(DEPLOY / "protocol.yaml").read_text(),
         version=VERSION,
         jobs_namespace="gpu-jobs",
-        device_plugin_pods_url="",
+        kubelet_pods_url="",
         admission_policies=False,
     )
     objs = manifests.render(COMPONENTS, opts)
@@ -270,8 +284,9 @@ def test_jobs_namespace_kubelet_port_and_admission_options() -> None:
     workloads = {o["metadata"]["name"]: o for o in objs if o["kind"] in ("DaemonSet", "Deployment")}
     controller = workloads["lj-runtimekit-controller"]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "LJ_CONTROLLER_NAMESPACE", "value": "gpu-jobs"} in controller["env"]
-    dp = workloads["lj-runtimekit-device-plugin-ds"]["spec"]["template"]["spec"]["containers"][0]
-    assert "--kubelet-pods-url=" in dp["args"]
+    for agent in ("lj-runtimekit-device-plugin-ds", "lj-runtimekit-exporter-ds"):
+        container = workloads[agent]["spec"]["template"]["spec"]["containers"][0]
+        assert "--kubelet-pods-url=" in container["args"], agent
 
 
 @pytest.mark.parametrize(

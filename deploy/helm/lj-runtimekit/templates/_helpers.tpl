@@ -12,6 +12,13 @@
 {{- end -}}
 {{- end -}}
 
+{{- define "lj-runtimekit.imageName" -}}
+{{- /* The image reference without its tag and digest (manifests.image_name). */ -}}
+{{- $ref := include "lj-runtimekit.image" . -}}
+{{- $ref = regexReplaceAll "@.*$" $ref "" -}}
+{{- regexReplaceAll ":[^:/]*$" $ref "" -}}
+{{- end -}}
+
 {{- define "lj-runtimekit.runtimeClassApi" -}}
 {{- if .Capabilities.APIVersions.Has "node.k8s.io/v1" -}}
 node.k8s.io/v1
