@@ -269,3 +269,58 @@ def test_the_device_plugin_writes_only_its_own_node_and_pods_and_its_own_keys(
     message = refusal(lambda: unbound.patch_node(own, own_keys, dry_run="All"))
     assert "its token carries no node name" in message
     unbound_api.close()
+
+
+def test_a_pod_bound_token_carries_its_node_to_the_policy(
+    install: Install, node_factory: NodeFactory, api_client: k8s_client.ApiClient
+) -> None:
+    """No impersonation: the Device Plugin's real ServiceAccount token, bound to its pod on
+    a node (TokenRequest, as the kubelet asks for it), patches that node and not another."""
+    own = node_factory.create(f"{install.opts.namespace}-tok", gpus=8, enable=False)
+    other = node_factory.create(f"{install.opts.namespace}-tok2", gpus=8, enable=False)
+    admin = k8s_client.CoreV1Api(api_client)
+    ns = install.opts.namespace
+    pod = admin.create_namespaced_pod(
+        ns,
+        {
+            "metadata": {"name": "device-plugin-tok"},
+            "spec": {
+                "nodeName": own,
+                "serviceAccountName": DEVICE_PLUGIN.service_account,
+                "containers": [{"name": "c", "image": "busybox"}],
+            },
+        },
+    )
+    token = admin.create_namespaced_service_account_token(
+        DEVICE_PLUGIN.service_account,
+        ns,
+        {
+            "spec": {
+                "audiences": [],
+                "expirationSeconds": 3600,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod.metadata.name,
+                    "uid": pod.metadata.uid,
+                },
+            }
+        },
+    ).status.token
+    config = copy.copy(api_client.configuration)
+    config.cert_file = config.key_file = None
+    config.api_key = {"authorization": f"Bearer {token}"}
+    with k8s_client.ApiClient(config) as bound_api:
+        bound = k8s_client.CoreV1Api(bound_api)
+        review = k8s_client.AuthenticationV1Api(bound_api).create_self_subject_review({})
+        extra = review.status.user_info.extra or {}
+        assert extra.get(manifests.NODE_NAME_EXTRA) == [own]
+        labels = {"metadata": {"labels": {PROTOCOL.labels.device_count: "8"}}}
+        wait_for(
+            lambda: (
+                "another node" in refusal(lambda: bound.patch_node(other, labels, dry_run="All"))
+            ),
+            30,
+            "the own-node policy to refuse the bound token's write to another node",
+        )
+        assert refusal(lambda: bound.patch_node(own, labels, dry_run="All")) == ""
