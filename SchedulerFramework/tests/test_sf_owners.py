@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeOwnership
@@ -91,3 +93,18 @@ def test_an_owner_label_set_later_takes_effect(cluster: FakeCluster) -> None:
     pods = [cluster.add_pod(f"w{i}", {GPU: "8"}) for i in range(2)]
     cluster.schedule()
     assert sorted(cluster.node_of(u) for u in pods) == ["", "mine"]
+
+
+def test_another_schedulers_device_pods_on_an_unowned_node_are_warned_about(
+    cluster: FakeCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    owned(cluster)
+    one = '{"c0":[{"id":"0"}]}'
+    with caplog.at_level(logging.WARNING):
+        cluster.add_bound_pod("theirs-1", "open", one, 1)
+        cluster.add_bound_pod("theirs-2", "open", '{"c0":[{"id":"1"}]}', 1)
+        cluster.add_bound_pod("theirs-3", "mine", one, 1)  # labelled: its owner decides
+    warnings = [r.getMessage() for r in caplog.records if "no owner label" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "node open has device pods placed by scheduler someone-else" in warnings[0]
+    assert cluster.scheduler.cache.violations() == []

@@ -123,6 +123,7 @@ class Cache:
         self.ownership: NodeOwnership | None = None
         self._foreign: set[str] = set()
         """Nodes another scheduler owns (NodeOwnership)."""
+        self._shared_warned: set[str] = set()
 
     def set_ownership(self, ownership: NodeOwnership | None) -> None:
         """Which nodes this process may place pods on (one owner per node)."""
@@ -291,6 +292,30 @@ class Cache:
             return allocated  # reported as unreadable when applied
         return encode_assignment(merged)
 
+    def _check_shared(self, pod: PodInfo) -> None:
+        """Warns once per node when another lj-scheduler process placed device pods on a node
+        this one may place on too (no owner label): the two can overcommit its devices."""
+        o = self.ownership
+        node = self.nodes.get(pod.node_name)
+        if o is None or node is None or not node.present or node.foreign:
+            return
+        if pod.scheduler_name in o.profiles or node.name in self._shared_warned:
+            return
+        if o.label in node.labels:
+            return
+        self._shared_warned.add(node.name)
+        log.warning(
+            "node %s has device pods placed by scheduler %s (pod %s) and no owner label %s: "
+            "two scheduler processes placing on one node can give out the same device; label "
+            "it %s=<scheduler name> (or set requireNodeOwner)",
+            node.name,
+            pod.scheduler_name,
+            pod.key,
+            o.label,
+            o.label,
+            extra={"node": node.name},
+        )
+
     def _place(self, state: PodState) -> None:
         node = self._node(state.node)
         node.pods.add(state.pod.uid)
@@ -360,6 +385,8 @@ class Cache:
             self.pods[pod.uid] = state
             self._place(state)
             self._apply_devices(state, text)
+            if text:
+                self._check_shared(pod)
             return False
 
     def remove_pod(self, uid: str) -> None:
