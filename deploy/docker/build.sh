@@ -5,11 +5,11 @@
 # dist/images.json. Called by `make -C <Component> docker`.
 #
 # Two builders: Docker (BuildKit) when a Docker engine answers, buildah otherwise
-# (no daemon, run as root: chroot isolation, the storage under
-# /var/lib/containers; STORAGE_DRIVER=vfs where overlay mounts are refused). With
-# buildah the registry bases are not pulled: hack/base-image.sh provides a Debian
-# bookworm Python 3.11 base built from Debian's packages and the uv of this machine
-# (its UV_VERSION), and the machine's CA bundle (SSL_CERT_FILE) is mounted over the
+# (no daemon, run as root: chroot isolation, the storage under /var/lib/containers;
+# STORAGE_DRIVER=vfs where overlay mounts are refused). With buildah the registry
+# bases are not pulled: hack/base-image.sh provides a Debian bookworm Python 3.11
+# base built from Debian's packages and the uv of this machine (its UV_VERSION),
+# and the machine's CA bundle (SSL_CERT_FILE, else Debian's) is mounted over the
 # build stage's for the wheel downloads (nothing of it lands in an image). Files
 # and the image creation time carry the last commit's time, without build history:
 # the same sources and base give the same image ID (the config digest); the
@@ -82,8 +82,9 @@ if [[ $builder == buildah ]]; then
   # The uv stage is the local image; an unset PYTHON_IMAGE means the local base.
   base_args+=(--build-context "uv=docker-image://$uv_image")
   [[ -n ${PYTHON_IMAGE:-} ]] || base_args+=(--build-arg "PYTHON_IMAGE=$(sed -n 's/^python=//p' <<<"$bases")")
-  if [[ -n ${SSL_CERT_FILE:-} && -f $SSL_CERT_FILE ]]; then
-    base_args+=(--volume "$SSL_CERT_FILE:/etc/ssl/certs/ca-certificates.crt:ro")
+  ca_bundle=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
+  if [[ -f $ca_bundle ]]; then
+    base_args+=(--volume "$ca_bundle:/etc/ssl/certs/ca-certificates.crt:ro")
   fi
 fi
 
@@ -109,11 +110,10 @@ for image in "${images[@]}"; do
     --build-arg "VERSION=$version"
     --build-arg "GIT_REVISION=$revision"
     --build-arg "SOURCE_DATE_EPOCH=$epoch"
-    --tag "$ref"
     "${base_args[@]}"
   )
   if [[ $builder == docker ]]; then
-    DOCKER_BUILDKIT=1 "$docker" build "${common[@]}" "$root"
+    DOCKER_BUILDKIT=1 "$docker" build "${common[@]}" --tag "$ref" "$root"
     image_id=$("$docker" image inspect --format '{{.Id}}' "$ref")
     digest=""
     if $push; then
@@ -122,9 +122,15 @@ for image in "${images[@]}"; do
       digest=${digest#*@}
     fi
   else
-    "$buildah" build --isolation chroot --layers --pull=false --timestamp "$epoch" \
-      --omit-history --identity-label=false \
-      --ignorefile "$root/deploy/docker/$image.Dockerfile.dockerignore" "${common[@]}" "$root"
+    # The build stage with the layer cache (which needs the build history), then the
+    # runtime stage on it without history or builder label: a reproducible image.
+    stage="localhost/lj-runtimekit-build-stage/$image:latest"
+    ignore="$root/deploy/docker/$image.Dockerfile.dockerignore"
+    "$buildah" build --isolation chroot --layers --pull=false --target build \
+      --ignorefile "$ignore" "${common[@]}" --tag "$stage" "$root"
+    "$buildah" build --isolation chroot --pull=false --timestamp "$epoch" \
+      --omit-history --identity-label=false --build-context "build=docker-image://$stage" \
+      --ignorefile "$ignore" "${common[@]}" --tag "$ref" "$root"
     image_id=sha256:$("$buildah" inspect --type image --format '{{.FromImageID}}' "$ref")
     # The manifest digest in the local storage; a push (compressed layers) has its own.
     digest=$("$buildah" inspect --type image --format '{{.FromImageDigest}}' "$ref")

@@ -33,7 +33,7 @@ RUN uv build --wheel --out-dir /wheels proto \
       -r /wheels/requirements.txt \
  && uv pip install --python /opt/lj-runtimekit/bin/python --no-deps /wheels/*.whl \
  && for d in /opt/lj-runtimekit/lib/python3*/site-packages/lj_runtimekit_*.dist-info; do \
-      rm "$d/uv_cache.json" && sed -i '/\/uv_cache\.json,/d' "$d/RECORD" || exit 1; done \
+      rm -f "$d/uv_cache.json" && sed -i '/\/uv_cache\.json,/d' "$d/RECORD" || exit 1; done \
  && uv pip check --python /opt/lj-runtimekit/bin/python \
  && /opt/lj-runtimekit/bin/lj-device-plugin --help >/dev/null
 
