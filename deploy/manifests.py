@@ -548,6 +548,67 @@ def _changed(field_: str) -> str:
     )
 
 
+CONTROLLER_KEY_PREFIX = "lj-runtimekit.io/"
+"""The Controller's label and annotation keys on Nodes (its state, kopf's storage)."""
+
+
+def _metadata_checks(say: str) -> list[Obj]:
+    """The object itself (no subresource), its spec, finalizers and owners unchanged; the
+    policy adds which label and annotation keys may change (`_changed`)."""
+    return [
+        _check("request.?subResource.orValue('') == ''", say + "no subresource"),
+        _check(
+            "object.spec == oldObject.spec &&"
+            " object.metadata.?finalizers.orValue([]) =="
+            " oldObject.metadata.?finalizers.orValue([]) &&"
+            " object.metadata.?ownerReferences.orValue([]) =="
+            " oldObject.metadata.?ownerReferences.orValue([])",
+            say + "spec, finalizers and owners unchanged",
+        ),
+    ]
+
+
+def _metadata_variables() -> list[Obj]:
+    return [
+        {"name": f"{age}_{field_}", "expression": f"{obj}.metadata.?{field_}.orValue({{}})"}
+        for field_ in ("labels", "annotations")
+        for age, obj in (("new", "object"), ("old", "oldObject"))
+    ]
+
+
+def _controller_nodes_policy(component: Component, opts: Options) -> list[Obj]:
+    """The Controller updates Nodes only in its own keys (its feature state), never their
+    spec (taints, unschedulable), finalizers or owners."""
+    say = "the Controller may change only its own keys on a Node: "
+    prefix = CONTROLLER_KEY_PREFIX
+    checks = [
+        *_metadata_checks(say),
+        _check(
+            f"({_changed('labels')}).all(k, k.startsWith('{prefix}'))",
+            say + f"a label key outside {prefix}",
+        ),
+        _check(
+            f"({_changed('annotations')}).all(k, k.startsWith('{prefix}'))",
+            say + f"an annotation key outside {prefix}",
+        ),
+    ]
+    spec: Obj = {
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["*"],
+                    "operations": ["UPDATE"],
+                    "resources": ["nodes", "nodes/*"],
+                }
+            ]
+        },
+        "variables": _metadata_variables(),
+        "validations": checks,
+    }
+    return _policy(component, opts, "nodes", spec)
+
+
 def _node_agent_policy(component: Component, opts: Options) -> list[Obj]:
     """A node agent writes only its own Node and the pods on it (the node of the pod its
     token is bound to), and there only its own label and annotation keys; a token without a
@@ -561,7 +622,6 @@ def _node_agent_policy(component: Component, opts: Options) -> list[Obj]:
             say + f"its token carries no node name ({NODE_NAME_EXTRA}: a token bound to"
             " its pod, Kubernetes >= 1.30)",
         ),
-        _check("request.?subResource.orValue('') == ''", say + "no subresource"),
         _check(
             "variables.kind == 'pods' || object.metadata.name == variables.node",
             say + "another node",
@@ -572,14 +632,7 @@ def _node_agent_policy(component: Component, opts: Options) -> list[Obj]:
             " oldObject.spec.?nodeName.orValue('') == variables.node)",
             say + "a pod of another node",
         ),
-        _check(
-            "object.spec == oldObject.spec &&"
-            " object.metadata.?finalizers.orValue([]) =="
-            " oldObject.metadata.?finalizers.orValue([]) &&"
-            " object.metadata.?ownerReferences.orValue([]) =="
-            " oldObject.metadata.?ownerReferences.orValue([])",
-            say + "spec, finalizers and owners unchanged",
-        ),
+        *_metadata_checks(say),
         _check(
             f"({_changed('labels')}).all(k, k in variables.labelKeys)",
             say + "a label key it does not own",
@@ -603,11 +656,7 @@ def _node_agent_policy(component: Component, opts: Options) -> list[Obj]:
         "variables": [
             {"name": "node", "expression": f"size({extra}) == 1 ? {extra}[0] : ''"},
             {"name": "kind", "expression": "request.resource.resource"},
-            *(
-                {"name": f"{age}_{field_}", "expression": f"{obj}.metadata.?{field_}.orValue({{}})"}
-                for field_ in ("labels", "annotations")
-                for age, obj in (("new", "object"), ("old", "oldObject"))
-            ),
+            *_metadata_variables(),
             {
                 "name": "labelKeys",
                 "expression": f"variables.kind == 'nodes' ? {_cel_list(keys['node-labels'])}"
@@ -630,7 +679,7 @@ def admission(component: Component, opts: Options) -> list[Obj]:
     if not opts.admission_policies:
         return []
     if component.name == "controller":
-        return _jobs_policy(component, opts)
+        return _jobs_policy(component, opts) + _controller_nodes_policy(component, opts)
     if component.kind == "DaemonSet":
         return _node_agent_policy(component, opts)
     return []

@@ -20,6 +20,7 @@ from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.controller.internal.config.config import JobSettings
 from lj_runtimekit.controller.internal.jobspec import jobspec
+from lj_runtimekit.controller.internal.nodestate.state import PREFIX
 from lj_runtimekit.deploy import manifests
 from lj_runtimekit.deploy.components import BY_NAME, RUNTIME_SOCKET_DIR, Component
 from lj_runtimekit.envtest.controlplane import ControlPlane
@@ -324,3 +325,35 @@ def test_a_pod_bound_token_carries_its_node_to_the_policy(
             "the own-node policy to refuse the bound token's write to another node",
         )
         assert refusal(lambda: bound.patch_node(own, labels, dry_run="All")) == ""
+
+
+def test_the_controller_changes_only_its_own_keys_on_nodes(
+    install: Install, node_factory: NodeFactory
+) -> None:
+    assert f"{PREFIX}/" == manifests.CONTROLLER_KEY_PREFIX  # the Controller's state keys
+    node = node_factory.create(f"{install.opts.namespace}-ctl", gpus=8, enable=False)
+    state = {
+        "metadata": {
+            "labels": {f"{PREFIX}/feature-state": "enabled"},
+            "annotations": {f"{PREFIX}/feature-job": "x", f"{PREFIX}/feature-since": "now"},
+        }
+    }
+    with install.api(CONTROLLER, None) as api:
+        core = k8s_client.CoreV1Api(api)
+
+        def patch(body: dict[str, Any]) -> str:
+            return refusal(lambda: core.patch_node(node, body, dry_run="All"))
+
+        taint = {"spec": {"taints": [{"key": "evil", "effect": "NoSchedule"}]}}
+        wait_for(
+            lambda: "the Controller may change only its own keys" in patch(taint),
+            30,
+            "the Controller's nodes policy to refuse a taint",
+            describe=lambda: patch(taint) or "admitted",
+        )
+        assert "spec, finalizers and owners unchanged" in patch({"spec": {"unschedulable": True}})
+        foreign = {"metadata": {"labels": {PROTOCOL.labels.enable: "false"}}}
+        assert "a label key outside lj-runtimekit.io/" in patch(foreign)
+        foreign = {"metadata": {"annotations": {PROTOCOL.annotations.node_devices: "[]"}}}
+        assert "an annotation key outside lj-runtimekit.io/" in patch(foreign)
+        assert patch(state) == ""

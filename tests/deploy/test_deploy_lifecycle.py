@@ -49,6 +49,7 @@ CLUSTER_OBJECTS = [
         (kind, name)
         for name in (
             "lj-runtimekit-controller-jobs",
+            "lj-runtimekit-controller-nodes",
             "lj-runtimekit-device-plugin-own-node",
             "lj-runtimekit-exporter-own-node",
         )
