@@ -23,6 +23,7 @@ from lj_runtimekit.controller.internal.jobspec import jobspec
 from lj_runtimekit.controller.internal.nodestate.state import PREFIX
 from lj_runtimekit.deploy import manifests
 from lj_runtimekit.deploy.components import BY_NAME, RUNTIME_SOCKET_DIR, Component
+from lj_runtimekit.deviceplugin.internal.nodelabels.labels import node_labels
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory
 from lj_runtimekit.testkit.waits import wait_for
@@ -221,7 +222,7 @@ def test_the_device_plugin_writes_only_its_own_node_and_pods_and_its_own_keys(
             },
         )
     own_pod, other_pod = (f"pod-{n}"[:63] for n in (own, other))
-    labels, ann = PROTOCOL.labels, PROTOCOL.annotations
+    ann = PROTOCOL.annotations
     dp_api = install.api(DEVICE_PLUGIN, own)
     dp = k8s_client.CoreV1Api(dp_api)
 
@@ -233,7 +234,8 @@ def test_the_device_plugin_writes_only_its_own_node_and_pods_and_its_own_keys(
 
     own_keys = {
         "metadata": {
-            "labels": {labels.device_count: "8", labels.device_kind: "gpu"},
+            # Every label the Device Plugin's own code writes.
+            "labels": {key: "x" for key in node_labels([], "v1.15.0", PROTOCOL)},
             "annotations": {ann.node_devices: "[]", ann.node_admission: "serial"},
         }
     }
