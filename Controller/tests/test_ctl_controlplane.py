@@ -105,8 +105,8 @@ def test_label_enables_unlabel_disables_and_cleans_up(
     port = free_port()
     op = start_operator("--leader-elect=false", f"--health-port={port}")
     with JobWatch(cluster.batch.api_client, namespace) as jobs:
+        labelled = time.monotonic()  # before the patch: the Controller cannot see it sooner
         cluster.label(node, LABEL, "true")
-        labelled = time.monotonic()
         wait_state(cluster, node, "enabled")
         enabled_s = time.monotonic() - labelled
         wait_no_jobs(cluster)
