@@ -186,7 +186,7 @@ def test_entry_point_prints_the_version_inside_the_image(
     entrypoint = built[image].config["Entrypoint"]
     result = built[image].run(*entrypoint, "--version")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == f"{entrypoint[0]} {VERSION}"
+    assert result.stdout.strip() == f"{entrypoint[0]} {VERSION}", result.stderr
 
 
 @pytest.mark.parametrize("image", sorted(IMAGES))
@@ -194,7 +194,7 @@ def test_runs_as_user_65532(built: dict[str, Built], image: str) -> None:
     assert built[image].config["User"] == "65532:65532"
     result = built[image].run("python3", "-c", "import os; print(os.getuid(), os.getgid())")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["65532", "65532"]
+    assert result.stdout.split() == ["65532", "65532"], result.stderr
 
 
 @pytest.mark.parametrize("image", sorted(IMAGES))
@@ -235,7 +235,7 @@ def test_runtime_stage_has_no_build_tools(built: dict[str, Built], image: str) -
         "print(shutil.which('uv'), os.path.exists('/src'), os.path.exists('/wheels'))",
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["None", "False", "False"]
+    assert result.stdout.split() == ["None", "False", "False"], result.stderr
 
 
 def test_images_json_records_ref_id_and_digest(built: dict[str, Built]) -> None:
