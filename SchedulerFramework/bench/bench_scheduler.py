@@ -590,6 +590,10 @@ def main() -> int:
     )
     ap.add_argument("--open-loop-rate", type=float, default=50.0, help="pods/s, both together")
     ap.add_argument("--open-loop-seconds", type=float, default=20.0)
+    ap.add_argument(
+        "--whole-only", action="store_true", help="only the whole-GPU rounds (a scale run)"
+    )
+    ap.add_argument("--key-prefix", default="", help="before every result key, e.g. n5000_")
     args = ap.parse_args()
     began = time.monotonic()
     load_at_start = os.getloadavg()[0]
@@ -605,7 +609,7 @@ def main() -> int:
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda s: factory.create_many([s]), specs))
         # the node lifecycle controller lifts the not-ready taint once KWOK reports Ready
-        factory.wait_ready([s.name for s in specs], timeout_s=600)
+        factory.wait_ready([s.name for s in specs], timeout_s=max(600, args.nodes * 0.3))
         announce_admission(kube, [s.name for s in specs])
         kube.request(  # the RuntimeClass admission plugin refuses pods naming a missing one
             "POST",
@@ -637,54 +641,73 @@ def main() -> int:
             kube, cp, work, lj_cfg, args.pods, args.rounds, args.nodes
         )
         results.update(whole)
-        # 2. warm open loop, both schedulers at once
-        results.update(
-            run_open_loop(
-                kube, cp, work, lj_cfg, args.nodes, args.open_loop_rate, args.open_loop_seconds
-            )
-        )
-        violations += overcommit_violations(kube)
-
-        # 3. lj-scheduler, slices (a fresh process, pods created before it starts)
-        rate, text, cpu_s = run_lj(
-            kube,
-            cp,
-            work,
-            lj_cfg,
-            "bench-share",
-            args.share_pods,
-            {P.resources.core: "25", P.resources.memory: "25"},
-        )
-        results["share_pods_per_s"] = rate
-        results["cpu_ms_per_share_pod"] = cpu_s * 1000 / args.share_pods
-        results["share_filter_score_p50_ms"], results["share_filter_score_p99_ms"] = quantiles_ms(
-            text, "lj_scheduler_filter_score_duration_seconds"
-        )
-        # 4. gangs: a 256-pod gang, and four competing gangs (bench_gang.py)
-        results.update(
-            run_gang_bench(
-                kube, cp, work, lj_cfg, [s.name for s in specs], make_namespace, BindWatch, log
-            )
-        )
-        results["overcommit_violations"] = overcommit_violations(kube) + violations
+        if args.whole_only:
+            results["overcommit_violations"] = violations
+        else:
+            violations += run_other_parts(kube, cp, work, lj_cfg, specs, args, results)
+            results["overcommit_violations"] = overcommit_violations(kube) + violations
         api.close()
     out = {k: _rounded(v) for k, v in sorted(results.items())}
     out["nodes"] = args.nodes
     out["whole_gpu_pods"] = args.pods
-    out["share_pods"] = args.share_pods
+    if not args.whole_only:
+        out["share_pods"] = args.share_pods
     out["bench_duration_s"] = round(time.monotonic() - began, 1)
     out["load_avg_1m_at_start"] = round(load_at_start, 1)
     out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 1)
     out["cpus"] = os.cpu_count() or 0
-    out_doc = out
+    out_doc = {f"{args.key_prefix}{k}": v for k, v in out.items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out_doc, indent=2) + "\n")
     print(f"{'key':40} value")
-    for k, v in out.items():
+    for k, v in out_doc.items():
         if isinstance(v, list):
             v = " ".join(str(x) for x in v)
         print(f"{'scheduler.' + k:40} {v}")
     return 0
+
+
+def run_other_parts(
+    kube: KubeClient,
+    cp: ControlPlane,
+    work: Path,
+    lj_cfg: Path,
+    specs: list[GpuNodeSpec],
+    args: argparse.Namespace,
+    results: dict[str, Any],
+) -> int:
+    """The open loop, slices and gangs into `results`; overcommit violations after the open
+    loop."""
+    # 2. warm open loop, both schedulers at once
+    results.update(
+        run_open_loop(
+            kube, cp, work, lj_cfg, args.nodes, args.open_loop_rate, args.open_loop_seconds
+        )
+    )
+    violations = overcommit_violations(kube)
+
+    # 3. lj-scheduler, slices (a fresh process, pods created before it starts)
+    rate, text, cpu_s = run_lj(
+        kube,
+        cp,
+        work,
+        lj_cfg,
+        "bench-share",
+        args.share_pods,
+        {P.resources.core: "25", P.resources.memory: "25"},
+    )
+    results["share_pods_per_s"] = rate
+    results["cpu_ms_per_share_pod"] = cpu_s * 1000 / args.share_pods
+    results["share_filter_score_p50_ms"], results["share_filter_score_p99_ms"] = quantiles_ms(
+        text, "lj_scheduler_filter_score_duration_seconds"
+    )
+    # 4. gangs: a 256-pod gang, and four competing gangs (bench_gang.py)
+    results.update(
+        run_gang_bench(
+            kube, cp, work, lj_cfg, [s.name for s in specs], make_namespace, BindWatch, log
+        )
+    )
+    return violations
 
 
 if __name__ == "__main__":
