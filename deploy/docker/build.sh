@@ -14,7 +14,8 @@
 # and the image creation time carry the last commit's time, without build history:
 # the same sources and base give the same image ID (the config digest); the
 # manifest digest of the local storage may still differ (buildah notes the stage
-# it built on), a pushed one is the registry's.
+# it built on), a pushed one is the registry's. Afterwards the buildah images that
+# no tagged image builds on are removed (one buildah build at a time).
 #
 # Usage: deploy/docker/build.sh COMPONENT [--push]
 #   COMPONENT: device-plugin, scheduler-framework, exporter, controller
@@ -102,6 +103,23 @@ file.write_text(json.dumps(dict(sorted(found.items())), indent=2) + "\n")
 EOF
 }
 
+# prune: removes the buildah images that no tagged image builds on (the ones replaced
+# by this build and their stages); the layer cache of the tagged ones stays.
+prune() {
+  python3 - "$buildah" <<'EOF'
+import json, subprocess, sys
+def buildah(*argv: str) -> str:
+    return subprocess.run([sys.argv[1], *argv], capture_output=True, text=True, check=True).stdout
+listed = json.loads(buildah("images", "--all", "--json"))
+layers = {i["id"]: tuple(json.loads(buildah("inspect", "--type", "image", i["id"]))
+                         ["OCIv1"]["rootfs"]["diff_ids"] or ()) for i in listed}
+kept = [layers[i["id"]] for i in listed if i["names"]]
+unused = [i for i, own in layers.items() if not any(k[:len(own)] == own for k in kept)]
+if unused:
+    subprocess.run([sys.argv[1], "rmi", *unused], capture_output=True, check=False)
+EOF
+}
+
 for image in "${images[@]}"; do
   ref="$registry/lj-runtimekit-$image:$version"
   echo "building $ref (revision $revision, $builder)"
@@ -144,3 +162,4 @@ for image in "${images[@]}"; do
   record "$image" "$ref" "$image_id" "$digest"
   echo "built $ref $digest"
 done
+if [[ $builder == buildah ]]; then prune; fi
