@@ -4,7 +4,7 @@
 # Usage: deploy/deploy-all.sh COMMAND [options]
 #
 # Commands:
-#   precheck                 cluster reachable, Kubernetes >= 1.18 (>= 1.30 for the
+#   precheck                 cluster reachable, Kubernetes >= 1.28 (>= 1.30 for the
 #                            admission policies), RuntimeClass, JobSet CRD (when gang
 #                            scheduling needs it), labelled nodes
 #   deploy                   render and apply every object (server-side apply), wait for rollout
@@ -224,10 +224,12 @@ if ! "${kc[@]}" version -o json --request-timeout=15s >"$work/version.json" 2>"$
 fi
 server_version=$(sed -n '/"serverVersion"/,/}/s/.*"gitVersion": *"\([^"]*\)".*/\1/p' "$work/version.json")
 [[ $server_version =~ ^v([0-9]+)\.([0-9]+) ]] || die "cannot read the server version from kubectl version (got '$server_version')"
-if (( BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < 18 )); then
-  die "Kubernetes $server_version is older than 1.18; fix: upgrade the cluster"
+# The oldest supported release (docs/compatibility.md; K8S_OLDEST_VERSION in hack/versions.env).
+oldest_minor=28
+if (( BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < oldest_minor )); then
+  die "Kubernetes $server_version is older than 1.$oldest_minor, the oldest supported (docs/compatibility.md); fix: upgrade the cluster"
 fi
-log "Kubernetes $server_version >= 1.18"
+log "Kubernetes $server_version >= 1.$oldest_minor"
 # ValidatingAdmissionPolicy v1 and the node name in pod-bound ServiceAccount tokens: 1.30.
 policies_served=true
 if (( BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < 30 )); then policies_served=false; fi

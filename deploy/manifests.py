@@ -394,6 +394,8 @@ def rbac(component: Component, opts: Options) -> list[Obj]:
 
 # -- admission policies (Kubernetes >= 1.30) ---------------------------------------------------
 
+ADMISSION_POLICIES_MINOR = 30
+"""The Kubernetes 1.x minor from which the policies below can be installed."""
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 """The node of the pod a ServiceAccount token is bound to (Kubernetes >= 1.30)."""
 _VAP_API = "admissionregistration.k8s.io/v1"

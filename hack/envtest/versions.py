@@ -34,6 +34,11 @@ class ToolVersions:
     kwok: str
     helm: str
 
+    @property
+    def k8s_minor(self) -> int:
+        """The Kubernetes minor release: 34 for v1.34.4."""
+        return int(self.k8s.split(".")[1])
+
 
 def parse_versions_env(text: str) -> dict[str, str]:
     """Parses KEY=value lines; comments and blank lines are ignored."""

@@ -12,7 +12,7 @@ import yaml
 from lj_runtimekit.deploy import manifests
 from lj_runtimekit.deploy.components import COMPONENTS, Component
 from lj_runtimekit.envtest.controlplane import ControlPlane
-from lj_runtimekit.envtest.versions import find_tools
+from lj_runtimekit.envtest.versions import find_tools, load_versions
 
 pytestmark = pytest.mark.controlplane
 
@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "lj-runtimekit"
 Key = tuple[str, str | None, str]
+
+POLICIES_SERVED = load_versions().k8s_minor >= manifests.ADMISSION_POLICIES_MINOR
 
 
 def tool(name: str) -> str:
@@ -154,6 +156,8 @@ def test_helm_output_applies_to_the_api_server(
             "image.registry=registry.example.com/lj,images.exporter=exp:1",
             "--set",
             f"jobsNamespace={namespace}-jobs",
+            "--set",
+            f"admissionPolicies.create={str(POLICIES_SERVED).lower()}",
         )
     )
     kubectl = control_plane.kubectl_argv()

@@ -20,9 +20,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
+from lj_runtimekit.deploy import manifests
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory
-from lj_runtimekit.envtest.versions import find_tools
+from lj_runtimekit.envtest.versions import find_tools, load_versions
 from lj_runtimekit.runtimesim.process import SimulatorProcess
 from lj_runtimekit.testkit.waits import wait_for
 
@@ -37,6 +38,9 @@ WORKLOADS = {
     "exporter": ("daemonset", "lj-runtimekit-exporter-ds"),
     "controller": ("deployment", "lj-runtimekit-controller"),
 }
+# Against a server older than the admission policies (docs/compatibility.md) the
+# deploy leaves them out.
+POLICIES_SERVED = load_versions().k8s_minor >= manifests.ADMISSION_POLICIES_MINOR
 CLUSTER_OBJECTS = [
     ("runtimeclass", "lj-runtime"),
     ("priorityclass", "lj-runtimekit-node-agent"),
@@ -54,6 +58,7 @@ CLUSTER_OBJECTS = [
             "lj-runtimekit-exporter-own-node",
         )
         for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding")
+        if POLICIES_SERVED
     ),
 ]
 
@@ -82,6 +87,7 @@ class Env:
             f"--namespace={self.namespace}",
             f"--jobs-namespace={self.jobs_namespace}",
             "--timeout=90s",
+            *(() if POLICIES_SERVED else ("--no-admission-policies",)),
         ]
         return subprocess.run(
             argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
@@ -116,10 +122,9 @@ class Env:
             "serviceaccounts,configmaps,daemonsets,deployments,roles,rolebindings,"
             "poddisruptionbudgets"
         )
-        cluster = (
-            "clusterroles,clusterrolebindings,priorityclasses,runtimeclasses,namespaces,"
-            "validatingadmissionpolicies,validatingadmissionpolicybindings"
-        )
+        cluster = "clusterroles,clusterrolebindings,priorityclasses,runtimeclasses,namespaces"
+        if POLICIES_SERVED:
+            cluster += ",validatingadmissionpolicies,validatingadmissionpolicybindings"
         items = []
         for kinds, ns in (
             (namespaced, [f"--namespace={self.namespace}"]),
@@ -254,7 +259,7 @@ def test_deploy_creates_every_object_and_is_idempotent(env: Env) -> None:
         (d["kind"], env.jobs_namespace if d["kind"] == "Namespace" else d["metadata"]["name"])
         for f in sorted((ROOT / "deploy").glob("*/0*.yaml"))
         for d in yaml.safe_load_all(f.read_text())
-        if d
+        if d and (POLICIES_SERVED or not d["kind"].startswith("ValidatingAdmissionPolicy"))
     }
     first = env.live()
     assert rendered <= set(first), f"not created: {rendered - set(first)}"

@@ -126,13 +126,37 @@ def test_unreachable_cluster_names_the_server_and_logs(
 
 
 FAKE_OLD_KUBECTL = """#!/bin/sh
-# A kubectl whose cluster is Kubernetes v1.29 and has nothing in it.
+# A kubectl whose cluster is Kubernetes VERSION and has nothing in it.
 if [ "$1" = version ]; then
-  printf '{\\n  "serverVersion": {\\n    "gitVersion": "v1.29.4"\\n  }\\n}\\n'
+  printf '{\\n  "serverVersion": {\\n    "gitVersion": "VERSION"\\n  }\\n}\\n'
   exit 0
 fi
 exit 1
 """
+
+
+def old_cluster_env(log_env: dict[str, str], tmp_path: Path, version: str) -> dict[str, str]:
+    """deploy-all.sh's environment with a kubectl that reports a cluster of `version`."""
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(FAKE_OLD_KUBECTL.replace("VERSION", version))
+    kubectl.chmod(0o755)
+    return {**log_env, "KUBECTL": str(kubectl)}
+
+
+def test_below_the_oldest_supported_release_every_command_is_refused(
+    log_env: dict[str, str], tmp_path: Path
+) -> None:
+    oldest = re.search(
+        r"^K8S_OLDEST_VERSION=v1\.(\d+)\.", (ROOT / "hack" / "versions.env").read_text(), re.M
+    )
+    assert oldest is not None
+    minor = int(oldest.group(1))
+    env = old_cluster_env(log_env, tmp_path, f"v1.{minor - 1}.9")
+    for command in ("precheck", "deploy"):
+        result = run_script(command, env=env)
+        assert result.returncode == 1
+        assert f"older than 1.{minor}, the oldest supported" in result.stderr
+        assert "Traceback" not in result.stderr
 
 
 def test_below_1_30_admission_policies_are_a_problem_unless_left_out(
@@ -140,10 +164,7 @@ def test_below_1_30_admission_policies_are_a_problem_unless_left_out(
 ) -> None:
     """Kubernetes < 1.30 has no ValidatingAdmissionPolicy v1 and no node name in tokens:
     precheck names it, deploy refuses, and --no-admission-policies turns it into a warning."""
-    kubectl = tmp_path / "kubectl"
-    kubectl.write_text(FAKE_OLD_KUBECTL)
-    kubectl.chmod(0o755)
-    env = {**log_env, "KUBECTL": str(kubectl)}
+    env = old_cluster_env(log_env, tmp_path, "v1.29.4")
     precheck = run_script("precheck", env=env)
     assert precheck.returncode == 1
     assert "PROBLEM Kubernetes v1.29.4 is older than 1.30" in precheck.stdout
