@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from lj_runtimekit.deploy import manifests, verify
 from lj_runtimekit.deploy.components import (
     DEFAULT_JOBS_NAMESPACE,
@@ -109,6 +111,8 @@ def cmd_render(args: argparse.Namespace) -> int:
         objs = manifests.render(components, opts, common=not args.no_common)
     if args.leave_out_namespace:
         objs = [o for o in objs if not _in_namespace(o, args.leave_out_namespace)]
+    if args.only_namespace:
+        objs = [o for o in objs if _in_namespace(o, args.only_namespace)]
     text = manifests.dump(objs)
     if args.output == "-":
         sys.stdout.write(text)
@@ -161,6 +165,28 @@ def cmd_stale(args: argparse.Namespace) -> int:
     patches = verify.cleanup_patches(_items(args.nodes), load_protocol(args.protocol))
     for node, ops in sorted(patches.items()):
         print(node, json.dumps(ops, separators=(",", ":")))
+    return 0
+
+
+def cmd_config_save(args: argparse.Namespace) -> int:
+    """Print `<configmap> <merge patch>` recording the live data before a change."""
+    rendered: list[dict[str, Any]] = []
+    if args.manifests:
+        try:
+            rendered = [d for d in yaml.safe_load_all(Path(args.manifests).read_text()) if d]
+        except (OSError, yaml.YAMLError) as exc:
+            raise DeployError(f"cannot read {args.manifests}: {exc}") from exc
+    patches = verify.save_previous_config(_items(args.configmaps), args.names.split(","), rendered)
+    for name, patch in sorted(patches.items()):
+        print(name, json.dumps(patch, separators=(",", ":")))
+    return 0
+
+
+def cmd_config_restore(args: argparse.Namespace) -> int:
+    """Print `<configmap> <current checksum> <restored checksum> <merge patch>`."""
+    restores = verify.restore_previous_config(_items(args.configmaps), args.names.split(","))
+    for name, (patch, current, previous) in sorted(restores.items()):
+        print(name, current[:12], previous[:12], json.dumps(patch, separators=(",", ":")))
     return 0
 
 
@@ -229,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="NS",
                 help="leave out namespace NS and the objects in it (a dry run before it exists)",
             )
+            p.add_argument(
+                "--only-namespace",
+                metavar="NS",
+                help="only the objects in namespace NS (delete beside another install)",
+            )
             p.add_argument("-o", "--output", default="-")
 
     for name, func in (("verify", cmd_verify), ("status", cmd_status)):
@@ -244,6 +275,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", required=True)
     p.add_argument("--protocol", required=True)
     p.set_defaults(func=cmd_stale)
+
+    p = sub.add_parser("config-save", help=cmd_config_save.__doc__)
+    p.add_argument("--configmaps", required=True, help="kubectl get configmaps -o json")
+    p.add_argument("--names", required=True, help="the ConfigMaps, comma-separated")
+    p.add_argument("--manifests", help="what deploy applies (none: an upgrade)")
+    p.set_defaults(func=cmd_config_save)
+
+    p = sub.add_parser("config-restore", help=cmd_config_restore.__doc__)
+    p.add_argument("--configmaps", required=True, help="kubectl get configmaps -o json")
+    p.add_argument("--names", required=True, help="the ConfigMaps, comma-separated")
+    p.set_defaults(func=cmd_config_restore)
 
     p = sub.add_parser("check-metrics", help="the answer has # HELP/# TYPE lines")
     p.add_argument("file", nargs="?")

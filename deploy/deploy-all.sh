@@ -268,6 +268,35 @@ snapshot() {
 
 namespace_exists() { "${kc[@]}" get namespace "$namespace" -o name >/dev/null 2>&1; }
 
+# The cluster-scoped objects (ClusterRoles and their bindings, policies, RuntimeClass,
+# PriorityClass) have fixed names: one install per cluster owns them. Prints the
+# namespace(s) of another install, comma-separated, read from the ClusterRoleBindings' subjects.
+other_installs() {
+  "${kc[@]}" get clusterrolebindings -l app.kubernetes.io/part-of=lj-runtimekit \
+    -o 'jsonpath={range .items[*]}{range .subjects[*]}{.namespace}{"\n"}{end}{end}' 2>/dev/null \
+    | sort -u | grep -vx -e "$namespace" -e '' | paste -sd, - || true
+}
+
+configmap_names() { # the selected components' ConfigMaps, comma-separated
+  local line cms=()
+  for line in "${selected[@]}"; do read -r _ _ _ _ cm _ <<<"$line"; cms+=("$cm"); done
+  (IFS=,; echo "${cms[*]}")
+}
+
+# save_config: records the live data of the selected ConfigMaps that a deploy changes on
+# each (annotation lj-runtimekit.io/previous-data), for rollback.
+save_config() { # [--manifests=FILE] (deploy: what it applies)
+  local name patch
+  "${kcn[@]}" get configmaps -l app.kubernetes.io/part-of=lj-runtimekit -o json >"$work/cm-live.json" \
+    || die "cannot list the ConfigMaps in namespace $namespace"
+  while read -r name patch; do
+    [[ -n $name ]] || continue
+    "${kcn[@]}" patch configmap "$name" --type=merge --field-manager=lj-runtimekit-history \
+      -p "$patch" >>"$log_file" 2>&1 || die "cannot record the configuration of ConfigMap $namespace/$name (needs configmaps patch rights)"
+  done < <(helper config-save --configmaps="$work/cm-live.json" --names="$(configmap_names)" "$@")
+  log "recorded the current configuration for rollback"
+}
+
 # wait_rollouts NAME...: waits for the rollouts in parallel; returns the names that failed.
 wait_rollouts() {
   local name res pids=() failed=() i=0
@@ -344,6 +373,11 @@ cmd_deploy() {
   if $admission && ! $policies_served; then
     die "Kubernetes $server_version is older than 1.30: it has no ValidatingAdmissionPolicy v1 and no node name in ServiceAccount tokens; fix: upgrade the cluster, or deploy with --no-admission-policies (RBAC alone bounds the components then; deploy/README.md, Rights)"
   fi
+  local others
+  others=$(other_installs)
+  if [[ -n $others ]]; then
+    die "the Runtime Kit is already installed in namespace $others (its ClusterRoleBindings name it) and its cluster-wide objects have fixed names; fix: operate that install with --namespace=${others%%,*}, or delete it first"
+  fi
   local leave_out=()
   if $dry_run && [[ " ${names[*]} " == *" controller "* ]] \
     && ! "${kc[@]}" get namespace "$jobs_namespace" -o name >/dev/null 2>&1; then
@@ -363,6 +397,7 @@ cmd_deploy() {
     run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy -f "$work/namespace.yaml" \
       || die "cannot create namespace $namespace"
   fi
+  $dry_run || save_config --manifests="$work/manifests.yaml"
   local diff_status=0
   "${kc[@]}" diff --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \
     -f "$work/manifests.yaml" >"$work/diff.txt" 2>&1 || diff_status=$?
@@ -448,8 +483,13 @@ cmd_verify() {
 }
 
 cmd_delete() {
-  local extra=()
+  local extra=() others
   $all_selected || extra=(--no-common)
+  others=$(other_installs)
+  if [[ -n $others ]]; then
+    extra=(--only-namespace="$namespace")
+    log "the cluster-wide objects belong to the install in namespace $others: kept; removing only what is in namespace $namespace"
+  fi
   render ${extra[@]+"${extra[@]}"} -o "$work/manifests.yaml" 2>"$work/render.err" \
     || die "$(sed 's/^error: //' "$work/render.err")"
   run "${kc[@]}" delete --ignore-not-found --wait=true --timeout="$timeout" \
@@ -476,6 +516,7 @@ cmd_upgrade() {
   done
   render --workloads-only -o "$work/workloads.yaml" 2>"$work/render.err" \
     || die "$(sed 's/^error: //' "$work/render.err")"
+  $dry_run || save_config
   run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \
     ${dry_flags[@]+"${dry_flags[@]}"} -f "$work/workloads.yaml" \
     || die "setting the images failed (see above); nothing else was changed"
@@ -501,6 +542,22 @@ cmd_rollback() {
     res=$(resource_of "$name")
     before+=("$(images_of "$res")")
     [[ -n ${before[-1]} ]] || die "$name is not deployed in namespace $namespace ($res)"
+  done
+  # The configuration first (recorded by the last deploy or upgrade), then the pods.
+  "${kcn[@]}" get configmaps -l app.kubernetes.io/part-of=lj-runtimekit -o json >"$work/cm-live.json" \
+    || die "cannot list the ConfigMaps in namespace $namespace"
+  helper config-restore --configmaps="$work/cm-live.json" --names="$(configmap_names)" \
+    >"$work/restore.txt" 2>"$work/restore.err" || die "$(sed 's/^error: //' "$work/restore.err")"
+  local cm current previous patch
+  while read -r cm current previous patch; do
+    [[ -n $cm ]] || continue
+    "${kcn[@]}" patch configmap "$cm" --type=merge --field-manager=lj-runtimekit-deploy \
+      ${dry_flags[@]+"${dry_flags[@]}"} -p "$patch" >>"$log_file" 2>&1 \
+      || die "cannot restore ConfigMap $namespace/$cm (see the kubectl message in $log_file)"
+    log "rolled back ConfigMap $cm: data checksum $current -> $previous"
+  done <"$work/restore.txt"
+  for name in "${names[@]}"; do
+    res=$(resource_of "$name")
     if ! run "${kcn[@]}" rollout undo "$res" ${dry_flags[@]+"${dry_flags[@]}"}; then
       die "cannot roll back $name ($res): see the kubectl message above (no previous revision after a first deploy)"
     fi

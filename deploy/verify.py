@@ -7,6 +7,7 @@ client (kubectl, with the operator's kubeconfig).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -368,6 +369,74 @@ def check_rolled_config(
                 f" --components={component.name} (renders it from the source and rolls the pods)"
             )
     return report
+
+
+# -- configuration history (rollback) ---------------------------------------------------------
+
+PREVIOUS_DATA_ANNOTATION = "lj-runtimekit.io/previous-data"
+"""On a component ConfigMap: its data before the last deploy changed it (JSON), what
+`rollback` restores."""
+
+
+def _json(data: Mapping[str, str]) -> str:
+    return json.dumps(dict(data), sort_keys=True, separators=(",", ":"))
+
+
+def save_previous_config(
+    live: Iterable[Obj], names: Iterable[str], rendered: Iterable[Obj] = ()
+) -> dict[str, Obj]:
+    """Merge patches recording the live data of the ConfigMaps `names` before a deploy
+    (`rendered`: what it applies) or an upgrade (which keeps the data): a ConfigMap the
+    change alters records its data; one it keeps but that recorded older data records
+    its own (a rollback of an image-only change keeps the configuration)."""
+    by_name = {_name(cm): cm for cm in live}
+    new = {_name(o): dict(o.get("data") or {}) for o in rendered if o.get("kind") == "ConfigMap"}
+    patches: dict[str, Obj] = {}
+    for name in names:
+        cm = by_name.get(name)
+        if cm is None:
+            continue
+        data = dict(cm.get("data") or {})
+        recorded = (cm.get("metadata", {}).get("annotations") or {}).get(PREVIOUS_DATA_ANNOTATION)
+        changes = name in new and new[name] != data
+        if changes or (recorded is not None and recorded != _json(data)):
+            annotations = {PREVIOUS_DATA_ANNOTATION: _json(data)}
+            patches[name] = {"metadata": {"annotations": annotations}}
+    return patches
+
+
+def restore_previous_config(
+    live: Iterable[Obj], names: Iterable[str]
+) -> dict[str, tuple[Obj, str, str]]:
+    """Per ConfigMap of `names` whose recorded previous data differs: the merge patch that puts
+    it back (and records the current data in its place, so a second rollback undoes the
+    first), the current and the restored data's checksums."""
+    by_name = {_name(cm): cm for cm in live}
+    out: dict[str, tuple[Obj, str, str]] = {}
+    for name in names:
+        cm = by_name.get(name)
+        recorded = ((cm or {}).get("metadata", {}).get("annotations") or {}).get(
+            PREVIOUS_DATA_ANNOTATION
+        )
+        if cm is None or recorded is None:
+            continue
+        try:
+            previous = json.loads(recorded)
+        except ValueError as exc:
+            raise ProtocolError(
+                f"ConfigMap {name} annotation {PREVIOUS_DATA_ANNOTATION}: not JSON ({exc})"
+            ) from exc
+        current = dict(cm.get("data") or {})
+        if previous == current:
+            continue
+        data: dict[str, str | None] = {k: None for k in current if k not in previous}
+        data.update(previous)
+        patch = {
+            "metadata": {"annotations": {PREVIOUS_DATA_ANNOTATION: _json(current)}},
+            "data": data,
+        }
+        out[name] = (patch, config_checksum(current), config_checksum(previous))
+    return out
 
 
 # -- metrics ---------------------------------------------------------------------------------

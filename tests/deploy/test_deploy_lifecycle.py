@@ -21,6 +21,7 @@ import yaml
 from kubernetes import client as k8s_client
 
 from lj_runtimekit.deploy import manifests
+from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory
 from lj_runtimekit.envtest.versions import find_tools, load_versions
@@ -79,16 +80,17 @@ class Env:
             LJ_DEPLOY_LOG_DIR=str(tmp / "logs"),
         )
 
-    def run(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        argv = [
-            "bash",
-            str(SCRIPT),
-            *args,
+    def run_args(self) -> list[str]:
+        """The options every command of this install takes."""
+        return [
             f"--namespace={self.namespace}",
             f"--jobs-namespace={self.jobs_namespace}",
             "--timeout=90s",
             *(() if POLICIES_SERVED else ("--no-admission-policies",)),
         ]
+
+    def run(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        argv = ["bash", str(SCRIPT), *args, *self.run_args()]
         return subprocess.run(
             argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
         )
@@ -433,6 +435,63 @@ def test_upgrade_sets_the_images_and_rollback_restores_them(env: Env) -> None:
     out = env.ok("rollback")
     assert {c: env.images(c) for c in WORKLOADS} == before
     assert "rolled back exporter:" in out
+
+
+def test_rollback_restores_the_configuration_of_the_release_before(
+    env: Env, tmp_path: Path
+) -> None:
+    # A newer release: its own deploy-all.sh and a protocol.yaml that differs (a comment).
+    release = tmp_path / "release"
+    (release / "deploy").mkdir(parents=True)
+    shutil.copy(SCRIPT, release / "deploy" / "deploy-all.sh")
+    source = (ROOT / "deploy/protocol.yaml").read_text()
+    (release / "deploy/protocol.yaml").write_text(source + "# next release\n")
+    (release / "VERSION").write_text(VERSION + "\n")
+    newer = subprocess.run(
+        ["bash", str(release / "deploy/deploy-all.sh"), "deploy", *env.run_args()],
+        env={**env.env, "LJ_DEPLOY_PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert newer.returncode == 0, newer.stdout + newer.stderr
+    cm = env.get("configmap", "lj-runtimekit-exporter-config")
+    assert cm is not None
+    assert cm["data"]["protocol.yaml"].endswith("# next release\n")
+    out = env.ok("rollback")
+    assert "rolled back ConfigMap lj-runtimekit-exporter-config: data checksum" in out
+    for component, (kind, name) in WORKLOADS.items():
+        cm = env.get("configmap", f"lj-runtimekit-{component}-config")
+        workload = env.get(kind, name)
+        assert cm is not None
+        assert workload is not None
+        if component != "controller":
+            assert cm["data"]["protocol.yaml"] == source, component
+        template = workload["spec"]["template"]["metadata"]["annotations"]
+        assert template[CHECKSUM_ANNOTATION] == manifests.config_checksum(cm["data"]), component
+
+
+def test_a_second_install_in_another_namespace_is_refused_and_its_delete_keeps_the_first(
+    env: Env, tmp_path: Path
+) -> None:
+    other = Env(env.cp, f"{env.namespace}-b", tmp_path)
+    result = other.run("deploy")
+    assert result.returncode == 1
+    assert (
+        f"the Runtime Kit is already installed in namespace {env.namespace} "
+        "(its ClusterRoleBindings name it)"
+    ) in result.stderr
+    assert other.get("namespace", other.namespace, namespaced=False) is None
+    binding = env.get("clusterrolebinding", "lj-runtimekit-controller", namespaced=False)
+    assert binding is not None
+    assert {s["namespace"] for s in binding["subjects"]} == {env.namespace}
+    out = other.ok("delete")
+    assert f"belong to the install in namespace {env.namespace}: kept" in out
+    for kind, name in CLUSTER_OBJECTS:
+        assert env.get(kind, name, namespaced=False) is not None, f"{kind}/{name} removed"
+    for kind, name in WORKLOADS.values():
+        assert env.get(kind, name) is not None
 
 
 def test_delete_removes_everything_it_created(env: Env) -> None:
