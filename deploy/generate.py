@@ -9,11 +9,14 @@ stale, so the forms cannot drift apart.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from lj_runtimekit.deploy.alerts import alert_files
+from lj_runtimekit.deploy.alerts import alert_files, prometheus_rule
 from lj_runtimekit.deploy.components import (
     BY_NAME,
     COMPONENTS,
@@ -23,9 +26,12 @@ from lj_runtimekit.deploy.components import (
 )
 from lj_runtimekit.deploy.manifests import (
     ADMISSION_FILE,
+    EXPORTER_PORT_NAME,
     GENERATED_HEADER,
     KUBELET_PODS_URL,
+    METRICS_PORT,
     SCHEDULER_CONFIG_KEY,
+    SCHEDULER_METRICS_PORT,
     SETTINGS,
     Obj,
     Options,
@@ -37,7 +43,9 @@ from lj_runtimekit.deploy.manifests import (
     dump,
     image_name,
     plain_files,
+    workload,
 )
+from lj_runtimekit.deploy.manifests import labels as component_labels
 
 CHART = "helm/lj-runtimekit"
 _NS = "lj-sentinel-namespace"
@@ -114,9 +122,81 @@ def kustomizations(deploy_dir: Path, opts: Options) -> dict[Path, str]:
     return out
 
 
+_LABELS = "lj-sentinel-labels"
+_WITH = "lj-sentinel-with-"
+_EXTRA = "lj-sentinel-extra-"
+_VALUE = "lj-sentinel-value-"
+_PULL_POLICY = "lj-sentinel-pull-policy"
+_HELM_LABELS = (
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+)
+"""The labels the chart adds to every object it renders (the plain YAML has none of them)."""
+POD_VALUES = ("nodeSelector", "affinity", "priorityClassName", "resources")
+"""Pod fields whose manifests.py default is the value in values.yaml (set them to replace it)."""
+
+
+def _labelled(obj: Obj) -> Obj:
+    """`obj` with the chart's standard labels (as a sentinel) in its metadata."""
+    obj = json.loads(json.dumps(obj))
+    labels = obj["metadata"].setdefault("labels", {})
+    labels.setdefault("app.kubernetes.io/name", "lj-runtimekit")
+    labels[_LABELS] = "x"
+    return obj
+
+
+def _pod_values(obj: Obj, key: str) -> Obj:
+    """The workload `obj` with its pod's tunable fields (POD_VALUES, tolerations added to
+    the defaults, podAnnotations, imagePullSecrets, pull policy) as sentinels."""
+    pod = obj["spec"]["template"]
+    spec = pod["spec"]
+    for field in POD_VALUES:
+        holder = spec["containers"][0] if field == "resources" else spec
+        holder[field] = f"{_WITH}{key}.{field}"
+    spec["tolerations"] = [*spec.get("tolerations", []), f"{_EXTRA}{key}.tolerations"]
+    pod["metadata"].setdefault("annotations", {})[f"{_EXTRA}{key}.podAnnotations"] = "x"
+    spec["imagePullSecrets"] = f"{_WITH}imagePullSecrets"
+    for container in spec["containers"]:
+        container["imagePullPolicy"] = _PULL_POLICY
+    return obj
+
+
+def _with(match: re.Match[str]) -> str:
+    indent, key, path = match.group(1), match.group(2), match.group(3)
+    return (
+        f"{indent}{{{{- with .Values.{path} }}}}\n"
+        f"{indent}{key}:{{{{- toYaml . | nindent {len(indent) + 2} }}}}\n"
+        f"{indent}{{{{- end }}}}"
+    )
+
+
+def _extra(match: re.Match[str]) -> str:
+    indent, path = match.group(1), match.group(2)
+    return (
+        f"{indent}{{{{- with .Values.{path} }}}}{{{{ toYaml . | nindent {len(indent)} }}}}"
+        "{{- end }}"
+    )
+
+
 def _templated(objs: list[Obj], component: Component | None, opts: Options) -> str:
     """Objects rendered with sentinels, the sentinels replaced by template expressions."""
-    text = "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objs)
+    text = "---\n".join(yaml.safe_dump(_labelled(o), sort_keys=False) for o in objs)
+    # Braces of the objects (the alerts' {{ $labels }}) are text, not template actions.
+    text = re.sub(r"\{\{|\}\}", lambda m: f'{{{{ "{m.group()}" }}}}', text)
+    text = re.sub(
+        rf"^( *){_LABELS}: x$",
+        lambda m: (
+            f'{m.group(1)}{{{{- include "lj-runtimekit.labels" . | nindent {len(m.group(1))} }}}}'
+        ),
+        text,
+        flags=re.M,
+    )
+    text = re.sub(rf"^( *)([\w]+): {_WITH}([\w.]+)$", _with, text, flags=re.M)
+    text = re.sub(rf"^( *)(?:- )?{_EXTRA}([\w.]+)(?:: x)?$", _extra, text, flags=re.M)
+    text = re.sub(rf"{_VALUE}([\w.]+)", r"{{ .Values.\1 | quote }}", text)
+    text = text.replace(_PULL_POLICY, "{{ .Values.image.pullPolicy }}")
     text = text.replace(_JOBS_NS, "{{ .Values.jobsNamespace }}")
     text = text.replace(_NS, "{{ .Release.Namespace }}")
     text = text.replace(
@@ -158,6 +238,13 @@ def _configmap_template(component: Component, opts: Options, cm: Obj) -> str:
 def _helpers() -> str:
     lines = [
         _TEMPLATE_HEADER.rstrip("\n"),
+        '{{- define "lj-runtimekit.labels" -}}',
+        "app.kubernetes.io/instance: {{ .Release.Name }}",
+        "app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}",
+        "app.kubernetes.io/managed-by: {{ .Release.Service }}",
+        'helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}',
+        "{{- end -}}",
+        "",
         '{{- define "lj-runtimekit.image" -}}',
         "{{- $root := index . 0 -}}",
         "{{- $key := index . 1 -}}",
@@ -208,18 +295,62 @@ def _helpers() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pod_defaults(component: Component, opts: Options) -> Obj:
+    """The component's pod values: POD_VALUES as manifests.py sets them, nothing added."""
+    spec = workload(component, opts)["spec"]["template"]["spec"]
+    out: Obj = {}
+    for field in POD_VALUES:
+        holder = spec["containers"][0] if field == "resources" else spec
+        out[field] = holder.get(field, {})
+    out["tolerations"] = []
+    out["podAnnotations"] = {}
+    return out
+
+
+_MONITORING_VALUES = """\
+# Optional monitoring objects, all off by default (ServiceMonitor and PrometheusRule need
+# the Prometheus Operator's CRDs): a metrics Service for the Exporter and the scheduler,
+# ServiceMonitors for them (they turn the Services on), the Exporter's alerting rules.
+monitoring:
+  service:
+    enabled: false
+  serviceMonitor:
+    enabled: false
+    interval: 30s
+    # Extra labels, e.g. the release label your Prometheus selects.
+    labels: {}
+  prometheusRule:
+    enabled: false
+    labels: {}
+# `helm test`: a pod that reads /metrics of every scheduler and Exporter pod.
+tests:
+  enabled: true
+"""
+
+
 def _values(opts: Options) -> str:
     keys = ", ".join(IMAGE_KEYS)
+    pods = {VALUES_KEYS[c.name]: _pod_defaults(c, opts) for c in COMPONENTS}
     return (
         "# Values of the LJ Runtime Kit chart. The defaults render exactly the plain\n"
-        "# YAML under deploy/ (a test compares them). The namespace is the release\n"
-        "# namespace (install with --namespace kube-system).\n"
+        "# YAML under deploy/ (a test compares them) plus the chart's standard labels.\n"
+        "# The namespace is the release namespace (install with --namespace kube-system).\n"
+        "# values.schema.json refuses unknown keys and wrongly typed values.\n"
         "image:\n"
         f"  registry: {DEFAULT_REGISTRY}\n"
         '  # Defaults to the chart appVersion (the VERSION file).\n  tag: ""\n'
+        "  pullPolicy: IfNotPresent\n"
         f"# Full references that replace registry and tag, per image: {keys}\n"
         "images: {}\n"
-        "components:\n"
+        "# e.g. [{name: my-registry-secret}], on every pod of the chart.\n"
+        "imagePullSecrets: []\n"
+        "# Per component pod settings. nodeSelector, affinity, priorityClassName and resources\n"
+        "# (of the main container) replace the defaults below; tolerations are added to the\n"
+        "# defaults (the GPU taints for the node agents, CriticalAddonsOnly for all);\n"
+        "# podAnnotations are added to the pod template.\n"
+        + yaml.safe_dump(pods, sort_keys=False)
+        + _MONITORING_VALUES
+        + "components:\n"
         + "".join(f"  {VALUES_KEYS[c.name]}: true\n" for c in COMPONENTS)
         + "runtimeClass:\n  create: true\n"
         + "# The Controller's Jobs: a namespace of their own (deploy/README.md).\n"
@@ -238,6 +369,263 @@ def _values(opts: Options) -> str:
     )
 
 
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+_FREE_VALUES: dict[str, Obj] = {
+    "nodeSelector": _STRINGS,
+    "podAnnotations": _STRINGS,
+    "labels": _STRINGS,
+    "affinity": {"type": "object"},
+    "resources": {"type": "object"},
+    "tolerations": {"type": "array", "items": {"type": "object"}},
+    "imagePullSecrets": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {"name": {"type": "string"}},
+            "additionalProperties": False,
+        },
+    },
+    "images": {
+        "type": "object",
+        "propertyNames": {"enum": list(IMAGE_KEYS)},
+        "additionalProperties": {"type": "string"},
+    },
+    "pullPolicy": {"type": "string", "enum": ["Always", "IfNotPresent", "Never"]},
+}
+"""Values whose entries are the operator's (not keys of the chart), by key."""
+
+
+def _schema_of(value: Any, path: tuple[str, ...]) -> Obj:
+    """The JSON schema of one value of values.yaml: its type; a map's keys are closed."""
+    if path and path[-1] in _FREE_VALUES:
+        return _FREE_VALUES[path[-1]]
+    if len(path) == 3 and path[0] == "settings":
+        # Written into a ConfigMap with toString: `--set workers=8` (a number) is fine.
+        return {"type": ["string", "number", "boolean"]}
+    if isinstance(value, bool):
+        return {"type": "boolean"}
+    if isinstance(value, int):
+        return {"type": "integer"}
+    if isinstance(value, str):
+        return {"type": "string"}
+    if isinstance(value, list):
+        return {"type": "array"}
+    if isinstance(value, dict):
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {k: _schema_of(v, (*path, k)) for k, v in value.items()},
+        }
+    raise AssertionError(f"no schema for {'.'.join(path)}: {value!r}")
+
+
+def values_schema(values_text: str) -> str:
+    """values.schema.json derived from the values.yaml the generator writes."""
+    schema: Obj = {"$schema": "https://json-schema.org/draft-07/schema#"}
+    schema |= _schema_of(yaml.safe_load(values_text), ())
+    # Helm passes `global` to every chart.
+    schema["properties"]["global"] = {"type": "object"}
+    return json.dumps(schema, indent=2) + "\n"
+
+
+_METRICS = {"exporter": METRICS_PORT, "scheduler-framework": SCHEDULER_METRICS_PORT}
+"""The components with a metrics Service and ServiceMonitor, and their metrics port."""
+
+
+def _monitoring(component: Component, sentinel: Options) -> str:
+    """The component's metrics Service and ServiceMonitor (monitoring.* values)."""
+    key = VALUES_KEYS[component.name]
+    selector = {"app": component.app}
+    service: Obj = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": f"{component.app}-metrics",
+            "namespace": _NS,
+            "labels": dict(component_labels(component)),
+        },
+        "spec": {
+            "selector": selector,
+            "ports": [
+                {
+                    "name": EXPORTER_PORT_NAME,
+                    "port": _METRICS[component.name],
+                    "targetPort": EXPORTER_PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+    monitor_labels = dict(component_labels(component))
+    monitor_labels[f"{_EXTRA}monitoring.serviceMonitor.labels"] = "x"
+    monitor: Obj = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {"name": component.app, "namespace": _NS, "labels": monitor_labels},
+        "spec": {
+            "selector": {"matchLabels": {**component_labels(component)}},
+            "namespaceSelector": {"matchNames": [_NS]},
+            "endpoints": [
+                {
+                    "port": EXPORTER_PORT_NAME,
+                    "path": "/metrics",
+                    "interval": f"{_VALUE}monitoring.serviceMonitor.interval",
+                }
+            ],
+        },
+    }
+    on = f".Values.components.{key}"
+    services = "(or .Values.monitoring.service.enabled .Values.monitoring.serviceMonitor.enabled)"
+    return (
+        _TEMPLATE_HEADER
+        + f"{{{{- if and {on} {services} }}}}\n"
+        + _templated([service], None, sentinel)
+        + "{{- end }}\n"
+        + f"{{{{- if and {on} .Values.monitoring.serviceMonitor.enabled }}}}\n---\n"
+        + _templated([monitor], None, sentinel)
+        + "{{- end }}\n"
+    )
+
+
+def _prometheus_rule(sentinel: Options) -> str:
+    rule = prometheus_rule(sentinel)
+    rule["metadata"]["labels"][f"{_EXTRA}monitoring.prometheusRule.labels"] = "x"
+    return (
+        _TEMPLATE_HEADER
+        + "{{- if and .Values.components.exporter .Values.monitoring.prometheusRule.enabled }}\n"
+        + _templated([rule], None, sentinel)
+        + "{{- end }}\n"
+    )
+
+
+_TEST_SCRIPT = """\
+import json, os, ssl, sys, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+env = os.environ
+api = "https://%s:%s" % (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"])
+ctx = ssl.create_default_context(cafile=sa + "/ca.crt")
+token = open(sa + "/token").read()
+namespace = open(sa + "/namespace").read()
+failed = 0
+for app, port, required in json.loads(sys.argv[1]):
+    url = "%s/api/v1/namespaces/%s/pods?labelSelector=app%%3D%s" % (api, namespace, app)
+    request = urllib.request.Request(url, headers={"Authorization": "Bearer " + token})
+    pods = json.load(urllib.request.urlopen(request, context=ctx, timeout=10))["items"]
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    if required and not running:
+        print("FAIL %s: no running pod" % app)
+        failed += 1
+    for pod in running:
+        target = "http://%s:%d/metrics" % (pod["status"]["podIP"], port)
+        try:
+            urllib.request.urlopen(target, timeout=10).read()
+            print("ok   %s %s" % (pod["metadata"]["name"], target))
+        except OSError as error:
+            print("FAIL %s %s: %s" % (pod["metadata"]["name"], target, error))
+            failed += 1
+sys.exit(1 if failed else 0)
+"""
+
+
+def _test_pod() -> str:
+    """The `helm test` hook: reads /metrics of the scheduler (at least one pod) and of every
+    running Exporter pod, found through the API with the scheduler's ServiceAccount."""
+    scheduler = BY_NAME["scheduler-framework"]
+    exporter = BY_NAME["exporter"]
+    image = f'(list . "{scheduler.images[0].key}" "{scheduler.images[0].repository}")'
+    script = "\n".join(f"      {line}" if line else "" for line in _TEST_SCRIPT.splitlines())
+    return (
+        _TEMPLATE_HEADER
+        + "{{- if and .Values.tests.enabled .Values.components.schedulerFramework }}\n"
+        + "{{- $checks := list (list "
+        + f'"{scheduler.app}" {SCHEDULER_METRICS_PORT} true) }}}}\n'
+        + "{{- if .Values.components.exporter }}\n"
+        + f'{{{{- $checks = append $checks (list "{exporter.app}" {METRICS_PORT} false) }}}}\n'
+        + "{{- end }}\n"
+        + f"""apiVersion: v1
+kind: Pod
+metadata:
+  name: {{{{ .Release.Name }}}}-lj-runtimekit-test
+  namespace: {{{{ .Release.Namespace }}}}
+  labels:
+    app.kubernetes.io/name: lj-runtimekit-test
+    app.kubernetes.io/part-of: lj-runtimekit
+    {{{{- include "lj-runtimekit.labels" . | nindent 4 }}}}
+  annotations:
+    helm.sh/hook: test
+    helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+spec:
+  restartPolicy: Never
+  serviceAccountName: {scheduler.service_account}
+  securityContext:
+    seccompProfile:
+      type: RuntimeDefault
+  {{{{- with .Values.imagePullSecrets }}}}
+  imagePullSecrets: {{{{- toYaml . | nindent 4 }}}}
+  {{{{- end }}}}
+  containers:
+  - name: metrics
+    image: {{{{ include "lj-runtimekit.image" {image} }}}}
+    imagePullPolicy: {{{{ .Values.image.pullPolicy }}}}
+    command:
+    - python3
+    - -c
+    - |
+{script}
+    - {{{{ toJson $checks | quote }}}}
+    securityContext:
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+      runAsNonRoot: true
+      runAsUser: 65532
+      capabilities:
+        drop:
+        - ALL
+{{{{- end }}}}
+"""
+    )
+
+
+_NOTES = """\
+LJ Runtime Kit {{ .Chart.AppVersion }} is installed: release {{ .Release.Name }},
+namespace {{ .Release.Namespace }}.
+Components:
+{{- range $key, $on := .Values.components }}
+  {{ $key }}: {{ if $on }}installed{{ else }}off{{ end }}
+{{- end }}
+  RuntimeClass: {{ if .Values.runtimeClass.create }}installed{{ else }}off{{ end }}
+{{- $policies := ternary "installed (Kubernetes >= 1.30)" "off" .Values.admissionPolicies.create }}
+  admission policies: {{ $policies }}
+  Jobs namespace: {{ .Values.jobsNamespace }}
+
+The node agents (Device Plugin, Exporter) run only on nodes labelled for the kit:
+  kubectl label node <gpu-node> lj_runtimekit_enable=true
+
+Verify:
+  kubectl -n {{ .Release.Namespace }} get daemonsets,deployments \\
+    -l app.kubernetes.io/instance={{ .Release.Name }}
+{{- $deployments := dict "schedulerFramework" "scheduler-framework" "controller" "controller" }}
+{{- range $key, $name := $deployments }}
+{{- if index $.Values.components $key }}
+  kubectl -n {{ $.Release.Namespace }} rollout status deployment/lj-runtimekit-{{ $name }}
+{{- end }}
+{{- end }}
+{{- if and .Values.tests.enabled .Values.components.schedulerFramework }}
+  helm test {{ .Release.Name }} -n {{ .Release.Namespace }}
+{{- end }}
+From a checkout of the kit, the checks of a plain install (pods ready, node capacity,
+Exporter metrics, protocol ConfigMaps):
+  deploy/deploy-all.sh verify --namespace={{ .Release.Namespace }} \\
+    --jobs-namespace={{ .Values.jobsNamespace }}
+{{- if or .Values.monitoring.service.enabled .Values.monitoring.serviceMonitor.enabled }}
+
+Metrics Services (port "metrics"): lj-runtimekit-exporter-metrics,
+lj-runtimekit-scheduler-framework-metrics
+{{- end }}
+"""
+
+
 def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
     chart = deploy_dir / CHART
     out: dict[Path, str] = {}
@@ -254,7 +642,10 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
         yaml.safe_dump(chart_doc, sort_keys=False)
     )
     out[chart / "values.yaml"] = _values(opts)
+    out[chart / "values.schema.json"] = values_schema(out[chart / "values.yaml"])
     out[chart / "templates" / "_helpers.tpl"] = _helpers()
+    out[chart / "templates" / "NOTES.txt"] = _NOTES
+    out[chart / "templates" / "tests" / "metrics-test-pod.yaml"] = _test_pod()
     out[chart / "files" / "protocol.yaml"] = opts.protocol_text
     sentinel = Options(
         protocol_text=opts.protocol_text,
@@ -280,6 +671,11 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
             if name == "02-configmap.yaml":
                 body = _configmap_template(component, sentinel, docs[0])
             else:
+                key = VALUES_KEYS[component.name]
+                docs = [
+                    _pod_values(d, key) if d["kind"] in ("DaemonSet", "Deployment") else d
+                    for d in docs
+                ]
                 body = _templated(docs, component, sentinel)
             condition = f".Values.components.{VALUES_KEYS[component.name]}"
             if name == ADMISSION_FILE:
@@ -287,6 +683,11 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
             out[chart / "templates" / f"{component.directory}-{name}"] = (
                 _TEMPLATE_HEADER + f"{{{{- if {condition} }}}}\n" + body + "{{- end }}\n"
             )
+        if component.name in _METRICS:
+            out[chart / "templates" / f"{component.directory}-05-monitoring.yaml"] = _monitoring(
+                component, sentinel
+            )
+    out[chart / "templates" / "exporter-06-prometheusrule.yaml"] = _prometheus_rule(sentinel)
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,36 @@ def objects(text: str) -> dict[Key, dict[str, Any]]:
     return out
 
 
+HELM_LABELS = (
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+)
+
+
+def unhelmed(objs: dict[Key, dict[str, Any]]) -> dict[Key, dict[str, Any]]:
+    """The objects less the chart's standard labels, after checking every object has them
+    (objects without a component name get the chart's)."""
+    for key, obj in objs.items():
+        labels = obj["metadata"]["labels"]
+        assert set(HELM_LABELS) <= set(labels), f"{key} lacks the standard labels: {labels}"
+        assert labels["app.kubernetes.io/instance"] == "lj"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        for label in HELM_LABELS:
+            del labels[label]
+        if labels.get("app.kubernetes.io/name") == "lj-runtimekit":
+            del labels["app.kubernetes.io/name"]
+        if not labels:
+            del obj["metadata"]["labels"]
+    return objs
+
+
+def template(*args: str) -> dict[Key, dict[str, Any]]:
+    """`helm template lj` of the chart (test hooks left out) with `args`."""
+    return objects(run(tool("helm"), "template", "lj", str(CHART), "--skip-tests", *args))
+
+
 def plain(*dirs: str) -> dict[Key, dict[str, Any]]:
     out: dict[Key, dict[str, Any]] = {}
     for d in dirs:
@@ -59,23 +90,17 @@ ALL = ("common", "deviceplugin", "scheduler", "exporter", "controller")
 def test_helm_lint_and_template_equal_the_plain_yaml(control_plane: ControlPlane) -> None:
     helm = tool("helm")
     run(helm, "lint", "--strict", str(CHART))
-    rendered = objects(run(helm, "template", "lj", str(CHART), "--namespace", "kube-system"))
+    rendered = unhelmed(template("--namespace", "kube-system"))
     assert rendered == plain(*ALL)
-    off = objects(
-        run(
-            helm,
-            "template",
-            "lj",
-            str(CHART),
-            "--namespace",
-            "kube-system",
-            "--set",
-            "kubeletReadOnlyPort=false,admissionPolicies.create=false,jobsNamespace=gpu-jobs",
-        )
+    off = template(
+        "--namespace",
+        "kube-system",
+        "--set",
+        "kubeletReadOnlyPort=false,admissionPolicies.create=false,jobsNamespace=gpu-jobs",
     )
     # The Jobs policy names the Job Agent image without its tag or digest, as manifests does.
     agent = "r.example.com:5000/agent:v1@sha256:" + "a" * 64
-    pinned = objects(run(helm, "template", "lj", str(CHART), "--set", f"images.job-agent={agent}"))
+    pinned = template("--set", f"images.job-agent={agent}")
     policy = pinned[("ValidatingAdmissionPolicy", None, "lj-runtimekit-controller-jobs")]
     name = manifests.image_name(agent)
     assert f"c.image == '{name}' ||" in policy["spec"]["validations"][0]["expression"]
@@ -84,21 +109,170 @@ def test_helm_lint_and_template_equal_the_plain_yaml(control_plane: ControlPlane
     for agent in ("lj-runtimekit-device-plugin-ds", "lj-runtimekit-exporter-ds"):
         ds = off[("DaemonSet", "kube-system", agent)]
         assert "--kubelet-pods-url=" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
-    only_exporter = objects(
-        run(
-            helm,
-            "template",
-            "lj",
-            str(CHART),
-            "--namespace",
-            "kube-system",
-            "--set",
-            "components.devicePlugin=false,components.schedulerFramework=false",
-            "--set",
-            "components.controller=false,runtimeClass.create=false",
+    only_exporter = template(
+        "--namespace",
+        "kube-system",
+        "--set",
+        "components.devicePlugin=false,components.schedulerFramework=false",
+        "--set",
+        "components.controller=false,runtimeClass.create=false",
+    )
+    assert unhelmed(only_exporter) == plain("exporter")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("exporter.nodeSelectr.a=b", "additional properties 'nodeSelectr' not allowed"),
+        ("tests.enabled=3", "at '/tests/enabled': got number, want boolean"),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+        ("images.exportr=x:1", "invalid propertyName 'exportr'"),
+        ("imagePullSecrets[0].nam=x", "at '/imagePullSecrets/0'"),
+    ],
+)
+def test_helm_refuses_a_bad_value(value: str, message: str, control_plane: ControlPlane) -> None:
+    """values.schema.json: a typo'd key or a wrongly typed value stops `helm template`."""
+    argv = [tool("helm"), "template", "lj", str(CHART), "--set", value]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode != 0, result.stdout
+    assert message in result.stderr
+    assert "lj-runtimekit" in result.stderr
+
+
+def pod(objs: dict[Key, dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    spec: dict[str, Any] = objs[(kind, "lj", name)]["spec"]["template"]
+    return spec
+
+
+def test_helm_pod_values(control_plane: ControlPlane, tmp_path: Path) -> None:
+    """Pull secrets and policy on every pod; per component pod values replace the defaults,
+    tolerations and annotations add to them; the other components keep theirs."""
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "image": {"pullPolicy": "Always"},
+                "imagePullSecrets": [{"name": "regcred"}],
+                "exporter": {
+                    "nodeSelector": {"pool": "gpu"},
+                    "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+                    "affinity": {"nodeAffinity": {"x": 1}},
+                    "resources": {"limits": {"memory": "1Gi"}},
+                    "priorityClassName": "high",
+                    "podAnnotations": {"example.com/a": "b"},
+                },
+            }
         )
     )
-    assert only_exporter == plain("exporter")
+    default = template("--namespace", "lj")
+    changed = template("--namespace", "lj", "-f", str(values))
+    for kind, name in (
+        ("DaemonSet", "lj-runtimekit-device-plugin-ds"),
+        ("Deployment", "lj-runtimekit-scheduler-framework"),
+        ("DaemonSet", "lj-runtimekit-exporter-ds"),
+        ("Deployment", "lj-runtimekit-controller"),
+    ):
+        spec = pod(changed, kind, name)["spec"]
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+        assert {c["imagePullPolicy"] for c in spec["containers"]} == {"Always"}
+        assert "imagePullSecrets" not in pod(default, kind, name)["spec"]
+    before = pod(default, "DaemonSet", "lj-runtimekit-exporter-ds")
+    after = pod(changed, "DaemonSet", "lj-runtimekit-exporter-ds")
+    # Helm merges maps: the default lj_runtimekit_enable stays unless set to null.
+    assert after["spec"]["nodeSelector"] == {"lj_runtimekit_enable": "true", "pool": "gpu"}
+    assert after["spec"]["tolerations"] == [
+        *before["spec"]["tolerations"],
+        {"key": "dedicated", "operator": "Exists"},
+    ]
+    assert any(t["key"] == "nvidia.com/gpu" for t in after["spec"]["tolerations"])
+    assert after["spec"]["affinity"] == {"nodeAffinity": {"x": 1}}
+    assert after["spec"]["priorityClassName"] == "high"
+    assert after["spec"]["containers"][0]["resources"]["limits"]["memory"] == "1Gi"
+    assert after["metadata"]["annotations"] == {
+        **before["metadata"]["annotations"],
+        "example.com/a": "b",
+    }
+    other = pod(changed, "DaemonSet", "lj-runtimekit-device-plugin-ds")
+    del other["spec"]["imagePullSecrets"]
+    for container in other["spec"]["containers"]:
+        container["imagePullPolicy"] = "IfNotPresent"
+    assert other == pod(default, "DaemonSet", "lj-runtimekit-device-plugin-ds")
+
+
+def test_helm_test_hook_and_notes(control_plane: ControlPlane) -> None:
+    """`helm test` runs a pod (a test hook, deleted on success) that reads the scheduler's and
+    the Exporters' /metrics; NOTES.txt says what was installed and how to verify it."""
+    helm = tool("helm")
+    rendered = objects(run(helm, "template", "lj", str(CHART), "--namespace", "lj"))
+    hook = rendered[("Pod", "lj", "lj-lj-runtimekit-test")]
+    assert hook["metadata"]["annotations"] == {
+        "helm.sh/hook": "test",
+        "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
+    }
+    container = hook["spec"]["containers"][0]
+    checks = json.loads(container["command"][-1])
+    assert checks == [
+        ["lj-runtimekit-scheduler-framework", manifests.SCHEDULER_METRICS_PORT, True],
+        ["lj-runtimekit-exporter", manifests.METRICS_PORT, False],
+    ]
+    compile(container["command"][2], "test-pod", "exec")
+    assert hook["spec"]["serviceAccountName"] == "lj-runtimekit-scheduler-framework"
+    no_tests = objects(
+        run(helm, "template", "lj", str(CHART), "--namespace", "lj", "--set", "tests.enabled=false")
+    )
+    assert not [k for k in no_tests if k[0] == "Pod"]
+    kubeconfig = str(control_plane.kubeconfig_path)
+    notes = run(
+        helm,
+        "install",
+        "lj",
+        str(CHART),
+        "-n",
+        "lj",
+        "--dry-run=client",
+        "--kubeconfig",
+        kubeconfig,
+    )
+    assert "LJ Runtime Kit" in notes.split("NOTES:")[1]
+    assert "helm test lj -n lj" in notes
+    assert "deploy-all.sh verify --namespace=lj" in notes
+    assert "rollout status deployment/lj-runtimekit-controller" in notes
+
+
+def test_helm_monitoring_values(control_plane: ControlPlane) -> None:
+    """monitoring.*: metrics Services, ServiceMonitors and the Exporter's PrometheusRule
+    (the same rules as deploy/exporter/monitoring/prometheusrule.yaml), off by default."""
+    default = template("--namespace", "lj")
+    assert not [k for k in default if k[0] in ("Service", "ServiceMonitor", "PrometheusRule")]
+    on = template(
+        "--namespace",
+        "lj",
+        "--set",
+        "monitoring.serviceMonitor.enabled=true,monitoring.prometheusRule.enabled=true",
+        "--set",
+        "monitoring.serviceMonitor.labels.release=prom",
+    )
+    for app, port in (
+        ("lj-runtimekit-exporter", manifests.METRICS_PORT),
+        ("lj-runtimekit-scheduler-framework", manifests.SCHEDULER_METRICS_PORT),
+    ):
+        service = on[("Service", "lj", f"{app}-metrics")]
+        assert service["spec"]["selector"] == {"app": app}
+        assert service["spec"]["ports"][0]["port"] == port
+        monitor = on[("ServiceMonitor", "lj", app)]
+        assert monitor["metadata"]["labels"]["release"] == "prom"
+        assert monitor["spec"]["endpoints"][0]["interval"] == "30s"
+        assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["lj"]}
+        labels = service["metadata"]["labels"]
+        assert all(labels[k] == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+    rule = on[("PrometheusRule", "lj", "lj-runtimekit-exporter-alerts")]
+    plain_rule = yaml.safe_load(
+        (DEPLOY / "exporter" / "monitoring" / "prometheusrule.yaml").read_text()
+    )
+    assert rule["spec"] == plain_rule["spec"]
+    assert "{{ $labels" in json.dumps(rule["spec"])
+    only_services = template("--namespace", "lj", "--set", "monitoring.service.enabled=true")
+    assert {k[0] for k in only_services} - {k[0] for k in default} == {"Service"}
 
 
 @pytest.mark.parametrize("directory", [*ALL, "."])
@@ -150,6 +324,7 @@ def test_helm_output_applies_to_the_api_server(
             "template",
             "lj",
             str(CHART),
+            "--skip-tests",
             "--namespace",
             namespace,
             "--set",
