@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -364,4 +365,46 @@ def test_helm_output_applies_to_the_api_server(
         )
         assert exporter == "exp:1"
     finally:
+        run(*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", str(manifest))
+
+
+def test_helm_adopts_a_deploy_all_install(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """The README's steps: a plain install (what deploy-all.sh applies), annotated and
+    labelled for the release, is taken over by `helm install` with matching values."""
+    kubectl = control_plane.kubectl_argv()
+    jobs = f"{namespace}-jobs"
+    version = (ROOT / "VERSION").read_text().strip()
+    manifest = tmp_path / "plain.yaml"
+    policies = [] if POLICIES_SERVED else ["--no-admission-policies"]
+    run(
+        *(sys.executable, "-m", "lj_runtimekit.deploy", "render"),
+        *("--protocol", str(DEPLOY / "protocol.yaml"), "--version", version),
+        *("--namespace", namespace, "--jobs-namespace", jobs, "-o", str(manifest), *policies),
+    )
+    helm = (tool("helm"), "--kubeconfig", str(control_plane.kubeconfig_path), "-n", namespace)
+    run(*kubectl, "apply", "--server-side", "--field-manager=lj-deploy", "-f", str(manifest))
+    try:
+        release = ("meta.helm.sh/release-name=lj", f"meta.helm.sh/release-namespace={namespace}")
+        run(*kubectl, "annotate", "--overwrite", "-f", str(manifest), *release)
+        run(
+            *kubectl,
+            "label",
+            "--overwrite",
+            "-f",
+            str(manifest),
+            "app.kubernetes.io/managed-by=Helm",
+        )
+        values = f"jobsNamespace={jobs},admissionPolicies.create={str(POLICIES_SERVED).lower()}"
+        run(*helm, "install", "lj", str(CHART), "--set", values)
+        instance = run(
+            *kubectl,
+            *("-n", namespace, "get", "ds/lj-runtimekit-exporter-ds", "-o"),
+            r"jsonpath={.metadata.labels.app\.kubernetes\.io/instance}",
+        )
+        assert instance == "lj"
+        assert "deployed" in run(*helm, "status", "lj")
+    finally:
+        subprocess.run([*helm, "uninstall", "lj", "--wait=false"], capture_output=True, check=False)
         run(*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", str(manifest))
