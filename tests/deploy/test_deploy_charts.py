@@ -384,18 +384,13 @@ def test_helm_adopts_a_deploy_all_install(
         *("--namespace", namespace, "--jobs-namespace", jobs, "-o", str(manifest), *policies),
     )
     helm = (tool("helm"), "--kubeconfig", str(control_plane.kubeconfig_path), "-n", namespace)
-    run(*kubectl, "apply", "--server-side", "--field-manager=lj-deploy", "-f", str(manifest))
+    apply = ("apply", "--server-side", "--field-manager=lj-runtimekit-deploy")
+    run(*kubectl, *apply, "-f", str(manifest))
     try:
         release = ("meta.helm.sh/release-name=lj", f"meta.helm.sh/release-namespace={namespace}")
         run(*kubectl, "annotate", "--overwrite", "-f", str(manifest), *release)
-        run(
-            *kubectl,
-            "label",
-            "--overwrite",
-            "-f",
-            str(manifest),
-            "app.kubernetes.io/managed-by=Helm",
-        )
+        managed = "app.kubernetes.io/managed-by=Helm"
+        run(*kubectl, "label", "--overwrite", "-f", str(manifest), managed)
         values = f"jobsNamespace={jobs},admissionPolicies.create={str(POLICIES_SERVED).lower()}"
         run(*helm, "install", "lj", str(CHART), "--set", values)
         instance = run(
