@@ -200,6 +200,23 @@ def test_helm_pod_values(control_plane: ControlPlane, tmp_path: Path) -> None:
     assert other == pod(default, "DaemonSet", "lj-runtimekit-device-plugin-ds")
 
 
+def test_helm_null_removes_a_pod_default_and_settings_take_numbers(
+    control_plane: ControlPlane,
+) -> None:
+    """As the README says: a pod value set to null drops the default; the schema lets a
+    setting be a number (`--set` parses 8 as one) and the ConfigMap holds its text."""
+    rendered = template(
+        *("--namespace", "lj", "--set"),
+        "exporter.nodeSelector.lj_runtimekit_enable=null,exporter.priorityClassName=null",
+        *("--set", "settings.controller.workers=8"),
+    )
+    spec = pod(rendered, "DaemonSet", "lj-runtimekit-exporter-ds")["spec"]
+    assert "nodeSelector" not in spec
+    assert "priorityClassName" not in spec
+    config = rendered[("ConfigMap", "lj", "lj-runtimekit-controller-config")]
+    assert config["data"]["workers"] == "8"
+
+
 def test_helm_test_hook_and_notes(control_plane: ControlPlane) -> None:
     """`helm test` runs a pod (a test hook, deleted on success) that reads the scheduler's and
     the Exporters' /metrics; NOTES.txt says what was installed and how to verify it."""
