@@ -190,6 +190,14 @@ def cmd_config_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_keys(args: argparse.Namespace) -> int:
+    """Print `<node> <merge patch>` per node carrying the Runtime Kit's labels/annotations."""
+    patches = verify.node_key_patches(_items(args.nodes), load_protocol(args.protocol))
+    for node, patch in sorted(patches.items()):
+        print(node, json.dumps(patch, separators=(",", ":")))
+    return 0
+
+
 def cmd_check_metrics(args: argparse.Namespace) -> int:
     if args.url:
         if not args.url.startswith(("http://", "https://")):
@@ -286,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configmaps", required=True, help="kubectl get configmaps -o json")
     p.add_argument("--names", required=True, help="the ConfigMaps, comma-separated")
     p.set_defaults(func=cmd_config_restore)
+
+    p = sub.add_parser("node-keys", help=cmd_node_keys.__doc__)
+    p.add_argument("--nodes", required=True)
+    p.add_argument("--protocol", required=True)
+    p.set_defaults(func=cmd_node_keys)
 
     p = sub.add_parser("check-metrics", help="the answer has # HELP/# TYPE lines")
     p.add_argument("file", nargs="?")

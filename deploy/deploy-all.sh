@@ -13,7 +13,10 @@
 #                            metrics, protocol ConfigMaps agree, no stale resources
 #   upgrade --version=V      set the images to V, wait for the rollout, report old -> new
 #   rollback                 return each workload to its previous revision
-#   delete                   remove every object deploy created
+#   delete                   disable the Runtime features of the enabled nodes (the
+#                            Controller's disable Jobs), remove every object deploy
+#                            created, the Leases and the Runtime Kit's node labels
+#                            and annotations
 #   cleanup-stale-resources  remove old protocol resource names from node status
 #
 # Options:
@@ -33,7 +36,9 @@
 #                       Kubernetes 1.30: RBAC alone then bounds the components)
 #   --dry-run           server-side dry run: validate and show, change nothing
 #   --kubeconfig=FILE   default $KUBECONFIG, then ~/.kube/config
-#   --timeout=DURATION  rollout wait, default 300s
+#   --timeout=DURATION  rollout wait and delete's wait for disabled nodes, default 300s
+#   --keep-node-state   delete: leave the nodes as they are (no disable, labels and
+#                       annotations kept), e.g. when the Controller is already gone
 #   --metrics-url=URL   verify: read the exporter metrics here (e.g. a port-forward)
 #                       instead of through the API server proxy
 #
@@ -58,8 +63,9 @@ dry_run=false
 kubeconfig="${KUBECONFIG:-}"
 timeout="300s"
 metrics_url=""
+keep_node_state=false
 
-usage() { sed -n '2,42p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,47p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # -- logging ----------------------------------------------------------------------------------
 
@@ -119,6 +125,7 @@ while [[ $# -gt 0 ]]; do
     --kubeconfig=*) kubeconfig=${1#*=} ;;
     --timeout=*) timeout=${1#*=} ;;
     --metrics-url=*) metrics_url=${1#*=} ;;
+    --keep-node-state) keep_node_state=true ;;
     --components|--namespace|--jobs-namespace|--registry|--version|--image|--kubeconfig|--timeout|--metrics-url)
       die "$1 needs a value: write $1=VALUE" ;;
     -*) die "unknown option '$1' (see $0 --help)" ;;
@@ -482,6 +489,51 @@ cmd_verify() {
   log "verify passed"
 }
 
+state_key='lj-runtimekit.io/feature-state'
+
+# disable_nodes: removes the enable label from every node; the Controller runs the disable
+# Job on each node it enabled; waits (--timeout) for their state to say disabled.
+disable_nodes() {
+  local labelled managed node state pending=() ready
+  labelled=$("${kc[@]}" get nodes -l "$enable_label" -o name) || die "cannot list the nodes"
+  managed=$("${kc[@]}" get nodes -l "$state_key,$state_key!=disabled" -o name) || die "cannot list the nodes"
+  if [[ -z $labelled$managed ]]; then log "no node is enabled: nothing to disable"; return; fi
+  ready=$("${kcn[@]}" get deployment lj-runtimekit-controller -o 'jsonpath={.status.readyReplicas}' 2>/dev/null || true)
+  if [[ -n $managed && ${ready:-0} -eq 0 ]]; then
+    die "the Controller (deployment $namespace/lj-runtimekit-controller) has no ready replica, so nothing can disable the Runtime features of $(echo "$managed" | sed 's|node/||' | paste -sd, -); fix: bring the Controller back, or delete with --keep-node-state (the nodes keep their features and labels)"
+  fi
+  $dry_run && { log "dry run: would remove $enable_label from $(echo "$labelled" | wc -l) node(s)"; return; }
+  for node in $labelled; do
+    run "${kc[@]}" label "$node" "$enable_label-" >/dev/null || die "cannot remove the label $enable_label from $node"
+  done
+  for node in $managed; do pending+=("$node"); done
+  [[ ${#pending[@]} -gt 0 ]] || return 0
+  log "waiting up to $timeout for the Controller to disable ${#pending[@]} node(s)"
+  if ! "${kc[@]}" wait "${pending[@]}" --for="jsonpath={.metadata.labels.lj-runtimekit\.io/feature-state}=disabled" \
+    --timeout="$timeout" >>"$log_file" 2>&1; then
+    local why=()
+    for node in "${pending[@]}"; do
+      state=$("${kc[@]}" get "$node" -o "jsonpath={.metadata.annotations.lj-runtimekit\.io/feature-state}: {.metadata.annotations.lj-runtimekit\.io/feature-message}" 2>/dev/null || true)
+      [[ $state == disabled:* ]] || why+=("${node#node/} ${state%: }")
+    done
+    die "not disabled within $timeout: $(IFS=';'; echo "${why[*]}"); the enable label is removed, the Controller keeps trying; fix: see kubectl get nodes -L $state_key and the Controller's Jobs in $jobs_namespace, then delete again, or --keep-node-state"
+  fi
+  log "disabled ${#pending[@]} node(s)"
+}
+
+# clean_nodes: removes the Runtime Kit's labels and annotations from every node.
+clean_nodes() {
+  local node patch count=0
+  "${kc[@]}" get nodes -o json >"$work/nodes.json" || die "cannot list the nodes"
+  while read -r node patch; do
+    [[ -n $node ]] || continue
+    "${kc[@]}" patch node "$node" --type=merge -p "$patch" ${dry_flags[@]+"${dry_flags[@]}"} >>"$log_file" 2>&1 \
+      || die "cannot remove the Runtime Kit's labels and annotations from node $node (needs nodes patch rights)"
+    count=$((count + 1))
+  done < <(helper node-keys --nodes="$work/nodes.json" --protocol="$protocol")
+  log "removed the Runtime Kit's labels and annotations from $count node(s)"
+}
+
 cmd_delete() {
   local extra=() others
   $all_selected || extra=(--no-common)
@@ -490,11 +542,27 @@ cmd_delete() {
     extra=(--only-namespace="$namespace")
     log "the cluster-wide objects belong to the install in namespace $others: kept; removing only what is in namespace $namespace"
   fi
+  local node_steps=false
+  [[ -z $others && " ${names[*]} " == *" controller "* ]] && node_steps=true
+  if $node_steps && $keep_node_state; then
+    log "--keep-node-state: the nodes keep their Runtime features, labels and annotations"
+  elif $node_steps; then
+    disable_nodes
+  fi
   render ${extra[@]+"${extra[@]}"} -o "$work/manifests.yaml" 2>"$work/render.err" \
     || die "$(sed 's/^error: //' "$work/render.err")"
   run "${kc[@]}" delete --ignore-not-found --wait=true --timeout="$timeout" \
     ${dry_flags[@]+"${dry_flags[@]}"} -f "$work/manifests.yaml" \
     || die "delete failed (see above); run delete again (it is idempotent)"
+  if [[ -z $others && " ${names[*]} " == *" scheduler-framework "* ]]; then
+    run "${kcn[@]}" delete lease lj-runtimekit-scheduler-framework --ignore-not-found \
+      ${dry_flags[@]+"${dry_flags[@]}"} || die "cannot delete the scheduler's Lease in $namespace"
+  fi
+  if $node_steps; then
+    run "${kc[@]}" delete lease lj-runtimekit-controller --namespace="$jobs_namespace" --ignore-not-found \
+      ${dry_flags[@]+"${dry_flags[@]}"} || die "cannot delete the Controller's Lease in $jobs_namespace"
+  fi
+  if $node_steps && ! $keep_node_state; then clean_nodes; fi
   if $all_selected && namespace_exists; then
     local owner
     owner=$("${kc[@]}" get namespace "$namespace" -o 'jsonpath={.metadata.labels.app\.kubernetes\.io/part-of}' 2>/dev/null || true)

@@ -439,6 +439,32 @@ def restore_previous_config(
     return out
 
 
+# -- uninstall -------------------------------------------------------------------------------
+
+STATE_PREFIX = "lj-runtimekit.io/"
+"""The Controller's node state keys (labels and annotations) start with it."""
+
+
+def node_key_patches(nodes: Iterable[Obj], protocol: Protocol) -> dict[str, Obj]:
+    """Per node carrying any: the merge patch removing the Runtime Kit's labels and
+    annotations (the protocol's keys and the Controller's lj-runtimekit.io/ state)."""
+    flat = protocol.as_flat()
+    keys = {v for k, v in flat.items() if k.startswith(("labels.", "annotations."))}
+    patches: dict[str, Obj] = {}
+    for node in nodes:
+        meta = node.get("metadata", {})
+        remove: dict[str, dict[str, None]] = {}
+        for field_name in ("labels", "annotations"):
+            found = [
+                k for k in meta.get(field_name) or {} if k in keys or k.startswith(STATE_PREFIX)
+            ]
+            if found:
+                remove[field_name] = dict.fromkeys(sorted(found))
+        if remove:
+            patches[_name(node)] = {"metadata": remove}
+    return patches
+
+
 # -- metrics ---------------------------------------------------------------------------------
 
 

@@ -28,11 +28,19 @@ from lj_runtimekit.envtest.versions import find_tools, load_versions
 from lj_runtimekit.runtimesim.process import SimulatorProcess
 from lj_runtimekit.testkit.waits import wait_for
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "Controller" / "tests"))
+from controller_harness import (  # type: ignore[import-not-found]
+    GROUP_LABEL,
+    STATE,
+    OperatorProcess,
+)
+
 pytestmark = pytest.mark.controlplane
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "deploy-all.sh"
 VERSION = (ROOT / "VERSION").read_text().strip()
+ENABLE = "lj_runtimekit_enable"
 WORKLOADS = {
     "device-plugin": ("daemonset", "lj-runtimekit-device-plugin-ds"),
     "scheduler-framework": ("deployment", "lj-runtimekit-scheduler-framework"),
@@ -80,17 +88,17 @@ class Env:
             LJ_DEPLOY_LOG_DIR=str(tmp / "logs"),
         )
 
-    def run_args(self) -> list[str]:
-        """The options every command of this install takes."""
+    def run_args(self, *args: str) -> list[str]:
+        """The options every command of this install takes (`args` may set --timeout)."""
         return [
             f"--namespace={self.namespace}",
             f"--jobs-namespace={self.jobs_namespace}",
-            "--timeout=90s",
+            *(() if any(a.startswith("--timeout=") for a in args) else ("--timeout=90s",)),
             *(() if POLICIES_SERVED else ("--no-admission-policies",)),
         ]
 
     def run(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        argv = ["bash", str(SCRIPT), *args, *self.run_args()]
+        argv = ["bash", str(SCRIPT), *args, *self.run_args(*args)]
         return subprocess.run(
             argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
         )
@@ -494,9 +502,68 @@ def test_a_second_install_in_another_namespace_is_refused_and_its_delete_keeps_t
         assert env.get(kind, name) is not None
 
 
-def test_delete_removes_everything_it_created(env: Env) -> None:
-    env.ok("delete")
+def _state(env: Env, node: str) -> str | None:
+    live = env.get("node", node, namespaced=False)
+    assert live is not None
+    return (live["metadata"].get("annotations") or {}).get(STATE)
+
+
+def test_delete_says_why_a_node_is_not_disabled_and_keeps_the_install(env: Env) -> None:
+    node = f"{env.namespace}-gpu-0"
+    enabled = json.dumps(
+        {"metadata": {"labels": {STATE: "enabled"}, "annotations": {STATE: "enabled"}}}
+    )
+    env.k("patch", "node", node, "--type=merge", "-p", enabled)  # as the Controller leaves it
+    result = env.run("delete", "--timeout=3s")
+    assert result.returncode == 1
+    assert f"not disabled within 3s: {node} enabled" in result.stderr
+    for kind, name in WORKLOADS.values():
+        assert env.get(kind, name) is not None
+    # Back to labelled, never enabled: the next test's Controller enables them.
+    for i in range(2):
+        patch = {
+            "metadata": {"labels": {ENABLE: "true", STATE: None}, "annotations": {STATE: None}}
+        }
+        env.k("patch", "node", f"{env.namespace}-gpu-{i}", "--type=merge", "-p", json.dumps(patch))
+
+
+def test_delete_disables_the_nodes_then_removes_everything_it_created(
+    env: Env, tmp_path: Path
+) -> None:
+    gpu = [f"{env.namespace}-gpu-{i}" for i in range(2)]
+    controller = OperatorProcess(  # the real Controller (KWOK runs no container)
+        env.cp.kubeconfig_path,
+        env.jobs_namespace,
+        tmp_path / "controller.log",
+        node_selector=f"{GROUP_LABEL}={env.namespace}",
+    ).start()
+    try:
+        for node in gpu:
+            wait_for(lambda n=node: _state(env, n) == "enabled", 90, f"{node} enabled")
+        out = env.ok("delete")
+    except BaseException:
+        print(controller.log()[-20000:])
+        raise
+    finally:
+        controller.stop()
     env.deleted = True
+    assert "disabled 2 node(s)" in out
+    assert "removed the Runtime Kit's labels and annotations from 2 node(s)" in out
+    for node in gpu:
+        live = env.get("node", node, namespaced=False)
+        assert live is not None
+        meta = live["metadata"]
+        left = [
+            k
+            for k in [*meta.get("labels", {}), *(meta.get("annotations") or {})]
+            if k == ENABLE or k.startswith(("lj-runtimekit.io/", "lingjun.com/"))
+        ]
+        assert left == [], node
+    for name, ns in (
+        ("lj-runtimekit-scheduler-framework", env.namespace),
+        ("lj-runtimekit-controller", env.jobs_namespace),
+    ):
+        assert env.k("get", "lease", name, "-n", ns, check=False).returncode != 0, name
     for kind, name in WORKLOADS.values():
         assert env.get(kind, name) is None
     for component in WORKLOADS:
