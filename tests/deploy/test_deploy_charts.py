@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +33,10 @@ def tool(name: str) -> str:
     return str(find_tools((name,))[name])
 
 
-def run(*argv: str) -> str:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+def run(*argv: str, input_text: str | None = None) -> str:
+    result = subprocess.run(
+        argv, input=input_text, capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode == 0, f"{' '.join(argv)}:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
@@ -420,3 +425,82 @@ def test_helm_adopts_a_deploy_all_install(
     finally:
         subprocess.run([*helm, "uninstall", "lj", "--wait=false"], capture_output=True, check=False)
         run(*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", str(manifest))
+
+
+class _Metrics(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.end_headers()
+        self.wfile.write(b"# HELP up\n")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_helm_test_pod_script_reads_metrics_through_the_api(
+    control_plane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    """The hook pod's script, run here as the scheduler's ServiceAccount against the real
+    API server: it finds the scheduler pod by label and reads its /metrics (a local server
+    at the pod's IP); once the server is gone it fails, naming the pod."""
+    kubectl = control_plane.kubectl_argv()
+    assert control_plane.pki is not None
+    rbac = tmp_path / "rbac.yaml"
+    only_scheduler = template(
+        *("--namespace", namespace, "--set"),
+        "components.devicePlugin=false,components.exporter=false,components.controller=false",
+        *("--set", "runtimeClass.create=false,admissionPolicies.create=false"),
+    )
+    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    rbac.write_text(yaml.safe_dump_all([o for k, o in only_scheduler.items() if k[0] in kinds]))
+    run(*kubectl, "apply", "-f", str(rbac))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        app = "lj-runtimekit-scheduler-framework"
+        pod_manifest = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "scheduler", "namespace": namespace, "labels": {"app": app}},
+            # Placed nowhere, so that only this test sets its status.
+            "spec": {
+                "nodeSelector": {"lj-test/nowhere": "true"},
+                "containers": [{"name": "c", "image": "scheduler:1"}],
+            },
+        }
+        run(*kubectl, "create", "-f", "-", input_text=json.dumps(pod_manifest))
+        status = {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}
+        run(
+            *(*kubectl, "-n", namespace, "patch", "pod", "scheduler", "--subresource=status"),
+            *("--type=merge", "-p", json.dumps({"status": status})),
+        )
+        sa = tmp_path / "serviceaccount"
+        sa.mkdir()
+        token = run(*kubectl, "-n", namespace, "create", "token", app)
+        (sa / "token").write_text(token.strip())
+        (sa / "namespace").write_text(namespace)
+        (sa / "ca.crt").write_bytes(control_plane.pki.ca_cert.read_bytes())
+        hook = objects(run(tool("helm"), "template", "lj", str(CHART), "--namespace", namespace))
+        command = hook[("Pod", namespace, "lj-lj-runtimekit-test")]["spec"]["containers"][0][
+            "command"
+        ]
+        script = command[2].replace("/var/run/secrets/kubernetes.io/serviceaccount", str(sa))
+        host, port = control_plane.server.removeprefix("https://").rsplit(":", 1)
+        env = {**os.environ, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
+        checks = json.dumps([[app, server.server_address[1], True], ["lj-none", 1, False]])
+
+        def hook_run() -> subprocess.CompletedProcess[str]:
+            argv = [sys.executable, "-c", script, checks]
+            return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+
+        ok = hook_run()
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert f"ok   scheduler http://127.0.0.1:{server.server_address[1]}/metrics" in ok.stdout
+        server.shutdown()
+        server.server_close()
+        failed = hook_run()
+        assert failed.returncode == 1
+        assert "FAIL scheduler" in failed.stdout
+    finally:
+        server.server_close()
+        run(*kubectl, "delete", "--ignore-not-found", "--wait=false", "-f", str(rbac))
