@@ -127,13 +127,6 @@ _WITH = "lj-sentinel-with-"
 _EXTRA = "lj-sentinel-extra-"
 _VALUE = "lj-sentinel-value-"
 _PULL_POLICY = "lj-sentinel-pull-policy"
-_HELM_LABELS = (
-    "app.kubernetes.io/instance",
-    "app.kubernetes.io/version",
-    "app.kubernetes.io/managed-by",
-    "helm.sh/chart",
-)
-"""The labels the chart adds to every object it renders (the plain YAML has none of them)."""
 POD_VALUES = ("nodeSelector", "affinity", "priorityClassName", "resources")
 """Pod fields whose manifests.py default is the value in values.yaml (set them to replace it)."""
 
@@ -600,7 +593,7 @@ Components:
   Jobs namespace: {{ .Values.jobsNamespace }}
 
 The node agents (Device Plugin, Exporter) run only on nodes labelled for the kit:
-  kubectl label node <gpu-node> lj_runtimekit_enable=true
+  kubectl label node <gpu-node> ENABLE_LABEL=true
 
 Verify:
   kubectl -n {{ .Release.Namespace }} get daemonsets,deployments \\
@@ -644,7 +637,9 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
     out[chart / "values.yaml"] = _values(opts)
     out[chart / "values.schema.json"] = values_schema(out[chart / "values.yaml"])
     out[chart / "templates" / "_helpers.tpl"] = _helpers()
-    out[chart / "templates" / "NOTES.txt"] = _NOTES
+    out[chart / "templates" / "NOTES.txt"] = _NOTES.replace(
+        "ENABLE_LABEL", opts.protocol.labels.enable
+    )
     out[chart / "templates" / "tests" / "metrics-test-pod.yaml"] = _test_pod()
     out[chart / "files" / "protocol.yaml"] = opts.protocol_text
     sentinel = Options(
