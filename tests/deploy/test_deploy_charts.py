@@ -244,18 +244,9 @@ def test_helm_test_hook_and_notes(control_plane: ControlPlane) -> None:
         run(helm, "template", "lj", str(CHART), "--namespace", "lj", "--set", "tests.enabled=false")
     )
     assert not [k for k in no_tests if k[0] == "Pod"]
-    kubeconfig = str(control_plane.kubeconfig_path)
-    notes = run(
-        helm,
-        "install",
-        "lj",
-        str(CHART),
-        "-n",
-        "lj",
-        "--dry-run=client",
-        "--kubeconfig",
-        kubeconfig,
-    )
+    policies = f"admissionPolicies.create={str(POLICIES_SERVED).lower()}"
+    dry_run = ("--dry-run=client", "--kubeconfig", str(control_plane.kubeconfig_path))
+    notes = run(helm, "install", "lj", str(CHART), "-n", "lj", *dry_run, "--set", policies)
     assert "LJ Runtime Kit" in notes.split("NOTES:")[1]
     assert "helm test lj -n lj" in notes
     assert "deploy-all.sh verify --namespace=lj" in notes
