@@ -176,7 +176,10 @@ def cmd_config_save(args: argparse.Namespace) -> int:
             rendered = [d for d in yaml.safe_load_all(Path(args.manifests).read_text()) if d]
         except (OSError, yaml.YAMLError) as exc:
             raise DeployError(f"cannot read {args.manifests}: {exc}") from exc
-    patches = verify.save_previous_config(_items(args.configmaps), args.names.split(","), rendered)
+    running = verify.running_checksums(parse_components(args.components), _items(args.workloads))
+    patches = verify.save_previous_config(
+        _items(args.configmaps), args.names.split(","), rendered, running
+    )
     for name, patch in sorted(patches.items()):
         print(name, json.dumps(patch, separators=(",", ":")))
     return 0
@@ -288,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--configmaps", required=True, help="kubectl get configmaps -o json")
     p.add_argument("--names", required=True, help="the ConfigMaps, comma-separated")
     p.add_argument("--manifests", help="what deploy applies (none: an upgrade)")
+    p.add_argument("--workloads", required=True, help="kubectl get daemonsets,deployments -o json")
+    p.add_argument("--components", default="")
     p.set_defaults(func=cmd_config_save)
 
     p = sub.add_parser("config-restore", help=cmd_config_restore.__doc__)

@@ -290,17 +290,20 @@ configmap_names() { # the selected components' ConfigMaps, comma-separated
   (IFS=,; echo "${cms[*]}")
 }
 
-# save_config: records the live data of the selected ConfigMaps that a deploy changes on
-# each (annotation lj-runtimekit.io/previous-data), for rollback.
+# save_config: records the live data of the selected ConfigMaps that a deploy changes (when
+# their pods run it) on each (annotation lj-runtimekit.io/previous-data), for rollback.
 save_config() { # [--manifests=FILE] (deploy: what it applies)
   local name patch
   "${kcn[@]}" get configmaps -l app.kubernetes.io/part-of=lj-runtimekit -o json >"$work/cm-live.json" \
     || die "cannot list the ConfigMaps in namespace $namespace"
+  "${kcn[@]}" get daemonsets,deployments -l app.kubernetes.io/part-of=lj-runtimekit -o json >"$work/workloads-live.json" \
+    || die "cannot list the workloads in namespace $namespace"
   while read -r name patch; do
     [[ -n $name ]] || continue
     "${kcn[@]}" patch configmap "$name" --type=merge --field-manager=lj-runtimekit-history \
       -p "$patch" >>"$log_file" 2>&1 || die "cannot record the configuration of ConfigMap $namespace/$name (needs configmaps patch rights)"
-  done < <(helper config-save --configmaps="$work/cm-live.json" --names="$(configmap_names)" "$@")
+  done < <(helper config-save --configmaps="$work/cm-live.json" --workloads="$work/workloads-live.json" \
+    --components="$components" --names="$(configmap_names)" "$@")
   log "recorded the current configuration for rollback"
 }
 

@@ -383,12 +383,17 @@ def _json(data: Mapping[str, str]) -> str:
 
 
 def save_previous_config(
-    live: Iterable[Obj], names: Iterable[str], rendered: Iterable[Obj] = ()
+    live: Iterable[Obj],
+    names: Iterable[str],
+    rendered: Iterable[Obj] = (),
+    running: Mapping[str, str] | None = None,
 ) -> dict[str, Obj]:
     """Merge patches recording the live data of the ConfigMaps `names` before a deploy
     (`rendered`: what it applies) or an upgrade (which keeps the data): a ConfigMap the
-    change alters records its data; one it keeps but that recorded older data records
-    its own (a rollback of an image-only change keeps the configuration)."""
+    change alters records its data when its pods run it (`running`: ConfigMap -> the
+    workload's pod template checksum; a hand edit that never ran is not recorded); one it
+    keeps but that recorded older data records its own (a rollback of an image-only
+    change keeps the configuration)."""
     by_name = {_name(cm): cm for cm in live}
     new = {_name(o): dict(o.get("data") or {}) for o in rendered if o.get("kind") == "ConfigMap"}
     patches: dict[str, Obj] = {}
@@ -398,11 +403,25 @@ def save_previous_config(
             continue
         data = dict(cm.get("data") or {})
         recorded = (cm.get("metadata", {}).get("annotations") or {}).get(PREVIOUS_DATA_ANNOTATION)
-        changes = name in new and new[name] != data
+        ran = (running or {}).get(name, config_checksum(data)) == config_checksum(data)
+        changes = name in new and new[name] != data and ran
         if changes or (recorded is not None and recorded != _json(data)):
             annotations = {PREVIOUS_DATA_ANNOTATION: _json(data)}
             patches[name] = {"metadata": {"annotations": annotations}}
     return patches
+
+
+def running_checksums(components: Iterable[Component], workloads: Iterable[Obj]) -> dict[str, str]:
+    """ConfigMap -> the config checksum in its workload's pod template."""
+    by_key = {(w.get("kind"), _name(w)): w for w in workloads}
+    out: dict[str, str] = {}
+    for component in components:
+        workload = by_key.get((component.kind, component.workload))
+        template = (workload or {}).get("spec", {}).get("template", {}).get("metadata", {})
+        checksum = (template.get("annotations") or {}).get(CHECKSUM_ANNOTATION)
+        if checksum is not None:
+            out[component.configmap] = checksum
+    return out
 
 
 def restore_previous_config(

@@ -22,6 +22,7 @@ from kubernetes import client as k8s_client
 
 from lj_runtimekit.deploy import manifests
 from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION
+from lj_runtimekit.deploy.verify import PREVIOUS_DATA_ANNOTATION
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory
 from lj_runtimekit.envtest.versions import find_tools, load_versions
@@ -404,6 +405,9 @@ def test_verify_reports_configmap_drift_key_by_key_and_deploy_heals_it(
     healed = env.get("configmap", "lj-runtimekit-exporter-config")
     assert healed is not None
     assert healed["data"]["protocol.yaml"] == (ROOT / "deploy/protocol.yaml").read_text()
+    # The edit never ran in a pod: not recorded as the configuration a rollback restores.
+    recorded = (healed["metadata"].get("annotations") or {}).get(PREVIOUS_DATA_ANNOTATION, "")
+    assert "example.com/gpu" not in recorded
 
 
 def test_stale_resource_is_reported_and_cleaned_up(env: Env, metrics_url: str) -> None:
