@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, Component
+from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, Component, DeployError
 from lj_runtimekit.deploy.manifests import config_checksum
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError
@@ -442,8 +442,9 @@ def restore_previous_config(
         try:
             previous = json.loads(recorded)
         except ValueError as exc:
-            raise ProtocolError(
-                f"ConfigMap {name} annotation {PREVIOUS_DATA_ANNOTATION}: not JSON ({exc})"
+            raise DeployError(
+                f"ConfigMap {name} annotation {PREVIOUS_DATA_ANNOTATION}: not JSON ({exc});"
+                " fix: remove the annotation (kubectl annotate configmap ... key-)"
             ) from exc
         current = dict(cm.get("data") or {})
         if previous == current:
