@@ -534,7 +534,7 @@ clean_nodes() {
       || die "cannot remove the Runtime Kit's labels and annotations from node $node (needs nodes patch rights)"
     count=$((count + 1))
   done < <(helper node-keys --nodes="$work/nodes.json" --protocol="$protocol")
-  log "removed the Runtime Kit's labels and annotations from $count node(s)"
+  log "$($dry_run && echo 'dry run: would remove' || echo removed) the Runtime Kit's labels and annotations from $count node(s)"
 }
 
 cmd_delete() {
@@ -565,7 +565,7 @@ cmd_delete() {
     run "${kc[@]}" delete lease lj-runtimekit-controller --namespace="$jobs_namespace" --ignore-not-found \
       ${dry_flags[@]+"${dry_flags[@]}"} || die "cannot delete the Controller's Lease in $jobs_namespace"
   fi
-  if $node_steps && ! $keep_node_state; then clean_nodes; fi
+  if $node_steps && $all_selected && ! $keep_node_state; then clean_nodes; fi
   if $all_selected && namespace_exists; then
     local owner
     owner=$("${kc[@]}" get namespace "$namespace" -o 'jsonpath={.metadata.labels.app\.kubernetes\.io/part-of}' 2>/dev/null || true)
