@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,11 @@ def _buildah_json(*argv: str) -> Any:
 
 
 def run_in(ref: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """argv in a new working container of ref (removed after), stdout and stderr captured."""
+    """argv in a new working container of ref (removed after), stdout and stderr captured.
+
+    The output goes to files on a bind mount rather than through buildah's pipes: under
+    load, `buildah run --isolation chroot` once returned 0 with an empty stdout.
+    """
     container = subprocess.run(
         ["buildah", "from", "--pull=never", ref],
         capture_output=True,
@@ -84,16 +89,29 @@ def run_in(ref: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
         timeout=120,
         check=True,
     ).stdout.strip()
-    try:
-        return subprocess.run(
-            ["buildah", "run", "--isolation", "chroot", container, "--", *argv],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    finally:
-        subprocess.run(["buildah", "rm", container], capture_output=True, timeout=60, check=False)
+    with tempfile.TemporaryDirectory(prefix="lj-image-run-") as out:
+        Path(out).chmod(0o777)  # the image's user writes there
+        try:
+            result = subprocess.run(
+                [
+                    *("buildah", "run", "--isolation", "chroot"),
+                    *("--volume", f"{out}:/lj-out:rw", container, "--"),
+                    *("/bin/sh", "-c", '"$@" >/lj-out/stdout 2>/lj-out/stderr', "sh", *argv),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        finally:
+            subprocess.run(
+                ["buildah", "rm", container], capture_output=True, timeout=60, check=False
+            )
+        files = {name: Path(out, name) for name in ("stdout", "stderr")}
+        captured = {n: f.read_text() if f.exists() else "" for n, f in files.items()}
+    return subprocess.CompletedProcess(
+        result.args, result.returncode, captured["stdout"], captured["stderr"] + result.stderr
+    )
 
 
 def build(component: str, images_json: Path) -> None:
