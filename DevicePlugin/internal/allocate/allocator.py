@@ -162,6 +162,8 @@ class Allocator:
         self.differences: list[Difference] = []
         """The last cross-check's differences between the kubelet's record and the ledger."""
         self._reported: set[tuple[str, str, str]] = set()
+        self._seen_last: set[tuple[str, str, str]] = set()
+        """The differences of the cross-check before the last (see `cross_check`)."""
         self._whole_of: tuple[object, dict[str, str]] = (None, {})
         """(snapshot, device or MIG instance ID -> resource) of the last snapshot."""
 
@@ -826,8 +828,10 @@ class Allocator:
             await self.cross_check(pods)
 
     async def cross_check(self, pods: Sequence[PodInfo]) -> list[Difference]:
-        """Compare the kubelet's PodResources record with the ledger; log each new
-        difference once (a difference means a device may be held by two pods)."""
+        """Compare the kubelet's PodResources record with the ledger; log each difference
+        once when two rounds in a row show it (a difference means a device may be held by
+        two pods; one round alone can fall between the kubelet's Allocate calls for one
+        container's core and memory resources, which it records one by one)."""
         listed = await self._read_pod_resources()
         if listed is None:
             return []
@@ -840,11 +844,13 @@ class Allocator:
         for diff in self.differences:
             key = (diff.pod, diff.container, diff.resource)
             keys.add(key)
-            if key not in self._reported:
+            if key in self._seen_last and key not in self._reported:
                 log.warning(
                     "kubelet record differs from the allocation", extra={"difference": diff}
                 )
-        self._reported = keys
+                self._reported.add(key)
+        self._reported &= keys
+        self._seen_last = keys
         return self.differences
 
     async def run_collector(self, stop: asyncio.Event, interval_s: float) -> None:
