@@ -18,15 +18,9 @@ from pathlib import Path
 
 from kubernetes import client as k8s
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from controller_harness import (  # type: ignore[import-not-found]
-    JobWatch,
-    OperatorProcess,
-)
-
 from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig
 from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
+from lj_runtimekit.testkit.controller import JobWatch, OperatorProcess
 
 NAMESPACE = "lj-bench-controller"
 LABEL = "lj_runtimekit_enable"

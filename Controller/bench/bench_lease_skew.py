@@ -20,12 +20,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from controller_harness import OperatorProcess  # type: ignore[import-not-found]
-
 from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig
 from lj_runtimekit.proto.pkg.kube import KubeClient, KubeError
+from lj_runtimekit.testkit.controller import OperatorProcess
 from lj_runtimekit.testkit.waits import wait_for
 
 NAMESPACE = "lj-bench-lease-skew"

@@ -1,25 +1,18 @@
 """Controller test fixtures: the Controller subprocess against the session control plane.
 
-The helpers live in controller_harness.py (shared with bench/bench_controller.py);
-this directory is put on sys.path for that import.
+The helpers live in the shared test kit (lj_runtimekit.testkit.controller), with the
+Controller's benchmarks and the deploy tests.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from controller_harness import (  # type: ignore[import-not-found]
-    OperatorProcess,
-    StartOperator,
-)
-
 from lj_runtimekit.envtest.controlplane import ControlPlane
+from lj_runtimekit.testkit.controller import OperatorProcess, StartOperator
 
 
 @pytest.fixture

@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 import yaml
-from controller_harness import (  # type: ignore[import-not-found]
+from kubernetes import client as k8s
+from prometheus_client.parser import text_string_to_metric_families
+
+from lj_runtimekit.envtest.controlplane import ControlPlane
+from lj_runtimekit.envtest.kwok import failure_annotations
+from lj_runtimekit.envtest.nodes import NodeFactory, Taint
+from lj_runtimekit.testkit.controller import (
     ATTEMPTS,
     GROUP_LABEL,
     JOB_ANNOTATION,
@@ -26,12 +32,6 @@ from controller_harness import (  # type: ignore[import-not-found]
     TcpProxy,
     kubeconfig_via,
 )
-from kubernetes import client as k8s
-from prometheus_client.parser import text_string_to_metric_families
-
-from lj_runtimekit.envtest.controlplane import ControlPlane
-from lj_runtimekit.envtest.kwok import failure_annotations
-from lj_runtimekit.envtest.nodes import NodeFactory, Taint
 from lj_runtimekit.testkit.ports import free_port
 from lj_runtimekit.testkit.waits import wait_for
 

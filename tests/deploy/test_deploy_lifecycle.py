@@ -27,14 +27,8 @@ from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory
 from lj_runtimekit.envtest.versions import find_tools, load_versions
 from lj_runtimekit.runtimesim.process import SimulatorProcess
+from lj_runtimekit.testkit.controller import GROUP_LABEL, STATE, OperatorProcess
 from lj_runtimekit.testkit.waits import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "Controller" / "tests"))
-from controller_harness import (  # type: ignore[import-not-found]
-    GROUP_LABEL,
-    STATE,
-    OperatorProcess,
-)
 
 pytestmark = pytest.mark.controlplane
 

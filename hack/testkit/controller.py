@@ -1,5 +1,6 @@
-"""Test and bench helpers: the Controller as a subprocess, a cuttable TCP proxy, node and
-Job probes. Imported by the Controller's control-plane tests and its bench script."""
+"""Controller test and bench helpers: the Controller as a subprocess, a cuttable TCP proxy,
+node and Job probes. Used by the Controller's control-plane tests and benchmarks and by the
+deploy tests."""
 
 from __future__ import annotations
 
