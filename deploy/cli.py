@@ -66,7 +66,6 @@ def _options(args: argparse.Namespace) -> manifests.Options:
         namespace=check_namespace(args.namespace),
         registry=check_registry(args.registry),
         images=parse_image_overrides(args.image or []),
-        runtime_class_api=getattr(args, "runtime_class_api", "node.k8s.io/v1"),
         jobs_namespace=check_jobs_namespace(args.jobs_namespace),
         kubelet_pods_url="" if args.no_kubelet_read_only_port else manifests.KUBELET_PODS_URL,
         admission_policies=not args.no_admission_policies,
@@ -258,7 +257,6 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.set_defaults(func=func)
         if name == "render":
-            p.add_argument("--runtime-class-api", default="node.k8s.io/v1")
             p.add_argument("--no-common", action="store_true", help="leave out the RuntimeClass")
             p.add_argument("--workloads-only", action="store_true")
             p.add_argument(

@@ -178,7 +178,7 @@ $admission || image_args+=(--no-admission-policies)
 
 render() {
   helper render --protocol="$protocol" --components="$components" --namespace="$namespace" \
-    --registry="$registry" --version="$version" --runtime-class-api="${runtime_class_api:-node.k8s.io/v1}" \
+    --registry="$registry" --version="$version" \
     ${image_args[@]+"${image_args[@]}"} "$@"
 }
 
@@ -242,11 +242,6 @@ policies_served=true
 if (( BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < 30 )); then policies_served=false; fi
 if ! $policies_served && [[ $op == delete ]]; then
   image_args+=(--no-admission-policies)  # none can exist there
-fi
-runtime_class_api=node.k8s.io/v1
-api_versions=$("${kc[@]}" api-versions 2>/dev/null || true)
-if ! grep -qx 'node.k8s.io/v1' <<<"$api_versions"; then
-  runtime_class_api=node.k8s.io/v1beta1
 fi
 
 rollout_failed=()
@@ -339,7 +334,7 @@ cmd_precheck() {
       problems=$((problems + 1))
     fi
   else
-    log "ok      RuntimeClass lj-runtime absent: deploy creates it ($runtime_class_api); the node's container runtime must define the lj-runtime handler (hack/node-precheck.sh)"
+    log "ok      RuntimeClass lj-runtime absent: deploy creates it; the node's container runtime must define the lj-runtime handler (hack/node-precheck.sh)"
   fi
   if [[ $gang == required ]]; then
     if "${kc[@]}" get crd jobsets.jobset.x-k8s.io -o name >/dev/null 2>&1; then

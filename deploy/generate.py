@@ -43,13 +43,13 @@ from lj_runtimekit.deploy.manifests import (
     dump,
     image_name,
     plain_files,
+    to_yaml,
     workload,
 )
 from lj_runtimekit.deploy.manifests import labels as component_labels
 
 CHART = "helm/lj-runtimekit"
 _NS = "lj-sentinel-namespace"
-_RC_API = "lj-sentinel-rcapi"
 _JOBS_NS = "lj-sentinel-jobsns"
 _PODS_URL = "lj-sentinel-pods-url"
 VALUES_KEYS = {
@@ -95,7 +95,7 @@ def _kustomization(resources: list[str], component: Component | None, opts: Opti
             {"name": f"{opts.registry}/{image.repository}", "newTag": opts.version}
             for image in component.images[:1]
         ]
-    return yaml.safe_dump(doc, sort_keys=False)
+    return to_yaml(doc)
 
 
 def kustomizations(deploy_dir: Path, opts: Options) -> dict[Path, str]:
@@ -110,15 +110,13 @@ def kustomizations(deploy_dir: Path, opts: Options) -> dict[Path, str]:
         "kind": "Kustomization",
         "resources": list(common_files(opts)),
     }
-    out[deploy_dir / "common" / "kustomization.yaml"] = header + yaml.safe_dump(
-        common, sort_keys=False
-    )
+    out[deploy_dir / "common" / "kustomization.yaml"] = header + to_yaml(common)
     everything: Obj = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": ["common", *(c.directory for c in COMPONENTS)],
     }
-    out[deploy_dir / "kustomization.yaml"] = header + yaml.safe_dump(everything, sort_keys=False)
+    out[deploy_dir / "kustomization.yaml"] = header + to_yaml(everything)
     return out
 
 
@@ -175,7 +173,7 @@ def _extra(match: re.Match[str]) -> str:
 
 def _templated(objs: list[Obj], component: Component | None, opts: Options) -> str:
     """Objects rendered with sentinels, the sentinels replaced by template expressions."""
-    text = "---\n".join(yaml.safe_dump(_labelled(o), sort_keys=False) for o in objs)
+    text = "---\n".join(to_yaml(_labelled(o)) for o in objs)
     # Braces of the objects (the alerts' {{ $labels }}) are text, not template actions.
     text = re.sub(r"\{\{|\}\}", lambda m: f'{{{{ "{m.group()}" }}}}', text)
     text = re.sub(
@@ -195,7 +193,6 @@ def _templated(objs: list[Obj], component: Component | None, opts: Options) -> s
     text = text.replace(
         _PODS_URL, f"{{{{ if .Values.kubeletReadOnlyPort }}}}{KUBELET_PODS_URL}{{{{ end }}}}"
     )
-    text = text.replace(_RC_API, '{{ include "lj-runtimekit.runtimeClassApi" . }}')
     for c in COMPONENTS:
         for image in c.images:
             args = f'(list . "{image.key}" "{image.repository}")'
@@ -256,14 +253,6 @@ def _helpers() -> str:
         '{{- $ref := include "lj-runtimekit.image" . -}}',
         '{{- $ref = regexReplaceAll "@.*$" $ref "" -}}',
         '{{- regexReplaceAll ":[^:/]*$" $ref "" -}}',
-        "{{- end -}}",
-        "",
-        '{{- define "lj-runtimekit.runtimeClassApi" -}}',
-        '{{- if .Capabilities.APIVersions.Has "node.k8s.io/v1" -}}',
-        "node.k8s.io/v1",
-        "{{- else -}}",
-        "node.k8s.io/v1beta1",
-        "{{- end -}}",
         "{{- end -}}",
     ]
     for component in COMPONENTS:
@@ -341,7 +330,7 @@ def _values(opts: Options) -> str:
         "# (of the main container) replace the defaults below; tolerations are added to the\n"
         "# defaults (the GPU taints for the node agents, CriticalAddonsOnly for all);\n"
         "# podAnnotations are added to the pod template.\n"
-        + yaml.safe_dump(pods, sort_keys=False)
+        + to_yaml(pods)
         + _MONITORING_VALUES
         + "components:\n"
         + "".join(f"  {VALUES_KEYS[c.name]}: true\n" for c in COMPONENTS)
@@ -629,10 +618,10 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
         "type": "application",
         "version": opts.version.removeprefix("v"),
         "appVersion": opts.version,
-        "kubeVersion": ">=1.18.0-0",
+        "kubeVersion": ">=1.28.0-0",
     }
     out[chart / "Chart.yaml"] = "# Generated from VERSION by `make -C deploy manifests`.\n" + (
-        yaml.safe_dump(chart_doc, sort_keys=False)
+        to_yaml(chart_doc)
     )
     out[chart / "values.yaml"] = _values(opts)
     out[chart / "values.schema.json"] = values_schema(out[chart / "values.yaml"])
@@ -647,7 +636,6 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
         version=opts.version,
         namespace=_NS,
         images={key: _image_sentinel(key) for key in IMAGE_KEYS},
-        runtime_class_api=_RC_API,
         jobs_namespace=_JOBS_NS,
         kubelet_pods_url=_PODS_URL,
     )

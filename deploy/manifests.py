@@ -62,7 +62,6 @@ class Options:
     namespace: str = DEFAULT_NAMESPACE
     registry: str = DEFAULT_REGISTRY
     images: Mapping[str, str] = field(default_factory=dict)
-    runtime_class_api: str = "node.k8s.io/v1"
     jobs_namespace: str = DEFAULT_JOBS_NAMESPACE
     """The Controller's Jobs (and its Lease): a namespace of their own, see `jobs_namespace`."""
     kubelet_pods_url: str = KUBELET_PODS_URL
@@ -204,8 +203,16 @@ def jobset_required(config: Obj) -> bool:
     )
 
 
-def _yaml(data: Obj) -> str:
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+class _Dumper(yaml.SafeDumper):
+    """Writes a list or map used twice in full each time (no `&id001` anchors)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def to_yaml(data: Any) -> str:
+    """Block-style YAML, keys in insertion order, no anchors."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 def config_data(component: Component, opts: Options) -> dict[str, str]:
@@ -214,7 +221,7 @@ def config_data(component: Component, opts: Options) -> dict[str, str]:
     if component.name != "controller":
         data["protocol.yaml"] = opts.protocol_text
     if component.name == "scheduler-framework":
-        data[SCHEDULER_CONFIG_KEY] = _yaml(scheduler_config())
+        data[SCHEDULER_CONFIG_KEY] = to_yaml(scheduler_config())
     for setting in SETTINGS[component.name]:
         data[setting.key] = setting.default
     return data
@@ -263,7 +270,8 @@ def _rules(component: Component) -> list[Obj]:
             _rule([""], ["pods/status"], ["patch"]),
             # Preemption: the victims; the disruption budgets it must respect.
             _rule([""], ["pods"], ["delete"]),
-            _rule(["policy"], ["poddisruptionbudgets"], ["list", "watch"]),
+            # One list per preemption that finds a node (no informer): no watch.
+            _rule(["policy"], ["poddisruptionbudgets"], ["list"]),
             # Coscheduling reads a JobSet's size for its gang.
             _rule(["jobset.x-k8s.io"], ["jobsets"], ["get"]),
             _EVENTS,
@@ -1003,7 +1011,7 @@ def node_agent_priority_class() -> Obj:
 
 def runtime_class(opts: Options) -> Obj:
     return {
-        "apiVersion": opts.runtime_class_api,
+        "apiVersion": "node.k8s.io/v1",
         "kind": "RuntimeClass",
         "metadata": {"name": RUNTIME_CLASS, "labels": {"app.kubernetes.io/part-of": PART_OF}},
         "handler": RUNTIME_CLASS,
@@ -1049,7 +1057,7 @@ def render(components: tuple[Component, ...], opts: Options, *, common: bool = T
 
 
 def dump(objs: list[Obj], header: str = "") -> str:
-    body = "---\n".join(yaml.safe_dump(o, sort_keys=False, default_flow_style=False) for o in objs)
+    body = "---\n".join(to_yaml(o) for o in objs)
     return header + body
 
 

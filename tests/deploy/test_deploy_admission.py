@@ -10,6 +10,7 @@ import copy
 import json
 import secrets
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,15 @@ from lj_runtimekit.deploy.components import BY_NAME, RUNTIME_SOCKET_DIR, Compone
 from lj_runtimekit.deviceplugin.internal.nodelabels.labels import node_labels
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory
-from lj_runtimekit.envtest.versions import load_versions
 from lj_runtimekit.testkit.waits import wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_deploy_lifecycle import POLICIES_SERVED
 
 pytestmark = [
     pytest.mark.controlplane,
     pytest.mark.skipif(
-        load_versions().k8s_minor < manifests.ADMISSION_POLICIES_MINOR,
+        not POLICIES_SERVED,
         reason="the API server under test is older than the admission policies"
         " (docs/compatibility.md); the pinned release runs these",
     ),

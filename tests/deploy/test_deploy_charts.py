@@ -17,7 +17,10 @@ import yaml
 from lj_runtimekit.deploy import manifests
 from lj_runtimekit.deploy.components import COMPONENTS, Component
 from lj_runtimekit.envtest.controlplane import ControlPlane
-from lj_runtimekit.envtest.versions import find_tools, load_versions
+from lj_runtimekit.envtest.versions import find_tools
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_deploy_lifecycle import POLICIES_SERVED
 
 pytestmark = pytest.mark.controlplane
 
@@ -25,8 +28,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "lj-runtimekit"
 Key = tuple[str, str | None, str]
-
-POLICIES_SERVED = load_versions().k8s_minor >= manifests.ADMISSION_POLICIES_MINOR
 
 
 def tool(name: str) -> str:

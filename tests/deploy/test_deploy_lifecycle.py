@@ -302,7 +302,8 @@ ACCESS = [
     ("scheduler-framework", "update", "leases", "", "default", False),
     ("scheduler-framework", "patch", "nodes", "", None, False),
     ("scheduler-framework", "delete", "pods", "", "default", True),  # preemption victims
-    ("scheduler-framework", "watch", "poddisruptionbudgets", "", None, True),
+    ("scheduler-framework", "list", "poddisruptionbudgets", "", None, True),
+    ("scheduler-framework", "watch", "poddisruptionbudgets", "", None, False),  # a list only
     ("scheduler-framework", "update", "poddisruptionbudgets", "", "default", False),
     ("controller", "create", "jobs", "", "jobs", True),
     ("controller", "create", "jobs", "", "@", False),

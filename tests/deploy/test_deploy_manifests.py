@@ -92,6 +92,26 @@ def test_generate_check_fails_on_a_hand_edited_controller_config(
     assert generate.generate(deploy, check=True) == []
 
 
+def test_generated_yaml_has_no_anchors() -> None:
+    """A list used twice (a probe's command, a rule's verbs) is written out each time: no
+    `&id001`/`*id001` for a reader or a tool without YAML anchors."""
+    files = generate.all_files(DEPLOY)
+    assert any(p.name == "03-daemonset.yaml" for p in files)
+    for path, text in files.items():
+        assert not re.search(r"[&*]id\d{3}\b", text), path
+    shared = ["get", "list"]
+    assert manifests.to_yaml({"a": shared, "b": shared}) == "a:\n- get\n- list\nb:\n- get\n- list\n"
+
+
+def test_runtime_class_is_node_k8s_io_v1() -> None:
+    """The oldest supported release (1.28) serves node.k8s.io/v1: no v1beta1 fallback."""
+    (runtime_class,) = yaml.safe_load_all((DEPLOY / "common" / "runtimeclass.yaml").read_text())
+    assert runtime_class["apiVersion"] == "node.k8s.io/v1"
+    template = (DEPLOY / "helm/lj-runtimekit/templates/common-runtimeclass.yaml").read_text()
+    assert "apiVersion: node.k8s.io/v1\n" in template
+    assert "v1beta1" not in (DEPLOY / "deploy-all.sh").read_text()
+
+
 def test_one_version_drives_images_and_chart() -> None:
     chart = yaml.safe_load((DEPLOY / "helm/lj-runtimekit/Chart.yaml").read_text())
     assert chart["appVersion"] == VERSION

@@ -26,14 +26,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- regexReplaceAll ":[^:/]*$" $ref "" -}}
 {{- end -}}
 
-{{- define "lj-runtimekit.runtimeClassApi" -}}
-{{- if .Capabilities.APIVersions.Has "node.k8s.io/v1" -}}
-node.k8s.io/v1
-{{- else -}}
-node.k8s.io/v1beta1
-{{- end -}}
-{{- end -}}
-
 {{- define "lj-runtimekit.configData.deviceplugin" -}}
 {{- $d := dict "protocol.yaml" (.Files.Get "files/protocol.yaml") -}}
 {{- range $k, $v := .Values.settings.devicePlugin }}
