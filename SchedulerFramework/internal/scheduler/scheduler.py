@@ -78,8 +78,10 @@ UNKNOWN_OUTCOME_STATUSES = frozenset({0, 504})
 
 def failure_message(total_nodes: int, diagnosis: Diagnosis) -> str:
     """Upstream's FitError text: "0/N nodes are available: 3 reason, 5 reason."."""
+    post = diagnosis.postfilter
+    preemption = f" preemption: {post.message()}" if post is not None and post.reasons else ""
     if diagnosis.prefilter is not None:
-        return f"0/{total_nodes} nodes are available: {diagnosis.prefilter.message()}."
+        return f"0/{total_nodes} nodes are available: {diagnosis.prefilter.message()}.{preemption}"
     histogram: Counter[str] = Counter()
     for status in diagnosis.statuses.values():
         for reason in status.reasons or (f"rejected by plugin {status.plugin}",):
@@ -89,11 +91,7 @@ def failure_message(total_nodes: int, diagnosis: Diagnosis) -> str:
             diagnosis.excluded
         )
     parts = sorted(f"{count} {reason}" for reason, count in histogram.items())
-    message = f"0/{total_nodes} nodes are available: {', '.join(parts) or 'no nodes'}."
-    post = diagnosis.postfilter
-    if post is not None and post.reasons:
-        message += f" preemption: {post.message()}"
-    return message
+    return f"0/{total_nodes} nodes are available: {', '.join(parts) or 'no nodes'}.{preemption}"
 
 
 def rejecting_plugins(diagnosis: Diagnosis) -> frozenset[str]:
@@ -605,6 +603,8 @@ class Scheduler:
         pre, status = fwk.run_pre_filter(state, pod)
         if not status.ok:
             diagnosis.prefilter = status
+            if status.code == Code.UNSCHEDULABLE:  # as upstream: preemption may make room
+                _, diagnosis.postfilter = fwk.run_post_filter(state, pod, diagnosis)
             return status, None, diagnosis
         feasible, diagnosis = fwk.find_feasible(state, pod, pre, total)
         if not feasible:
