@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import REGISTRY
 
 from lj_runtimekit.proto.pkg.protocol import load_protocol
@@ -13,7 +15,10 @@ from lj_runtimekit.schedulerframework.internal.plugins.defaultpreemption import 
 )
 from lj_runtimekit.testkit.scheduler.fake import FakeCluster
 
-GPU = load_protocol().resources.gpu
+P = load_protocol()
+GPU = P.resources.gpu
+A = P.annotations
+L = P.labels
 
 
 def fill_node(cluster: FakeCluster, pods: int, gpus: int) -> list[str]:
@@ -103,3 +108,55 @@ def test_nomination_read_back_after_a_restart(cluster: FakeCluster) -> None:
     cluster.schedule()
     assert cluster.node_of(late) == ""
     assert cluster.node_of(high) == "n0"
+
+
+def high_gang(cluster: FakeCluster, name: str, size: int, gpus: int, **spec: Any) -> list[str]:
+    ann = {A.gang_group: name, A.gang_min_members: str(size)}
+    return [
+        cluster.add_pod(f"{name}-{i}", {GPU: str(gpus)}, annotations=ann, priority=100, **spec)
+        for i in range(size)
+    ]
+
+
+def test_a_gang_preempts_as_a_whole(cluster: FakeCluster) -> None:
+    for n in ("n0", "n1", "n2"):
+        cluster.add_node(n, gpus=8, labels={L.runtime_version: "v1.15.0"})
+    low = [cluster.add_pod(f"low-{i}", {GPU: "2"}, priority=0) for i in range(12)]
+    cluster.schedule()
+    assert all(cluster.node_of(u) for u in low)
+    members = high_gang(cluster, "g", 2, 8)
+    cluster.schedule()
+    done = cluster.scheduler.evictor.done
+    victims = [v for p in done for v in p.victims]
+    assert len(victims) == 8  # two whole nodes, not a pod more
+    assert len({v.node_name for v in victims}) == 2
+    assert {p.pod.uid for p in done} <= set(members)
+    assert not any(cluster.node_of(u) for u in members)  # nothing placed before they go
+    # tried again while its victims are still there: no second preemption
+    cluster.scheduler.queue.activate(members)
+    cluster.schedule()
+    assert len(cluster.scheduler.evictor.done) == len(done)
+    late = cluster.add_pod("late", {GPU: "2"}, priority=0)
+    for v in victims:
+        cluster.delete_pod(v.uid)
+    cluster.schedule()
+    assert sorted(cluster.node_of(u) for u in members) == sorted({v.node_name for v in victims})
+    assert cluster.node_of(late) == ""  # the claimed nodes were the gang's
+
+
+def test_a_gang_that_would_not_fit_evicts_nobody(cluster: FakeCluster) -> None:
+    for n in ("n0", "n1", "n2"):
+        cluster.add_node(n, gpus=8, labels={L.runtime_version: "v1.15.0"})
+    low = [cluster.add_pod(f"low-{i}", {GPU: "4"}, priority=0) for i in range(4)]
+    low.append(cluster.add_pod("higher", {GPU: "8"}, priority=1000))
+    cluster.schedule()
+    assert all(cluster.node_of(u) for u in low)
+    # two nodes of lower-priority pods could be emptied; the third runs a higher one
+    members = high_gang(cluster, "big", 3, 8)
+    cluster.schedule()
+    assert not cluster.scheduler.evictor.done
+    assert any("fits nowhere even without" in e for e in cluster.events(members[0]))
+    never = high_gang(cluster, "never", 2, 8, preemptionPolicy="Never")
+    cluster.schedule()
+    assert not cluster.scheduler.evictor.done
+    assert any("preemptionPolicy=Never" in e for e in cluster.events(never[0]))

@@ -10,9 +10,19 @@ lowest highest-priority victim, the lowest priority sum, the fewest victims.
 The pod is nominated to it; the scheduler evicts the victims.
 
 A gang member is a victim only together with every bound member of its gang
-(wherever they run), never alone. Gang members do not preempt. Pods with
-`preemptionPolicy: Never`, and pods whose last preemption still waits for its
-victims to go, do not preempt.
+(wherever they run), never alone. Pods with `preemptionPolicy: Never`, and
+pods whose last preemption still waits for its victims to go, do not preempt.
+
+A gang preempts as a whole, when Coscheduling found no room for its plan (a
+GangNeed in the cycle state): every lower-priority unit in the cluster is
+taken away and the gang is planned again (the same placement, topology
+included); if even then it does not fit, nobody is evicted. Otherwise the
+units are reprieved one by one as above (PDB violators first, highest priority
+first) while the whole gang still fits. Coscheduling holds the planned nodes
+for the gang (a plan of its own, claimed as any gang plan) while the victims
+go; on each planned node with victims the first member planned there is
+nominated to it and preempts them (the victims of another gang's nodes go with
+the first of them).
 """
 
 from __future__ import annotations
@@ -35,7 +45,12 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     Status,
     unschedulable,
 )
-from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.plugin import gang_key
+from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.plugin import (
+    NEED_KEY,
+    GangNeed,
+    GangPlacement,
+    gang_key,
+)
 from lj_runtimekit.schedulerframework.internal.plugins.nodeaffinity import requirement_matches
 
 log = logging.getLogger(__name__)
@@ -165,10 +180,13 @@ class DefaultPreemption(PostFilterPlugin):
     def post_filter(
         self, state: CycleState, pod: PodInfo, statuses: Mapping[str, Status]
     ) -> tuple[str | None, Status]:
+        need = state.read(NEED_KEY)
+        if gang_key(pod, self._group) is not None and not isinstance(need, GangNeed):
+            return None, NOTHING  # a gang preempts only when its plan found no room
         if preemption_policy_never(pod):
             return None, unschedulable("not eligible due to preemptionPolicy=Never.")
-        if gang_key(pod, self._group) is not None:
-            return None, NOTHING  # gang members do not preempt
+        if isinstance(need, GangNeed):
+            return self._preempt_for_gang(pod, need)
         pending = self.handle.preemption_pending(pod.uid)
         if pending is not None:
             return None, unschedulable(
@@ -209,6 +227,84 @@ class DefaultPreemption(PostFilterPlugin):
             Code.SUCCESS,
             (f"nominated node {best.node}, preempting {len(victims)} lower-priority pod(s).",),
         )
+
+    def _preempt_for_gang(self, pod: PodInfo, need: GangNeed) -> tuple[str | None, Status]:
+        for m in (pod, *need.members):
+            pending = self.handle.preemption_pending(m.uid)
+            if pending is not None:
+                return None, unschedulable(
+                    f"gang {need.key}: waiting for the pods preempted on node {pending} to "
+                    "terminate."
+                )
+        cache = self.handle.cache
+        with cache.lock:
+            units = list({id(u): u for us in self._units(pod).values() for u in us}.values())
+            if not units:
+                return None, NOTHING
+            self._cycle_budgets = None
+            found = self._select_gang_victims(need, units)
+        if found is None:
+            return None, unschedulable(
+                f"gang {need.key} fits nowhere even without the {len(units)} lower-priority "
+                "pod(s) or gang(s) it could preempt."
+            )
+        placement, victims = found
+        need.hold(placement)
+        members = {m.uid: m for m in (pod, *need.members)}
+        preemptor: dict[str, str] = {}  # node -> the member that preempts there
+        for uid, node in sorted(placement.nodes.items(), key=lambda x: members[x[0]].name):
+            preemptor.setdefault(node, uid)
+        first = next(iter(preemptor.values()))
+        by_member: dict[str, list[PodInfo]] = {}
+        for v in victims:
+            by_member.setdefault(preemptor.get(v.node_name, first), []).append(v)
+        for uid, vs in sorted(by_member.items(), key=lambda x: members[x[0]].name):
+            self.handle.preempt(members[uid], placement.nodes[uid], vs)
+        nodes = sorted({placement.nodes[u] for u in by_member})
+        return nodes[0], Status(
+            Code.SUCCESS,
+            (
+                f"gang {need.key} preempting {len(victims)} lower-priority pod(s) on "
+                f"{len(nodes)} node(s) ({placement.how}).",
+            ),
+        )
+
+    def _select_gang_victims(
+        self, need: GangNeed, units: list[Unit]
+    ) -> tuple[GangPlacement, list[PodInfo]] | None:
+        """The fewest units whose eviction lets the whole gang fit, and where it then goes;
+        None when even all of them are not enough."""
+        cache = self.handle.cache
+        out: dict[str, PodInfo] = {}
+        try:
+            for unit in units:
+                for p in unit.pods:
+                    if p.uid not in out:
+                        out[p.uid] = p
+                        cache.remove_pod(p.uid)
+            if need.place() is None:
+                return None
+            if self._cycle_budgets is None:
+                self._cycle_budgets = self._budgets()
+            violating, fine = split_by_budgets(units, self._cycle_budgets)
+            victims: list[PodInfo] = []
+            for unit in violating + fine:
+                for p in unit.pods:
+                    cache.update_pod(p)
+                    del out[p.uid]
+                if need.place() is not None:
+                    continue  # reprieved
+                for p in unit.pods:
+                    out[p.uid] = p
+                    cache.remove_pod(p.uid)
+                victims.extend(unit.pods)
+            placement = need.place()
+            if not victims or placement is None:
+                return None  # fits as it is (what turned it away was not these pods)
+            return placement, victims
+        finally:
+            for p in out.values():
+                cache.update_pod(p)
 
     def _units(self, pod: PodInfo) -> dict[str, list[Unit]]:
         """Node -> the victim units with a pod on it: bound, lower-priority pods, not being

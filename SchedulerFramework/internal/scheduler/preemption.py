@@ -8,6 +8,11 @@ from a thread of its own (one preemption at a time, its victims in
 parallel): the condition `DisruptionTarget` (reason `PreemptionByScheduler`),
 the deletion (preconditioned on the victim's uid), an event `Preempted` on
 each victim.
+
+A gang member is nominated (its node and victims tracked) but not counted on
+the node for other pods' filters: Coscheduling's claim on the gang's planned
+nodes holds its room (running a member's PreFilter and Reserve for another
+pod's filter would change its gang's plan).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 from lj_runtimekit.proto.pkg.kube import STRATEGIC_MERGE_PATCH, KubeClient, KubeError, api_time
 from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
+from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.plugin import gang_key
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +58,8 @@ class Nominator:
     def add(self, pod: PodInfo, node: str, victims: Sequence[str] = ()) -> None:
         with self._cache.lock:
             self.remove(pod.uid)
-            self.by_node.setdefault(node, []).append(pod)
+            if gang_key(pod, self._cache.protocol.annotations.gang_group) is None:
+                self.by_node.setdefault(node, []).append(pod)
             self._node_of[pod.uid] = node
             if victims:
                 self._victims[pod.uid] = frozenset(victims)
@@ -68,7 +75,7 @@ class Nominator:
                 if node:
                     self.add(pod, node)
                 return
-            pods = self.by_node[node]
+            pods = self.by_node.get(node, [])
             pods[:] = [pod if p.uid == pod.uid else p for p in pods]
 
     def remove(self, uid: str) -> None:
@@ -77,11 +84,11 @@ class Nominator:
             self.drop_victims(uid)
             if node is None:
                 return
-            left = [p for p in self.by_node[node] if p.uid != uid]
+            left = [p for p in self.by_node.get(node, ()) if p.uid != uid]
             if left:
                 self.by_node[node] = left
             else:
-                del self.by_node[node]
+                self.by_node.pop(node, None)
 
     def victim_gone(self, uid: str) -> str | None:
         """Pod `uid` left the cache: the pod it was a victim for, once all its victims have."""

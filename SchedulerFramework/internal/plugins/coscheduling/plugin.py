@@ -76,6 +76,7 @@ from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import R
 from lj_runtimekit.schedulerframework.internal.plugins.networktopology.placement import (
     Candidate,
     PlacementError,
+    Plan,
     plan,
 )
 
@@ -86,6 +87,8 @@ log = logging.getLogger(__name__)
 
 NAME = "Coscheduling"
 STATE_KEY = "Coscheduling/gang"
+NEED_KEY = "Coscheduling/need"
+"""Cycle state key of the GangNeed written when a gang's plan finds no room."""
 JOBSET_API = "/apis/jobset.x-k8s.io/v1alpha2"
 JOBSET_CACHE_S = 30.0
 
@@ -138,6 +141,8 @@ class _Plan:
     member_at: dict[str, tuple[str, str]] = field(default_factory=dict)
     tried: set[str] = field(default_factory=set)
     """members sent to the planned nodes (a member tried and not reserved did not fit)"""
+    preempting: bool = False
+    """made by a preemption: its nodes hold the gang's room while the victims go"""
 
     def free_nodes(self, job: str) -> list[str]:
         used = self.used.get(job, {})
@@ -196,6 +201,31 @@ class _Gang:
             for u, p in self.members.items()
             if not p.node_name and u not in self.reserved and not p.deleting
         ]
+
+
+@dataclass(frozen=True)
+class GangPlacement:
+    """Where a gang's members still to place go: slots per job and node, and each member's
+    node (member uid -> node)."""
+
+    slots: Plan
+    how: str
+    nodes: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class GangNeed:
+    """A gang whose plan found no room (in the cycle state, under NEED_KEY): what
+    DefaultPreemption needs to make room for the whole gang."""
+
+    key: str
+    members: tuple[PodInfo, ...]
+    """The members not placed yet."""
+    place: Callable[[], GangPlacement | None]
+    """Where the gang goes on the cache as it is now (None: it does not fit). Caller holds
+    the cache lock."""
+    hold: Callable[[GangPlacement], None]
+    """Claims the placement's nodes for the gang (a plan that waits for the victims)."""
 
 
 def gang_key(pod: PodInfo, group_annotation: str) -> str | None:
@@ -336,8 +366,8 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
         """The gang's plan is dropped at its timeout: remember it as not met when members
         were tried on it and did not fit (members that had no turn yet prove nothing);
         `reserved`: a member that was reserved until just now."""
-        if g.plan is None:
-            return
+        if g.plan is None or g.plan.preempting:
+            return  # a preemption's victims may still be going: its members prove nothing
         unfit = sorted(p.key for p in g.pending() if p.uid in g.plan.tried and p.uid != reserved)
         if not unfit:
             return
@@ -434,20 +464,24 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                     out[(key, info.labels[key])] = g.key
         return out
 
-    def _make_plan(self, pod: PodInfo, g: _Gang, spec: GangSpec, now: float) -> Status:
-        need = spec.min_members - g.placed()
+    def _placement(
+        self, pod: PodInfo, g: _Gang, spec: GangSpec, need: int
+    ) -> tuple[Plan, str, str, list[PodInfo]]:
+        """(slots, how, topology note, the members placed) for the `need` members still to
+        place, on the capacity free now and not claimed by another gang; PlacementError
+        when there is no room."""
         pending = g.pending()
         by_job: Counter[str] = Counter()
         reps: dict[str, PodInfo] = {}
+        chosen: list[PodInfo] = []
         for p in sorted(pending, key=lambda p: (p.uid != pod.uid, p.name)):
             job = self._job(p)
             reps.setdefault(job, p)
         for p in sorted(pending, key=lambda p: (self._job(p), p.name)):
-            if sum(by_job.values()) >= need:
+            if len(chosen) >= need:
                 break
             by_job[self._job(p)] += 1
-        if need <= 0:
-            return SUCCESS
+            chosen.append(p)
         held_exclusive = self._exclusive_domains(g.key)
         cands: dict[str, dict[str, int]] = {}
         infos: dict[str, NodeInfo] = {}
@@ -478,24 +512,38 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
         if spec.exclusive_key:
             busy = self._busy_exclusive(spec.exclusive_key, g.key, held_exclusive)
         anchors = g.running_nodes()
-        note = ""
+        if not off:
+            slots, how = plan(candidates, by_job, True, required, spec.exclusive_key, busy, anchors)
+            return slots, how, "", chosen
+        on = [c for c in candidates if gated[c.name] is None]
         try:
-            if not off:
-                slots, how = plan(
-                    candidates, by_job, True, required, spec.exclusive_key, busy, anchors
-                )
-            else:
-                on = [c for c in candidates if gated[c.name] is None]
-                try:
-                    slots, how = plan(on, by_job, True, required, spec.exclusive_key, busy, anchors)
-                except PlacementError:
-                    note = (
-                        f"topology-aware gang placement is off ({off[0]}"
-                        f"{f' and {len(off) - 1} more node(s)' if len(off) > 1 else ''}); "
-                        "placing the gang all-or-nothing without topology"
-                    )
-                    slots, how = plan(candidates, by_job, False, False, None, (), anchors)
+            slots, how = plan(on, by_job, True, required, spec.exclusive_key, busy, anchors)
+            return slots, how, "", chosen
+        except PlacementError:
+            note = (
+                f"topology-aware gang placement is off ({off[0]}"
+                f"{f' and {len(off) - 1} more node(s)' if len(off) > 1 else ''}); "
+                "placing the gang all-or-nothing without topology"
+            )
+            slots, how = plan(candidates, by_job, False, False, None, (), anchors)
+            return slots, how, note, chosen
+
+    def _claim(self, g: _Gang, p: _Plan) -> None:
+        g.plan = p
+        for nodes in p.slots.values():
+            for n in nodes:
+                self._claims[n] = g.key
+
+    def _make_plan(
+        self, state: CycleState, pod: PodInfo, g: _Gang, spec: GangSpec, now: float
+    ) -> Status:
+        need = spec.min_members - g.placed()
+        if need <= 0:
+            return SUCCESS
+        try:
+            slots, how, note, _ = self._placement(pod, g, spec, need)
         except PlacementError as exc:
+            state.write(NEED_KEY, self._need(pod, g, spec, need))
             return unschedulable(
                 f"gang {g.key}: {g.placed()}/{spec.min_members} members placed, no room for the "
                 f"{need} still to place: {exc}"
@@ -508,15 +556,12 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
         ):
             return unschedulable(unmet.reason)
         g.unmet = None
-        g.plan = _Plan(slots, now + spec.timeout_s, how, note)
-        for nodes in slots.values():
-            for n in nodes:
-                self._claims[n] = g.key
+        self._claim(g, _Plan(slots, now + spec.timeout_s, how, note))
+        claimed = sum(len(nodes) for nodes in slots.values())
         log.info(
             "gang planned",
-            extra={"gang": g.key, "members": need, "nodes": len(cands), "placement": how},
+            extra={"gang": g.key, "members": need, "nodes": claimed, "placement": how},
         )
-        claimed = sum(len(nodes) for nodes in slots.values())
         self.handle.event(
             pod,
             "Normal",
@@ -525,6 +570,34 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             f"within {spec.timeout_s:g}s",
         )
         return SUCCESS
+
+    def _need(self, pod: PodInfo, g: _Gang, spec: GangSpec, need: int) -> GangNeed:
+        """What DefaultPreemption needs to make room for the gang."""
+
+        def place() -> GangPlacement | None:
+            with self._lock:
+                try:
+                    slots, how, _, chosen = self._placement(pod, g, spec, need)
+                except PlacementError:
+                    return None
+            spots = {
+                job: [n for n, c in nodes.items() for _ in range(c)] for job, nodes in slots.items()
+            }
+            at = {p.uid: spots[self._job(p)].pop(0) for p in chosen}
+            return GangPlacement(slots, how, at)
+
+        def hold(placement: GangPlacement) -> None:
+            with self._lock:
+                if g.plan is not None:
+                    return
+                g.failed = None
+                g.unmet = None
+                deadline = time.monotonic() + spec.timeout_s
+                self._claim(g, _Plan(placement.slots, deadline, placement.how, preempting=True))
+            log.info("gang preempting", extra={"gang": g.key, "placement": placement.how})
+
+        members = tuple(sorted(g.pending(), key=lambda p: p.name))
+        return GangNeed(g.key, members, place, hold)
 
     def _busy_exclusive(self, key: str, own: str, held: Mapping[tuple[str, str], str]) -> set[str]:
         """Values of label `key` that hold pods of other gangs, or are claimed by them."""
@@ -594,7 +667,7 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                 seen = (self.handle.cache.generation, tuple(sorted(self._claims.items())))
                 if g.failed is not None and g.failed[0] == seen:
                     return None, g.failed[1]
-                status = self._make_plan(pod, g, spec, now)
+                status = self._make_plan(state, pod, g, spec, now)
                 if not status.ok:
                     g.failed = (seen, status)
                     return None, status
@@ -839,9 +912,12 @@ __all__ = [
     "EXCLUSIVE_TOPOLOGY",
     "JOBSET_API",
     "NAME",
+    "NEED_KEY",
     "WAITING_GANGS",
     "Args",
     "Coscheduling",
+    "GangNeed",
+    "GangPlacement",
     "job_set_problem",
     "new",
     "require_job_set",
