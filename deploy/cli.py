@@ -7,6 +7,7 @@ operator mistake prints one `error: ...` line saying what to fix and exits 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ import yaml
 
 from lj_runtimekit.deploy import manifests, verify
 from lj_runtimekit.deploy.components import (
+    BY_NAME,
     DEFAULT_JOBS_NAMESPACE,
     DEFAULT_NAMESPACE,
     DEFAULT_REGISTRY,
@@ -29,6 +31,7 @@ from lj_runtimekit.deploy.components import (
     parse_image_overrides,
 )
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
+from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
 
 MIN_JOBSET_VERSION = "v0.8.0"
 
@@ -54,6 +57,8 @@ def _protocol_text(path: str) -> str:
 def _print_report(report: verify.Report) -> int:
     for line in report.ok:
         print(f"ok      {line}")
+    for line in report.info:
+        print(f"info    {line}")
     for line in report.problems:
         print(f"PROBLEM {line}")
     return 1 if report.problems else 0
@@ -75,7 +80,8 @@ def _options(args: argparse.Namespace) -> manifests.Options:
 def cmd_preflight(args: argparse.Namespace) -> int:
     """Check every option by rendering once; print what deploy-all.sh needs, one per line.
 
-    `enable-label <key>`, `exporter-port <port>`, `jobset required <min>|not-required`,
+    `enable-label <key>`, `exporter-port <port>`, `scheduler-port <port>`,
+    `jobset required <min>|not-required`,
     and per component `component <name> <kind> <workload> <resource> <configmap> <app>`.
     """
     components = parse_components(args.components)
@@ -83,6 +89,7 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     manifests.render(components, opts)
     print("enable-label", opts.protocol.labels.enable)
     print("exporter-port", manifests.METRICS_PORT)
+    print("scheduler-port", manifests.SCHEDULER_METRICS_PORT)
     if manifests.jobset_required(manifests.scheduler_config()):
         print("jobset required", MIN_JOBSET_VERSION)
     else:
@@ -100,14 +107,49 @@ def _in_namespace(obj: manifests.Obj, namespace: str) -> bool:
     return bool(meta.get("namespace") == namespace)
 
 
+def _live_protocol_text(live: list[dict[str, Any]], keep: list[str], namespace: str) -> str | None:
+    """The protocol.yaml of the kept ConfigMaps (None when none holds one); a DeployError
+    when they disagree."""
+    texts = {
+        verify._name(cm): (cm.get("data") or {})[verify.PROTOCOL_KEY]
+        for cm in live
+        if verify._name(cm) in keep and verify.PROTOCOL_KEY in (cm.get("data") or {})
+    }
+    if not texts:
+        return None
+    protocols: dict[str, Any] = {}
+    for name, text in texts.items():
+        where = f"ConfigMap {namespace}/{name} key {verify.PROTOCOL_KEY}"
+        try:
+            protocols[name] = parse_protocol(yaml.safe_load(text), where)
+        except yaml.YAMLError as exc:
+            raise DeployError(f"{where}: not valid YAML: {exc}") from exc
+    if verify.agreed_protocol(protocols) is None:
+        raise DeployError(
+            f"--keep-live-config: the live ConfigMaps {', '.join(sorted(texts))} hold different"
+            f" protocols; fix: give them the same {verify.PROTOCOL_KEY}"
+            f" (kubectl -n {namespace} edit configmap ...), or deploy with --overwrite-config"
+        )
+    text: str = next(iter(texts.values()))
+    return text
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     """Render the manifests with the operator's options."""
     components = parse_components(args.components)
     opts = _options(args)
+    keep = [n for n in (args.keep or "").split(",") if n]
+    live = _items(args.keep_live_config) if args.keep_live_config else []
+    if keep:
+        text = _live_protocol_text(live, keep, opts.namespace)
+        if text is not None:
+            opts = dataclasses.replace(opts, protocol_text=text)
     if args.workloads_only:
         objs = [manifests.workload(c, opts) for c in components]
     else:
         objs = manifests.render(components, opts, common=not args.no_common)
+    if keep:
+        objs = verify.keep_live_config(objs, live, keep)
     if args.leave_out_namespace:
         objs = [o for o in objs if not _in_namespace(o, args.leave_out_namespace)]
     if args.only_namespace:
@@ -120,32 +162,54 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _metrics(directory: str | None) -> dict[str, str]:
+    """Pod name -> the /metrics answer read into `directory` as `<pod>.txt`."""
+    if not directory:
+        return {}
+    return {p.stem: p.read_text() for p in sorted(Path(directory).glob("*.txt"))}
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     components = parse_components(args.components)
-    protocol = load_protocol(args.protocol)
+    source = load_protocol(args.protocol)
     snap = Path(args.snapshot)
     report = verify.Report()
     workloads = _items(str(snap / "workloads.json"))
     pods = _items(str(snap / "pods.json"))
     nodes = _items(str(snap / "nodes.json"))
+    configmaps = _items(str(snap / "configmaps.json"))
+    # What runs is the live ConfigMaps' protocol (every one present, chosen or not), not the
+    # source's: an operator may have edited them.
+    present = [BY_NAME[n] for n in verify.PROTOCOL_COMPONENTS]
+    live = verify.agreed_protocol(verify.live_protocols(configmaps, present, args.namespace)[0])
+    protocol = live or source
     report.extend(
         verify.check_workloads(components, workloads, pods, args.namespace, protocol.labels.enable)
     )
     if any(c.name == "device-plugin" for c in components):
         report.extend(verify.check_nodes(nodes, protocol))
     report.extend(verify.stale_report(nodes, protocol))
-    with_protocol = [c for c in components if c.name != "controller"]
-    configmaps = _items(str(snap / "configmaps.json"))
-    report.extend(verify.check_rolled_config(components, workloads, configmaps))
+    with_protocol = [c for c in components if c.name in verify.PROTOCOL_COMPONENTS]
     report.extend(
         verify.check_configmaps(
-            configmaps,
-            protocol,
-            args.protocol_name,
-            with_protocol,
-            args.namespace,
+            configmaps, source, args.protocol_name, with_protocol, args.namespace
         )
     )
+    running, named = verify.check_running_protocol(
+        with_protocol,
+        workloads,
+        configmaps,
+        pods,
+        nodes,
+        _metrics(args.metrics_dir),
+        args.namespace,
+    )
+    report.extend(running)
+    report.extend(
+        verify.check_rolled_config(components, workloads, configmaps, pods, args.namespace, named)
+    )
+    if live is not None:
+        report.extend(verify.check_baked(components, workloads, live, args.namespace))
     return _print_report(report)
 
 
@@ -177,10 +241,52 @@ def cmd_config_save(args: argparse.Namespace) -> int:
             raise DeployError(f"cannot read {args.manifests}: {exc}") from exc
     running = verify.running_checksums(parse_components(args.components), _items(args.workloads))
     patches = verify.save_previous_config(
-        _items(args.configmaps), args.names.split(","), rendered, running
+        _items(args.configmaps),
+        args.names.split(","),
+        rendered,
+        running,
+        overwritten=(args.overwritten or "").split(","),
     )
     for name, patch in sorted(patches.items()):
         print(name, json.dumps(patch, separators=(",", ":")))
+    return 0
+
+
+def cmd_config_edits(args: argparse.Namespace) -> int:
+    """Print the ConfigMaps edited since the last deploy that it would replace: a line of
+    their names (comma-separated), then one describing each and the keys; nothing if none."""
+    try:
+        rendered = [d for d in yaml.safe_load_all(Path(args.manifests).read_text()) if d]
+    except (OSError, yaml.YAMLError) as exc:
+        raise DeployError(f"cannot read {args.manifests}: {exc}") from exc
+    edited = verify.edited_configs(
+        _items(args.configmaps),
+        _items(args.workloads),
+        rendered,
+        parse_components(args.components),
+    )
+    if edited:
+        print(",".join(sorted(edited)))
+        print(
+            ", ".join(
+                f"ConfigMap {args.namespace}/{name} (keys {', '.join(keys)})"
+                for name, keys in sorted(edited.items())
+            )
+        )
+    return 0
+
+
+def cmd_fetch_metrics(args: argparse.Namespace) -> int:
+    """Save the answer of an http(s) metrics URL to a file; one error line when it fails."""
+    if not args.url.startswith(("http://", "https://")):
+        raise DeployError(f"--metrics-url={args.url}: expected an http:// or https:// URL")
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(args.url, timeout=10) as answer:  # noqa: S310
+            Path(args.output).write_bytes(answer.read())
+    except OSError as exc:
+        raise DeployError(f"--metrics-url={args.url}: no answer ({exc})") from exc
     return 0
 
 
@@ -269,6 +375,17 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="NS",
                 help="only the objects in namespace NS (delete beside another install)",
             )
+            p.add_argument(
+                "--keep-live-config",
+                metavar="FILE",
+                help="kubectl get configmaps -o json: the live ConfigMaps --keep names",
+            )
+            p.add_argument(
+                "--keep",
+                metavar="NAMES",
+                help="ConfigMaps (comma-separated) whose live data is kept; the workloads are"
+                " rendered with their protocol.yaml",
+            )
             p.add_argument("-o", "--output", default="-")
 
     for name, func in (("verify", cmd_verify), ("status", cmd_status)):
@@ -278,6 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
         p.add_argument("--protocol", required=True)
         p.add_argument("--protocol-name", default="deploy/protocol.yaml")
+        p.add_argument("--metrics-dir", help="verify: the pods' /metrics answers, <pod>.txt")
         p.set_defaults(func=func)
 
     p = sub.add_parser("stale-patches", help="JSON patches removing stale node resources")
@@ -291,7 +409,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manifests", help="what deploy applies (none: an upgrade)")
     p.add_argument("--workloads", required=True, help="kubectl get daemonsets,deployments -o json")
     p.add_argument("--components", default="")
+    p.add_argument("--overwritten", help="edited ConfigMaps that --overwrite-config replaces")
     p.set_defaults(func=cmd_config_save)
+
+    p = sub.add_parser("config-edits", help=(cmd_config_edits.__doc__ or "").splitlines()[0])
+    p.add_argument("--configmaps", required=True, help="kubectl get configmaps -o json")
+    p.add_argument("--workloads", required=True, help="kubectl get daemonsets,deployments -o json")
+    p.add_argument("--manifests", required=True, help="what deploy applies")
+    p.add_argument("--components", default="")
+    p.add_argument("--namespace", default=DEFAULT_NAMESPACE)
+    p.set_defaults(func=cmd_config_edits)
+
+    p = sub.add_parser("fetch-metrics", help=cmd_fetch_metrics.__doc__)
+    p.add_argument("--url", required=True)
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=cmd_fetch_metrics)
 
     p = sub.add_parser("config-restore", help=cmd_config_restore.__doc__)
     p.add_argument("--configmaps", required=True, help="kubectl get configmaps -o json")

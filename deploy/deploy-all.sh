@@ -41,6 +41,14 @@
 #                       annotations kept), e.g. when the Controller is already gone
 #   --metrics-url=URL   verify: read the exporter metrics here (e.g. a port-forward)
 #                       instead of through the API server proxy
+#   --metrics-url=POD=URL
+#                       verify: read the /metrics of pod POD (scheduler or exporter)
+#                       here; repeatable. With any --metrics-url the proxy is not used
+#   --keep-live-config  deploy: keep the live data of protocol/config ConfigMaps edited
+#                       since the last deploy (kubectl edit) and render the workloads
+#                       (nodeSelector, tolerations, label key) from their protocol.yaml
+#   --overwrite-config  deploy: replace such edited ConfigMaps with deploy/protocol.yaml
+#                       and the defaults (rollback restores the edit)
 #
 # Environment: KUBECTL (kubectl binary), LJ_DEPLOY_PYTHON (Python with the
 # lj-runtimekit-deploy helper installed), LJ_DEPLOY_LOG_DIR (log directory).
@@ -63,9 +71,11 @@ dry_run=false
 kubeconfig="${KUBECONFIG:-}"
 timeout="300s"
 metrics_url=""
+pod_metrics=()
 keep_node_state=false
+live_config=ask
 
-usage() { sed -n '2,47p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 # -- logging ----------------------------------------------------------------------------------
 
@@ -124,7 +134,15 @@ while [[ $# -gt 0 ]]; do
     --dry-run) dry_run=true ;;
     --kubeconfig=*) kubeconfig=${1#*=} ;;
     --timeout=*) timeout=${1#*=} ;;
-    --metrics-url=*) metrics_url=${1#*=} ;;
+    --metrics-url=*)
+      value=${1#*=}
+      if [[ $value =~ ^[a-z0-9][-a-z0-9.]*=https?:// ]]; then pod_metrics+=("$value"); else metrics_url=$value; fi ;;
+    --keep-live-config)
+      [[ $live_config != overwrite ]] || die "--keep-live-config and --overwrite-config: choose one"
+      live_config=keep ;;
+    --overwrite-config)
+      [[ $live_config != keep ]] || die "--keep-live-config and --overwrite-config: choose one"
+      live_config=overwrite ;;
     --keep-node-state) keep_node_state=true ;;
     --components|--namespace|--jobs-namespace|--registry|--version|--image|--kubeconfig|--timeout|--metrics-url)
       die "$1 needs a value: write $1=VALUE" ;;
@@ -195,6 +213,7 @@ fi
 selected=()
 enable_label=""
 exporter_port=""
+scheduler_port=""
 gang=not-required
 min_jobset=""
 while read -r key rest; do
@@ -202,6 +221,7 @@ while read -r key rest; do
     component) selected+=("$rest") ;;
     enable-label) enable_label=$rest ;;
     exporter-port) exporter_port=$rest ;;
+    scheduler-port) scheduler_port=$rest ;;
     jobset) read -r gang min_jobset <<<"$rest" ;;
   esac
 done <<<"$out"
@@ -285,14 +305,20 @@ configmap_names() { # the selected components' ConfigMaps, comma-separated
   (IFS=,; echo "${cms[*]}")
 }
 
-# save_config: records the live data of the selected ConfigMaps that a deploy changes (when
-# their pods run it) on each (annotation lj-runtimekit.io/previous-data), for rollback.
-save_config() { # [--manifests=FILE] (deploy: what it applies)
-  local name patch
+# fetch_live: the live ConfigMaps and workloads into $work/cm-live.json, workloads-live.json.
+fetch_live() {
   "${kcn[@]}" get configmaps -l app.kubernetes.io/part-of=lj-runtimekit -o json >"$work/cm-live.json" \
     || die "cannot list the ConfigMaps in namespace $namespace"
   "${kcn[@]}" get daemonsets,deployments -l app.kubernetes.io/part-of=lj-runtimekit -o json >"$work/workloads-live.json" \
     || die "cannot list the workloads in namespace $namespace"
+}
+
+# save_config: records the live data of the selected ConfigMaps that a deploy changes (when
+# their pods run it, or it is an edit --overwrite-config replaces) on each (annotation
+# lj-runtimekit.io/previous-data), for rollback.
+save_config() { # [--manifests=FILE] (deploy: what it applies) [--overwritten=NAMES]
+  local name patch
+  fetch_live
   while read -r name patch; do
     [[ -n $name ]] || continue
     "${kcn[@]}" patch configmap "$name" --type=merge --field-manager=lj-runtimekit-history \
@@ -402,7 +428,27 @@ cmd_deploy() {
     run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy -f "$work/namespace.yaml" \
       || die "cannot create namespace $namespace"
   fi
-  $dry_run || save_config --manifests="$work/manifests.yaml"
+  # A ConfigMap edited since the last deploy (kubectl edit) is replaced only by choice.
+  local edits edited="" overwritten=()
+  fetch_live
+  edits=$(helper config-edits --configmaps="$work/cm-live.json" --workloads="$work/workloads-live.json" \
+    --manifests="$work/manifests.yaml" --components="$components" --namespace="$namespace" 2>&1) \
+    || die "${edits#error: }"
+  if [[ -n $edits ]]; then
+    edited=${edits%%$'\n'*}
+    case $live_config in
+      ask) die "${edits#*$'\n'} edited since the last deploy, which would replace them with $protocol and the defaults; choose: --keep-live-config (keep the live data, render the workloads from it) or --overwrite-config (replace it; rollback restores the edit)" ;;
+      keep)
+        render ${leave_out[@]+"${leave_out[@]}"} --keep-live-config="$work/cm-live.json" --keep="$edited" \
+          -o "$work/manifests.yaml" 2>"$work/render.err" || die "$(sed 's/^error: //' "$work/render.err")"
+        cp "$work/manifests.yaml" "$log_file.manifests.yaml"
+        log "--keep-live-config: keeping the live data of ${edits#*$'\n'}; the workloads are rendered from it" ;;
+      overwrite)
+        overwritten=("--overwritten=$edited")
+        log "--overwrite-config: replacing ${edits#*$'\n'} (rollback restores the edit)" ;;
+    esac
+  fi
+  $dry_run || save_config --manifests="$work/manifests.yaml" ${overwritten[@]+"${overwritten[@]}"}
   local diff_status=0
   "${kc[@]}" diff --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \
     -f "$work/manifests.yaml" >"$work/diff.txt" 2>&1 || diff_status=$?
@@ -442,11 +488,41 @@ cmd_status() {
     --protocol="$protocol" | tee -a "$log_file"
 }
 
+# fetch_pod_metrics: every running scheduler and exporter pod's /metrics into
+# $work/metrics/<pod>.txt (<pod>.err: why not): from --metrics-url=POD=URL, else, with no
+# --metrics-url at all, through the API server proxy (8 at a time).
+fetch_pod_metrics() {
+  local app port pod pair url running=0
+  mkdir -p "$work/metrics"
+  for pair in ${pod_metrics[@]+"${pod_metrics[@]}"}; do
+    pod=${pair%%=*}
+    url=${pair#*=}
+    helper fetch-metrics --url="$url" -o "$work/metrics/$pod.txt" 2>"$work/metrics/$pod.err" \
+      || rm -f "$work/metrics/$pod.txt"
+  done
+  [[ -z $metrics_url && ${#pod_metrics[@]} -eq 0 ]] || return 0
+  for app in scheduler-framework:$scheduler_port exporter:$exporter_port; do
+    [[ " ${names[*]} " == *" ${app%%:*} "* ]] || continue
+    port=${app#*:}
+    for pod in $("${kcn[@]}" get pods -l "app=lj-runtimekit-${app%%:*}" --field-selector=status.phase=Running \
+      -o 'jsonpath={range .items[*]}{.metadata.name}{"\n"}{end}' 2>/dev/null || true); do
+      ( "${kcn[@]}" get --raw "/api/v1/namespaces/$namespace/pods/$pod:$port/proxy/metrics" \
+          --request-timeout=10s >"$work/metrics/$pod.txt" 2>"$work/metrics/$pod.err" \
+          || rm -f "$work/metrics/$pod.txt" ) &
+      running=$((running + 1))
+      if (( running % 8 == 0 )); then wait; fi
+    done
+  done
+  wait
+}
+
 cmd_verify() {
   snapshot
+  fetch_pod_metrics
   local problems=0 out
   if ! helper verify --snapshot="$work" --components="$components" --namespace="$namespace" \
-    --protocol="$protocol" --protocol-name=deploy/protocol.yaml >"$work/verify.txt" 2>&1; then
+    --protocol="$protocol" --protocol-name=deploy/protocol.yaml --metrics-dir="$work/metrics" \
+    >"$work/verify.txt" 2>&1; then
     problems=$((problems + $(grep -c '^PROBLEM' "$work/verify.txt" || true)))
     grep -q '^PROBLEM' "$work/verify.txt" || problems=$((problems + 1))
   fi
@@ -462,18 +538,17 @@ cmd_verify() {
       out=$(helper check-metrics --url="$metrics_url" 2>&1) || problems=$((problems + 1))
       log "$out"
     else
-      local pods pod checked=0
-      pods=$("${kcn[@]}" get pods -l app=lj-runtimekit-exporter --field-selector=status.phase=Running \
-        -o 'jsonpath={range .items[*]}{.metadata.name}{"\n"}{end}' 2>/dev/null || true)
-      for pod in $pods; do
+      local pod checked=0
+      for pod in $("${kcn[@]}" get pods -l app=lj-runtimekit-exporter --field-selector=status.phase=Running \
+        -o 'jsonpath={range .items[*]}{.metadata.name}{"\n"}{end}' 2>/dev/null || true); do
         [[ $checked -lt 3 ]] || break
+        if [[ ${#pod_metrics[@]} -gt 0 && ! -f $work/metrics/$pod.txt ]]; then continue; fi
         checked=$((checked + 1))
-        if "${kcn[@]}" get --raw "/api/v1/namespaces/$namespace/pods/$pod:$exporter_port/proxy/metrics" \
-          --request-timeout=10s >"$work/metrics.txt" 2>"$work/metrics.err"; then
-          out=$(helper check-metrics "$work/metrics.txt" --where="pod $namespace/$pod") || problems=$((problems + 1))
+        if [[ -f $work/metrics/$pod.txt ]]; then
+          out=$(helper check-metrics "$work/metrics/$pod.txt" --where="pod $namespace/$pod") || problems=$((problems + 1))
           log "$out"
         else
-          log "PROBLEM exporter pod $namespace/$pod: metrics not reachable through the API server proxy ($(tail -n 1 "$work/metrics.err")); fix: check the pod, or use --metrics-url with kubectl port-forward"
+          log "PROBLEM exporter pod $namespace/$pod: metrics not reachable through the API server proxy ($(tail -n 1 "$work/metrics/$pod.err" 2>/dev/null)); fix: check the pod, or use --metrics-url with kubectl port-forward"
           problems=$((problems + 1))
         fi
       done

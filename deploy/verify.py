@@ -20,8 +20,16 @@ from lj_runtimekit.deploy.manifests import config_checksum
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError
 from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
+from lj_runtimekit.proto.pkg.protocolinfo import (
+    METRIC,
+    NODE_ANNOTATION,
+    protocol_sha256,
+    sha256_from_metrics,
+)
 
 Obj = Mapping[str, Any]
+PROTOCOL_COMPONENTS = ("device-plugin", "scheduler-framework", "exporter")
+"""The components that load protocol.yaml from their ConfigMap and report its hash."""
 _QUANTITY_RE = re.compile(r"^(\d+)$")
 
 
@@ -31,10 +39,13 @@ class Report:
 
     ok: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    info: list[str] = field(default_factory=list)
+    """Worth knowing, never a failure."""
 
     def extend(self, other: Report) -> None:
         self.ok += other.ok
         self.problems += other.problems
+        self.info += other.info
 
 
 def _name(obj: Obj) -> str:
@@ -297,7 +308,46 @@ def cleanup_patches(nodes: Iterable[Obj], protocol: Protocol) -> dict[str, list[
     return patches
 
 
-# -- ConfigMaps ------------------------------------------------------------------------------
+# -- ConfigMaps and the protocol the pods run ---------------------------------------------------
+
+PROTOCOL_KEY = "protocol.yaml"
+KEPT_ANNOTATION = "lj-runtimekit.io/kept-live-config"
+"""On a component ConfigMap: `deploy --keep-live-config` kept its live data (an edit made
+with kubectl); a later deploy asks again before replacing it."""
+
+
+def live_protocols(
+    configmaps: Iterable[Obj], components: Iterable[Component], namespace: str
+) -> tuple[dict[str, Protocol], Report]:
+    """Component name -> the protocol in its live ConfigMap; problems for a missing or
+    broken one."""
+    report = Report()
+    by_name = {_name(cm): cm for cm in configmaps}
+    protocols: dict[str, Protocol] = {}
+    for component in components:
+        cm = by_name.get(component.configmap)
+        if cm is None:
+            report.problems.append(
+                f"{component.name}: ConfigMap {namespace}/{component.configmap} not found;"
+                f" fix: deploy-all.sh deploy --components={component.name}"
+            )
+            continue
+        text = (cm.get("data") or {}).get(PROTOCOL_KEY)
+        where = f"ConfigMap {namespace}/{component.configmap} key {PROTOCOL_KEY}"
+        if text is None:
+            report.problems.append(f"{component.name}: {where} is missing; fix: redeploy it")
+            continue
+        try:
+            protocols[component.name] = parse_protocol(yaml.safe_load(text), where)
+        except (ProtocolError, yaml.YAMLError) as exc:
+            report.problems.append(f"{component.name}: {exc}; fix: correct it (kubectl edit)")
+    return protocols, report
+
+
+def agreed_protocol(protocols: Mapping[str, Protocol]) -> Protocol | None:
+    """The one protocol every ConfigMap holds, or None when they disagree or there is none."""
+    hashes = {protocol_sha256(p) for p in protocols.values()}
+    return next(iter(protocols.values())) if len(hashes) == 1 else None
 
 
 def check_configmaps(
@@ -307,68 +357,257 @@ def check_configmaps(
     components: Iterable[Component],
     namespace: str,
 ) -> Report:
-    """The protocol ConfigMaps agree with each other and with the source, key by key."""
-    report = Report()
-    by_name = {_name(cm): cm for cm in configmaps}
-    flats: dict[str, dict[str, str]] = {}
-    for component in components:
-        cm = by_name.get(component.configmap)
-        if cm is None:
-            report.problems.append(
-                f"{component.name}: ConfigMap {namespace}/{component.configmap} not found;"
-                f" fix: deploy-all.sh deploy --components={component.name}"
-            )
-            continue
-        text = (cm.get("data") or {}).get("protocol.yaml")
-        where = f"ConfigMap {namespace}/{component.configmap} key protocol.yaml"
-        if text is None:
-            report.problems.append(f"{component.name}: {where} is missing; fix: redeploy it")
-            continue
-        try:
-            flats[component.name] = parse_protocol(yaml.safe_load(text), where).as_flat()
-        except (ProtocolError, yaml.YAMLError) as exc:
-            report.problems.append(f"{component.name}: {exc}; fix: redeploy it")
-    want = source.as_flat()
-    drifted = 0
-    for key in sorted(want):
-        values = {name: flat[key] for name, flat in flats.items()}
-        if all(v == want[key] for v in values.values()):
-            continue
-        drifted += 1
-        each = ", ".join(f"{name}={value}" for name, value in values.items())
-        report.problems.append(f"protocol drift: {key}: {each} ({source_name}: {want[key]})")
-    if drifted:
+    """The live protocol ConfigMaps agree with each other, key by key. A difference from the
+    source (`source_name`) is information: the live ConfigMaps are what the operator runs."""
+    components = list(components)
+    protocols, report = live_protocols(configmaps, components, namespace)
+    flats = {name: p.as_flat() for name, p in protocols.items()}
+    keys = sorted(source.as_flat())
+    disagree = [k for k in keys if len({flat[k] for flat in flats.values()}) > 1]
+    for key in disagree:
+        each = ", ".join(f"{name}={flat[key]}" for name, flat in flats.items())
+        report.problems.append(f"protocol ConfigMaps disagree: {key}: {each}")
+    if disagree:
+        cms = " ".join(c.configmap for c in components if c.name in flats)
         report.problems.append(
-            f"{drifted} protocol key(s) drift; fix: deploy-all.sh deploy"
-            f" --components={','.join(flats)} (renders every ConfigMap from {source_name})"
+            f"{len(disagree)} protocol key(s) differ between the ConfigMaps; fix: give them the"
+            f" same {PROTOCOL_KEY} (kubectl -n {namespace} edit configmap {cms}), then"
+            f" kubectl -n {namespace} rollout restart"
+            f" {' '.join(c.resource for c in components if c.name in flats)}"
         )
-    elif flats:
-        report.ok.append(f"protocol ConfigMaps agree with {source_name}: {', '.join(flats)}")
+        return report
+    live = agreed_protocol(protocols)
+    if live is None:
+        return report
+    report.ok.append(
+        f"protocol ConfigMaps agree: {', '.join(flats)} (sha256 {protocol_sha256(live)[:12]})"
+    )
+    want = source.as_flat()
+    have = live.as_flat()
+    differ = [f"{k}={have[k]} ({source_name}: {want[k]})" for k in keys if want[k] != have[k]]
+    if differ:
+        report.info.append(
+            f"the live protocol differs from {source_name}: {'; '.join(differ)}"
+            " (the ConfigMaps are what runs; deploy asks before replacing them)"
+        )
     return report
 
 
-def check_rolled_config(
-    components: Iterable[Component], workloads: Iterable[Obj], configmaps: Iterable[Obj]
-) -> Report:
-    """Each workload's pod template checksum matches its live ConfigMap: an edit made
-    around deploy-all.sh (kubectl edit) has not reached the pods."""
+def _pod_running(pod: Obj) -> bool:
+    meta = pod.get("metadata", {})
+    return (pod.get("status") or {}).get("phase") == "Running" and not meta.get("deletionTimestamp")
+
+
+def _template_checksum(workload: Obj | None) -> str | None:
+    template = (workload or {}).get("spec", {}).get("template", {}).get("metadata", {})
+    checksum: str | None = (template.get("annotations") or {}).get(CHECKSUM_ANNOTATION)
+    return checksum
+
+
+def check_running_protocol(
+    components: Iterable[Component],
+    workloads: Iterable[Obj],
+    configmaps: Iterable[Obj],
+    pods: Iterable[Obj],
+    nodes: Iterable[Obj],
+    metrics: Mapping[str, str],
+    namespace: str,
+) -> tuple[Report, set[str]]:
+    """Each running pod of the protocol components runs its ConfigMap's protocol: the hash
+    the pod reports (the Device Plugin on its Node, the others on /metrics: `metrics`, pod
+    name -> the answer read) equals the ConfigMap's. A pod that reports none is judged by its
+    pod template's config checksum. Returns the report and the pods it named."""
+    components = [c for c in components if c.name in PROTOCOL_COMPONENTS]
+    protocols, _ = live_protocols(configmaps, components, namespace)
+    by_key = {(w.get("kind"), _name(w)): w for w in workloads}
+    by_cm = {_name(cm): cm for cm in configmaps}
+    on_node = {
+        _name(n): (n.get("metadata", {}).get("annotations") or {}).get(NODE_ANNOTATION)
+        for n in nodes
+    }
+    pods = [p for p in pods if _pod_running(p)]
     report = Report()
+    named: set[str] = set()
+    for component in components:
+        if component.name not in protocols:
+            continue  # reported by check_configmaps
+        want = protocol_sha256(protocols[component.name])
+        mine = sorted((p for p in pods if _labels(p).get("app") == component.app), key=_name)
+        fix = f"fix: kubectl -n {namespace} rollout restart {component.resource}"
+        good, old, silent = [], [], []
+        for pod in mine:
+            name = _name(pod)
+            if component.name == "device-plugin":
+                node = pod.get("spec", {}).get("nodeName") or ""
+                reported = on_node.get(node)
+                why = f"node {node} carries no {NODE_ANNOTATION}"
+            else:
+                text = metrics.get(name)
+                reported = sha256_from_metrics(text) if text is not None else None
+                why = "metrics not read" if text is None else f"no {METRIC} in its metrics"
+            if reported == want:
+                good.append(name)
+            elif reported is not None:
+                old.append(f"{namespace}/{name} (sha256 {reported[:12]})")
+                named.add(name)
+            else:
+                silent.append((name, why))
+        cm = f"ConfigMap {component.configmap} (sha256 {want[:12]})"
+        if old:
+            report.problems.append(
+                f"{component.name}: pod(s) {', '.join(old)} run another protocol than {cm}; {fix}"
+            )
+        checksum = config_checksum(by_cm[component.configmap].get("data") or {})
+        rolled = _template_checksum(by_key.get((component.kind, component.workload))) == checksum
+        for name, why in silent:
+            if rolled:
+                report.info.append(
+                    f"{component.name}: pod {namespace}/{name} reports no protocol ({why});"
+                    " its pod template was rendered with the live ConfigMap"
+                )
+            else:
+                named.add(name)
+                report.problems.append(
+                    f"{component.name}: pod {namespace}/{name} reports no protocol ({why}) and"
+                    f" {component.configmap} changed after its pod template was rendered, so"
+                    f" what it runs is unknown; {fix}"
+                )
+        if good:
+            report.ok.append(
+                f"{component.name}: {len(good)} pod(s) run the protocol of {cm}: {', '.join(good)}"
+            )
+    return report, named
+
+
+def _data_changed_at(cm: Obj) -> str | None:
+    """When the ConfigMap's data last changed (its managed fields' time; RFC 3339 UTC)."""
+    times = [
+        str(entry["time"])
+        for entry in cm.get("metadata", {}).get("managedFields") or []
+        if entry.get("time") and "f:data" in (entry.get("fieldsV1") or {})
+    ]
+    return max(times) if times else None
+
+
+def check_rolled_config(
+    components: Iterable[Component],
+    workloads: Iterable[Obj],
+    configmaps: Iterable[Obj],
+    pods: Iterable[Obj],
+    namespace: str,
+    skip: Iterable[str] = (),
+) -> Report:
+    """A ConfigMap changed around deploy-all.sh (kubectl edit) has reached the pods: each
+    running pod started after its data last changed. Pods in `skip` are named already."""
+    report = Report()
+    skip = set(skip)
     by_cm = {_name(cm): cm for cm in configmaps}
     by_key = {(w.get("kind"), _name(w)): w for w in workloads}
+    pods = [p for p in pods if _pod_running(p)]
     for component in components:
         workload = by_key.get((component.kind, component.workload))
         cm = by_cm.get(component.configmap)
         if workload is None or cm is None:
             continue  # reported by the other checks
-        template = workload.get("spec", {}).get("template", {}).get("metadata", {})
-        running = (template.get("annotations") or {}).get(CHECKSUM_ANNOTATION)
-        if running != config_checksum(cm.get("data") or {}):
+        if _template_checksum(workload) == config_checksum(cm.get("data") or {}):
+            continue  # the pods were rolled with this data
+        changed = _data_changed_at(cm)
+        stale = [
+            _name(p)
+            for p in pods
+            if _labels(p).get("app") == component.app
+            and _name(p) not in skip
+            and (changed is None or str((p.get("status") or {}).get("startTime", "")) < changed)
+        ]
+        if stale:
             report.problems.append(
-                f"{component.name}: ConfigMap {component.configmap} changed after its pods"
-                f" started ({CHECKSUM_ANNOTATION} differs); fix: deploy-all.sh deploy"
-                f" --components={component.name} (renders it from the source and rolls the pods)"
+                f"{component.name}: ConfigMap {component.configmap} changed"
+                f" ({changed or 'time unknown'}) after pod(s) {', '.join(sorted(stale))} started;"
+                f" fix: kubectl -n {namespace} rollout restart {component.resource}"
             )
     return report
+
+
+def check_baked(
+    components: Iterable[Component], workloads: Iterable[Obj], protocol: Protocol, namespace: str
+) -> Report:
+    """The values rendered into the workloads from the protocol (the DaemonSets' nodeSelector
+    and tolerations, the Controller's label key) match the live protocol: a ConfigMap edit
+    cannot change them, a deploy must."""
+    report = Report()
+    by_key = {(w.get("kind"), _name(w)): w for w in workloads}
+    enable = protocol.labels.enable
+    res = protocol.resources
+    for component in components:
+        workload = by_key.get((component.kind, component.workload))
+        if workload is None:
+            continue
+        spec = workload.get("spec", {}).get("template", {}).get("spec", {})
+        wrong: list[str] = []
+        if component.kind == "DaemonSet":
+            selector = spec.get("nodeSelector") or {}
+            if selector.get(enable) != "true":
+                shown = ", ".join(f"{k}={v}" for k, v in selector.items()) or "none"
+                wrong.append(f"nodeSelector {shown} (labels.enable is {enable})")
+            tolerated = {t.get("key") for t in spec.get("tolerations") or []}
+            for key, value in (("gpu", res.gpu), ("ppu", res.ppu), ("amd", res.amd)):
+                if value not in tolerated:
+                    wrong.append(f"no toleration of {value} (resources.{key})")
+        if component.name == "controller":
+            args = [a for c in spec.get("containers") or [] for a in c.get("args") or []]
+            keys = [a.split("=", 1)[1] for a in args if a.startswith("--label-key=")]
+            if keys and keys[0] != enable:
+                wrong.append(f"--label-key={keys[0]} (labels.enable is {enable})")
+        for what in wrong:
+            report.problems.append(
+                f"{component.name}: {component.kind} {namespace}/{component.workload} {what}:"
+                " rendered at deploy time from another protocol, a ConfigMap edit cannot change"
+                f" it; fix: deploy-all.sh deploy --keep-live-config --namespace={namespace}"
+            )
+    return report
+
+
+def edited_configs(
+    live: Iterable[Obj],
+    workloads: Iterable[Obj],
+    rendered: Iterable[Obj],
+    components: Iterable[Component],
+) -> dict[str, list[str]]:
+    """ConfigMap -> the keys a deploy would replace (with the protocol keys of
+    protocol.yaml), for each live ConfigMap edited since the last deploy: its data is not
+    what its workload's pod template was rendered with, or it was kept by
+    --keep-live-config."""
+    running = running_checksums(components, workloads)
+    new = {_name(o): dict(o.get("data") or {}) for o in rendered if o.get("kind") == "ConfigMap"}
+    edited: dict[str, list[str]] = {}
+    for cm in live:
+        name = _name(cm)
+        data = dict(cm.get("data") or {})
+        kept = KEPT_ANNOTATION in (cm.get("metadata", {}).get("annotations") or {})
+        if name not in new or data == new[name]:
+            continue
+        if not kept and running.get(name, config_checksum(data)) == config_checksum(data):
+            continue
+        keys = []
+        for key in sorted(set(data) | set(new[name])):
+            if data.get(key) == new[name].get(key):
+                continue
+            if key == PROTOCOL_KEY:
+                key += _protocol_keys(data.get(key), new[name].get(key))
+            keys.append(key)
+        edited[name] = keys
+    return edited
+
+
+def _protocol_keys(live: str | None, rendered: str | None) -> str:
+    """` (key, key)`: the protocol keys whose values differ; empty when unreadable or none."""
+    try:
+        a = parse_protocol(yaml.safe_load(live or ""), "live").as_flat()
+        b = parse_protocol(yaml.safe_load(rendered or ""), "rendered").as_flat()
+    except (ProtocolError, yaml.YAMLError):
+        return ""
+    keys = [k for k in a if a[k] != b[k]]
+    return f" ({', '.join(keys)})" if keys else ""
 
 
 # -- configuration history (rollback) ---------------------------------------------------------
@@ -387,13 +626,15 @@ def save_previous_config(
     names: Iterable[str],
     rendered: Iterable[Obj] = (),
     running: Mapping[str, str] | None = None,
+    overwritten: Iterable[str] = (),
 ) -> dict[str, Obj]:
     """Merge patches recording the live data of the ConfigMaps `names` before a deploy
     (`rendered`: what it applies) or an upgrade (which keeps the data): a ConfigMap the
     change alters records its data when its pods run it (`running`: ConfigMap -> the
-    workload's pod template checksum; a hand edit that never ran is not recorded); one it
-    keeps but that recorded older data records its own (a rollback of an image-only
-    change keeps the configuration)."""
+    workload's pod template checksum; a hand edit that never ran is not recorded) or when
+    it is an edit that `--overwrite-config` replaces (`overwritten`); one it keeps but that
+    recorded older data records its own (a rollback of an image-only change keeps the
+    configuration)."""
     by_name = {_name(cm): cm for cm in live}
     new = {_name(o): dict(o.get("data") or {}) for o in rendered if o.get("kind") == "ConfigMap"}
     patches: dict[str, Obj] = {}
@@ -404,6 +645,7 @@ def save_previous_config(
         data = dict(cm.get("data") or {})
         recorded = (cm.get("metadata", {}).get("annotations") or {}).get(PREVIOUS_DATA_ANNOTATION)
         ran = (running or {}).get(name, config_checksum(data)) == config_checksum(data)
+        ran = ran or name in set(overwritten)
         changes = name in new and new[name] != data and ran
         if changes or (recorded is not None and recorded != _json(data)):
             annotations = {PREVIOUS_DATA_ANNOTATION: _json(data)}
@@ -416,11 +658,35 @@ def running_checksums(components: Iterable[Component], workloads: Iterable[Obj])
     by_key = {(w.get("kind"), _name(w)): w for w in workloads}
     out: dict[str, str] = {}
     for component in components:
-        workload = by_key.get((component.kind, component.workload))
-        template = (workload or {}).get("spec", {}).get("template", {}).get("metadata", {})
-        checksum = (template.get("annotations") or {}).get(CHECKSUM_ANNOTATION)
+        checksum = _template_checksum(by_key.get((component.kind, component.workload)))
         if checksum is not None:
             out[component.configmap] = checksum
+    return out
+
+
+def keep_live_config(
+    rendered: Iterable[Obj], live: Iterable[Obj], names: Iterable[str]
+) -> list[dict[str, Any]]:
+    """`rendered` with the live data of the ConfigMaps `names`, marked kept
+    (KEPT_ANNOTATION), and its checksum on their workloads' pod templates."""
+    by_name = {_name(cm): dict(cm.get("data") or {}) for cm in live}
+    keep = {n: by_name[n] for n in names if n in by_name}
+    objs = json.loads(json.dumps(list(rendered)))  # a deep copy
+    checksums: dict[str, str] = {}
+    for obj in objs:
+        name = _name(obj)
+        if obj.get("kind") == "ConfigMap" and name in keep:
+            obj["data"] = keep[name]
+            obj["metadata"].setdefault("annotations", {})[KEPT_ANNOTATION] = "true"
+            checksums[obj["metadata"].get("labels", {}).get("app", "")] = config_checksum(
+                keep[name]
+            )
+    for obj in objs:
+        template = obj.get("spec", {}).get("template", {}).get("metadata", {})
+        app = template.get("labels", {}).get("app")
+        if obj.get("kind") in ("DaemonSet", "Deployment") and app in checksums:
+            template["annotations"][CHECKSUM_ANNOTATION] = checksums[app]
+    out: list[dict[str, Any]] = objs
     return out
 
 

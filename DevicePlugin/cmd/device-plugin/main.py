@@ -27,7 +27,7 @@ from lj_runtimekit.deviceplugin.internal.podresources.check import (
 )
 from lj_runtimekit.deviceplugin.internal.podresources.check import PodResourcesClient
 from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, RuntimeAccess, Snapshot
-from lj_runtimekit.proto.pkg import logs
+from lj_runtimekit.proto.pkg import logs, protocolinfo
 from lj_runtimekit.proto.pkg.featuregate import RuntimeTooOldError, evaluate
 from lj_runtimekit.proto.pkg.flags import FlagParser, boolean
 from lj_runtimekit.proto.pkg.kube import KubeClient, KubeConfigError, NoApiAccessError
@@ -267,6 +267,9 @@ async def _serve(cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: Resour
         await allocator.rebuild()
     except (RuntimeUnavailableError, RuntimeCallError) as exc:
         raise StartError(f"cannot read the Runtime's allocations: {exc}") from exc
+    if cfg.label_node and cfg.kube is not None:
+        # Before the sockets (readiness): a ready pod has reported the protocol it runs.
+        await protocolinfo.annotate_node(cfg.kube, cfg.node_name, cfg.protocol)
     manager = PluginManager(cfg.plugin_dir, rm, allocator, grace_s=cfg.grace_s)
     try:
         await manager.start()

@@ -14,7 +14,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from prometheus_client import disable_created_metrics
+from prometheus_client import Gauge, disable_created_metrics
 
 from lj_runtimekit.exporter.internal.collector.loop import CollectionLoop
 from lj_runtimekit.exporter.internal.metrics.labels import LabelConfig, pod_label_allowlist
@@ -23,7 +23,7 @@ from lj_runtimekit.exporter.internal.pods.apiserver import ApiServerPods
 from lj_runtimekit.exporter.internal.pods.kubelet import KubeletPods
 from lj_runtimekit.exporter.internal.pods.source import NodePods
 from lj_runtimekit.exporter.internal.server.http import MetricsServer, make_app
-from lj_runtimekit.proto.pkg import logs
+from lj_runtimekit.proto.pkg import logs, protocolinfo
 from lj_runtimekit.proto.pkg.flags import FlagParser, boolean, port, positive_seconds
 from lj_runtimekit.proto.pkg.kube import in_cluster
 from lj_runtimekit.proto.pkg.kubeletpods import DEFAULT_KUBELET_PODS_URL, check_pods_url
@@ -197,6 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `_created` series double the counter output and help no dashboard (process-wide switch).
     disable_created_metrics()  # type: ignore[no-untyped-call]
     metrics = ExporterMetrics()
+    Gauge(
+        protocolinfo.METRIC, protocolinfo.METRIC_HELP, ["sha256"], registry=metrics.registry
+    ).labels(protocolinfo.protocol_sha256(protocol)).set(1)
     version = str(component_version(DISTRIBUTION))
     client = RuntimeClient(
         args.runtime_socket_dir,

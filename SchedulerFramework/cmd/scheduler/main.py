@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from types import FrameType
 
-from lj_runtimekit.proto.pkg import logs
+from lj_runtimekit.proto.pkg import logs, protocolinfo
 from lj_runtimekit.proto.pkg.flags import FlagParser, port
 from lj_runtimekit.proto.pkg.kube import Informer, KubeClient, KubeConfigError, RateLimiter
 from lj_runtimekit.proto.pkg.leaderelection import LeaderElector, LeaseConfig
@@ -222,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     if args.metrics_port:
+        metrics.PROTOCOL.labels(protocolinfo.protocol_sha256(protocol)).set(1)
         try:
             serve_http(args.metrics_port, scheduler)
         except OSError as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from lj_runtimekit.proto.pkg import protocolinfo
+
 _LATENCY_BUCKETS = (
     0.0002,
     0.0005,
@@ -48,6 +50,7 @@ BIND_SECONDS = Histogram(
 )
 PENDING = Gauge("lj_scheduler_pending_pods", "Pods in the scheduling queue by queue.", ["queue"])
 LEADER = Gauge("lj_scheduler_leader", "1 while this replica holds the leader lease.")
+PROTOCOL = Gauge(protocolinfo.METRIC, protocolinfo.METRIC_HELP, ["sha256"])
 ADMISSION_SECONDS = Histogram(
     "lj_scheduler_admission_duration_seconds",
     "From a device pod's binding to its admission outcome on the node (allocated, running,"
