@@ -34,6 +34,16 @@
 #   --no-admission-policies
 #                       leave out the ValidatingAdmissionPolicies (required below
 #                       Kubernetes 1.30: RBAC alone then bounds the components)
+#   --extender          the scheduler as an extender of the cluster's kube-scheduler:
+#                       it serves TLS on a Service, and the kube-scheduler's
+#                       configuration is rendered into a ConfigMap (deploy/README.md)
+#   --extender-tls-secret=NAME
+#                       with --extender: kubernetes.io/tls Secret of the extender
+#   --extender-client-ca-secret=NAME
+#                       with --extender: Secret with ca.crt, the CA of the callers'
+#                       client certificates (what the kube-scheduler sends)
+#   --extender-token-secret=NAME
+#                       with --extender: Secret with token, the callers' bearer token
 #   --dry-run           server-side dry run: validate and show, change nothing
 #   --kubeconfig=FILE   default $KUBECONFIG, then ~/.kube/config
 #   --timeout=DURATION  rollout wait and delete's wait for disabled nodes, default 300s
@@ -64,6 +74,7 @@ namespace="kube-system"
 jobs_namespace="lj-runtimekit-jobs"
 kubelet_port=true
 admission=true
+extender_args=()
 registry="lj-runtimekit-registry.cn-hangzhou.cr.aliyuncs.com/lj-runtimekit"
 version=""
 images=()
@@ -128,6 +139,8 @@ while [[ $# -gt 0 ]]; do
     --jobs-namespace=*) jobs_namespace=${1#*=} ;;
     --no-kubelet-read-only-port) kubelet_port=false ;;
     --no-admission-policies) admission=false ;;
+    --extender|--extender-tls-secret=*|--extender-client-ca-secret=*|--extender-token-secret=*)
+      extender_args+=("$1") ;;
     --registry=*) registry=${1#*=} ;;
     --version=*) version=${1#*=} ;;
     --image=*) images+=("${1#*=}") ;;
@@ -144,7 +157,7 @@ while [[ $# -gt 0 ]]; do
       [[ $live_config != keep ]] || die "--keep-live-config and --overwrite-config: choose one"
       live_config=overwrite ;;
     --keep-node-state) keep_node_state=true ;;
-    --components|--namespace|--jobs-namespace|--registry|--version|--image|--kubeconfig|--timeout|--metrics-url)
+    --components|--namespace|--jobs-namespace|--registry|--version|--image|--kubeconfig|--timeout|--metrics-url|--extender-tls-secret|--extender-client-ca-secret|--extender-token-secret)
       die "$1 needs a value: write $1=VALUE" ;;
     -*) die "unknown option '$1' (see $0 --help)" ;;
     *)
@@ -192,6 +205,7 @@ for image in ${images[@]+"${images[@]}"}; do image_args+=("--image=$image"); don
 image_args+=("--jobs-namespace=$jobs_namespace")
 $kubelet_port || image_args+=(--no-kubelet-read-only-port)
 $admission || image_args+=(--no-admission-policies)
+image_args+=(${extender_args[@]+"${extender_args[@]}"})
 [[ -f $protocol ]] || die "$protocol is missing (the one source of protocol.yaml)"
 
 render() {
