@@ -9,6 +9,7 @@ stale, so the forms cannot drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -27,6 +28,7 @@ from lj_runtimekit.deploy.components import (
 from lj_runtimekit.deploy.manifests import (
     ADMISSION_FILE,
     EXPORTER_PORT_NAME,
+    EXTENDER_FILE,
     GENERATED_HEADER,
     KUBELET_PODS_URL,
     METRICS_PORT,
@@ -125,6 +127,21 @@ _WITH = "lj-sentinel-with-"
 _EXTRA = "lj-sentinel-extra-"
 _VALUE = "lj-sentinel-value-"
 _PULL_POLICY = "lj-sentinel-pull-policy"
+_IF = "lj-sentinel-if"
+_EXTENDER = ".Values.schedulerFramework.extender"
+_CONDITIONS = {
+    "extender": f"{_EXTENDER}.enabled",
+    "noextender": f"not {_EXTENDER}.enabled",
+    "clientca": f"and {_EXTENDER}.enabled {_EXTENDER}.clientCASecret",
+    "token": f"and {_EXTENDER}.enabled {_EXTENDER}.tokenSecret",
+}
+"""A list item marked `lj-sentinel-if` renders only under one of these conditions."""
+_EXTENDER_SECRETS = {
+    "extender_tls_secret": ("lj-sentinel-secret-tls", "tlsSecret"),
+    "extender_client_ca_secret": ("lj-sentinel-secret-clientca", "clientCASecret"),
+    "extender_token_secret": ("lj-sentinel-secret-token", "tokenSecret"),
+}
+"""Options field -> (its sentinel, its value under schedulerFramework.extender)."""
 POD_VALUES = ("nodeSelector", "affinity", "priorityClassName", "resources")
 """Pod fields whose manifests.py default is the value in values.yaml (set them to replace it)."""
 
@@ -152,6 +169,86 @@ def _pod_values(obj: Obj, key: str) -> Obj:
     for container in spec["containers"]:
         container["imagePullPolicy"] = _PULL_POLICY
     return obj
+
+
+def _when(condition: str, item: Any) -> Any:
+    """`item` of a list, marked to render only under `_CONDITIONS[condition]`."""
+    if isinstance(item, dict):
+        return {_IF: condition, **item}
+    return f"{_IF}-{condition}={item}"
+
+
+def _extender_condition(item: Any) -> str:
+    text = json.dumps(item)
+    if "extender-client-ca" in text:
+        return "clientca"
+    if "extender-token" in text:
+        return "token"
+    return "extender"
+
+
+def _merge_extender(plain: Any, extender: Any) -> Any:
+    """One object from its plain and its extender-mode form: the list items only one of
+    them has are marked with the condition they render under."""
+    if plain == extender:
+        return plain
+    if isinstance(plain, dict) and isinstance(extender, dict) and plain.keys() == extender.keys():
+        return {k: _merge_extender(plain[k], extender[k]) for k in plain}
+    if (
+        isinstance(plain, list)
+        and isinstance(extender, list)
+        and len(plain) == len(extender)
+        and all(
+            isinstance(a, dict) and isinstance(b, dict) and a.get("name") == b.get("name")
+            for a, b in zip(plain, extender, strict=True)
+        )
+    ):  # the same named items (the containers), changed inside
+        return [_merge_extender(a, b) for a, b in zip(plain, extender, strict=True)]
+    if isinstance(plain, list) and isinstance(extender, list):
+        merged = [item if item in extender else _when("noextender", item) for item in plain]
+        merged += [_when(_extender_condition(i), i) for i in extender if i not in plain]
+        return merged
+    raise AssertionError(f"extender mode changes more than list items: {plain} / {extender}")
+
+
+def _conditional_items(text: str) -> str:
+    """List items marked by `_when` wrapped in `{{- if <condition> }}`."""
+
+    def scalar(m: re.Match[str]) -> str:
+        indent = m.group(1)
+        return (
+            f"{indent}{{{{- if {_CONDITIONS[m.group(2)]} }}}}\n{indent}- {m.group(3)}\n"
+            f"{indent}{{{{- end }}}}"
+        )
+
+    text = re.sub(rf"^( *)- {_IF}-(\w+)=(.*)$", scalar, text, flags=re.M)
+    out: list[str] = []
+    lines = iter(text.split("\n"))
+    pending: str | None = None
+    for line in lines:
+        m = re.match(rf"^( *)- {_IF}: (\w+)$", line)
+        if pending is not None and not line.startswith(pending + "  "):
+            out.append(f"{pending}{{{{- end }}}}")
+            pending = None
+        if m is None:
+            out.append(line)
+            continue
+        indent = m.group(1)
+        out.append(f"{indent}{{{{- if {_CONDITIONS[m.group(2)]} }}}}")
+        first = next(lines)
+        out.append(f"{indent}- {first[len(indent) + 2 :]}")
+        pending = indent
+    if pending is not None:
+        out.append(f"{pending}{{{{- end }}}}")
+    text = "\n".join(out)
+    # Neighbours under the same condition share one block.
+    joined = re.compile(
+        r"^( *)\{\{- if (.*) \}\}\n((?:(?! *\{\{-).*\n)*)\1\{\{- end \}\}\n\1\{\{- if \2 \}\}\n",
+        re.M,
+    )
+    while (shorter := joined.sub(r"\1{{- if \2 }}\n\3", text)) != text:
+        text = shorter
+    return text
 
 
 def _with(match: re.Match[str]) -> str:
@@ -188,6 +285,9 @@ def _templated(objs: list[Obj], component: Component | None, opts: Options) -> s
     text = re.sub(rf"^( *)(?:- )?{_EXTRA}([\w.]+)(?:: x)?$", _extra, text, flags=re.M)
     text = re.sub(rf"{_VALUE}([\w.]+)", r"{{ .Values.\1 | quote }}", text)
     text = text.replace(_PULL_POLICY, "{{ .Values.image.pullPolicy }}")
+    text = _conditional_items(text)
+    for secret, key in _EXTENDER_SECRETS.values():
+        text = text.replace(secret, f"{{{{ {_EXTENDER}.{key} | quote }}}}")
     text = text.replace(_JOBS_NS, "{{ .Values.jobsNamespace }}")
     text = text.replace(_NS, "{{ .Release.Namespace }}")
     text = text.replace(
@@ -313,6 +413,12 @@ tests:
 def _values(opts: Options) -> str:
     keys = ", ".join(IMAGE_KEYS)
     pods = {VALUES_KEYS[c.name]: _pod_defaults(c, opts) for c in COMPONENTS}
+    pods["schedulerFramework"]["extender"] = {
+        "enabled": False,
+        "tlsSecret": "",
+        "clientCASecret": "",
+        "tokenSecret": "",
+    }
     return (
         "# Values of the LJ Runtime Kit chart. The defaults render exactly the plain\n"
         "# YAML under deploy/ (a test compares them) plus the chart's standard labels.\n"
@@ -330,6 +436,10 @@ def _values(opts: Options) -> str:
         "# (of the main container) replace the defaults below; tolerations are added to the\n"
         "# defaults (the GPU taints for the node agents, CriticalAddonsOnly for all);\n"
         "# podAnnotations are added to the pod template.\n"
+        "# schedulerFramework.extender.enabled: the scheduler as an extender of the cluster's\n"
+        "# kube-scheduler (deploy/README.md, Scheduler extender), which needs tlsSecret (a\n"
+        "# kubernetes.io/tls Secret) and clientCASecret (ca.crt: the CA of the kube-scheduler's\n"
+        "# client certificate) or tokenSecret (key token).\n"
         + to_yaml(pods)
         + _MONITORING_VALUES
         + "components:\n"
@@ -608,6 +718,26 @@ lj-runtimekit-scheduler-framework-metrics
 """
 
 
+def _extender_template(objs: list[Obj], opts: Options) -> str:
+    """The extender's Service and kube-scheduler configuration, with the value checks."""
+    on = f"and .Values.components.schedulerFramework {_EXTENDER}.enabled"
+    say = "schedulerFramework.extender: the extender serves beyond loopback only with TLS and"
+    return (
+        _TEMPLATE_HEADER
+        + f"{{{{- if {on} }}}}\n"
+        + f"{{{{- if not {_EXTENDER}.tlsSecret }}}}\n"
+        + f'{{{{- fail "{say} an authenticated caller: set tlsSecret (a kubernetes.io/tls'
+        ' Secret)" }}\n'
+        + "{{- end }}\n"
+        + f"{{{{- if not (or {_EXTENDER}.clientCASecret {_EXTENDER}.tokenSecret) }}}}\n"
+        + f'{{{{- fail "{say} an authenticated caller: set clientCASecret (ca.crt: the CA of'
+        " the kube-scheduler's client certificate) or tokenSecret (key token)\" }}\n"
+        + "{{- end }}\n"
+        + _templated(objs, None, opts)
+        + "{{- end }}\n"
+    )
+
+
 def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
     chart = deploy_dir / CHART
     out: dict[Path, str] = {}
@@ -618,7 +748,7 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
         "type": "application",
         "version": opts.version.removeprefix("v"),
         "appVersion": opts.version,
-        "kubeVersion": ">=1.28.0-0",
+        "kubeVersion": ">=1.18.0-0",
     }
     out[chart / "Chart.yaml"] = "# Generated from VERSION by `make -C deploy manifests`.\n" + (
         to_yaml(chart_doc)
@@ -649,8 +779,29 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
     out[chart / "files" / SCHEDULER_CONFIG_KEY] = config_data(BY_NAME["scheduler-framework"], opts)[
         SCHEDULER_CONFIG_KEY
     ]
+    extender = dataclasses.replace(
+        sentinel,
+        extender=True,
+        extender_tls_secret=_EXTENDER_SECRETS["extender_tls_secret"][0],
+        extender_client_ca_secret=_EXTENDER_SECRETS["extender_client_ca_secret"][0],
+        extender_token_secret=_EXTENDER_SECRETS["extender_token_secret"][0],
+    )
     for component in COMPONENTS:
-        for name, docs in component_files(component, sentinel).items():
+        files = component_files(component, sentinel)
+        if component.name == "scheduler-framework":
+            # Extender mode changes list items of the same objects (args, ports, volumes,
+            # rules) and adds its Service and the kube-scheduler configuration.
+            extender_files = component_files(component, extender)
+            files = {
+                name: [
+                    _merge_extender(a, b) for a, b in zip(docs, extender_files[name], strict=True)
+                ]
+                for name, docs in files.items()
+            }
+            out[chart / "templates" / "scheduler-06-extender.yaml"] = _extender_template(
+                extender_files[EXTENDER_FILE], extender
+            )
+        for name, docs in files.items():
             if name == "02-configmap.yaml":
                 body = _configmap_template(component, sentinel, docs[0])
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,10 +69,55 @@ class Options:
     """The node agents' --kubelet-pods-url; empty: the kubelet read-only port is not used."""
     admission_policies: bool = True
     """The ValidatingAdmissionPolicies (Kubernetes >= 1.30) that bound the components' writes."""
+    extender: bool = False
+    """The scheduler as an extender of the cluster's kube-scheduler (`extender_objects`)."""
+    extender_tls_secret: str = ""
+    """A kubernetes.io/tls Secret (tls.crt, tls.key): the extender's serving certificate."""
+    extender_client_ca_secret: str = ""
+    """A Secret with ca.crt: callers present a client certificate that CA signed."""
+    extender_token_secret: str = ""
+    """A Secret with token: callers send `Authorization: Bearer <token>`."""
+
+    def __post_init__(self) -> None:
+        check_extender(self)
 
     @property
     def protocol(self) -> Protocol:
         return parse_protocol(yaml.safe_load(self.protocol_text), "deploy/protocol.yaml")
+
+
+_SECRET_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+def check_extender(opts: Options) -> None:
+    """The extender listens beyond loopback (the kube-scheduler calls it through a Service),
+    which the scheduler allows only with TLS and an authenticated caller: refuse to render
+    it without the Secrets that supply them."""
+    secrets = {
+        "--extender-tls-secret": opts.extender_tls_secret,
+        "--extender-client-ca-secret": opts.extender_client_ca_secret,
+        "--extender-token-secret": opts.extender_token_secret,
+    }
+    for flag, name in secrets.items():
+        if name and not opts.extender:
+            raise DeployError(f"{flag}={name}: only with --extender")
+        if name and not _SECRET_NAME_RE.match(name):
+            raise DeployError(
+                f"{flag}={name}: not a Secret name (lowercase letters, digits, '-' and '.')"
+            )
+    if not opts.extender:
+        return
+    say = "--extender: the extender serves beyond loopback only with TLS and an authenticated"
+    if not opts.extender_tls_secret:
+        raise DeployError(
+            f"{say} caller; give --extender-tls-secret=NAME (a kubernetes.io/tls Secret: its"
+            " serving certificate, naming the Service)"
+        )
+    if not (opts.extender_client_ca_secret or opts.extender_token_secret):
+        raise DeployError(
+            f"{say} caller; give --extender-client-ca-secret=NAME (ca.crt: the CA of the"
+            " kube-scheduler's client certificate) or --extender-token-secret=NAME (key token)"
+        )
 
 
 def config_checksum(data: Mapping[str, str]) -> str:
@@ -248,7 +294,7 @@ def _leases(name: str) -> list[Obj]:
     ]
 
 
-def _rules(component: Component) -> list[Obj]:
+def _rules(component: Component, opts: Options) -> list[Obj]:
     """Cluster-wide rules: only what the component's code calls (deploy/README.md, Rights)."""
     if component.name == "device-plugin":
         # Node labels and inventory annotation; the node's pods by spec.nodeName (one
@@ -259,6 +305,16 @@ def _rules(component: Component) -> list[Obj]:
         return [
             _rule([""], ["nodes"], ["get", "patch"]),
             _rule([""], ["pods"], ["list", "watch", "patch"]),
+        ]
+    if component.name == "scheduler-framework" and opts.extender:
+        # Extender mode: the kube-scheduler keeps the queue, the PodScheduled condition and
+        # preemption; the extender caches nodes and pods, binds, and records why it refused
+        # a bind. Gangs are refused, so no JobSet is read.
+        return [
+            _rule([""], ["nodes"], _READ),
+            _rule([""], ["pods"], _READ),
+            _rule([""], ["pods/binding"], ["create"]),
+            _EVENTS,
         ]
     if component.name == "scheduler-framework":
         return [
@@ -335,7 +391,7 @@ def rbac(component: Component, opts: Options) -> list[Obj]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
             "metadata": _meta(name, component, None),
-            "rules": _rules(component),
+            "rules": _rules(component, opts),
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -844,6 +900,15 @@ def _container(component: Component, opts: Options) -> Obj:
         ports.append(
             {"name": "metrics", "containerPort": SCHEDULER_METRICS_PORT, "protocol": "TCP"}
         )
+        if opts.extender:
+            args += _extender_args(opts)
+            ports.append(
+                {"name": EXTENDER_PORT_NAME, "containerPort": EXTENDER_PORT, "protocol": "TCP"}
+            )
+            mounts += [
+                {"name": volume, "mountPath": f"{EXTENDER_DIR}/{volume}", "readOnly": True}
+                for volume, _ in _extender_secrets(opts)
+            ]
         liveness, readiness = _http_probes("/metrics", "metrics")
         root = False
     else:
@@ -891,10 +956,15 @@ def _container(component: Component, opts: Options) -> Obj:
     return container
 
 
-def _volumes(component: Component) -> list[Obj]:
+def _volumes(component: Component, opts: Options) -> list[Obj]:
     volumes: list[Obj] = []
     if component.name != "controller":
         volumes.append({"name": "config", "configMap": {"name": component.configmap}})
+    if component.name == "scheduler-framework":
+        volumes += [
+            {"name": volume, "secret": {"secretName": secret}}
+            for volume, secret in _extender_secrets(opts)
+        ]
     if component.name == "device-plugin":
         volumes.append(
             {"name": "device-plugins", "hostPath": {"path": DEVICE_PLUGIN_DIR, "type": "Directory"}}
@@ -935,7 +1005,7 @@ def workload(component: Component, opts: Options) -> Obj:
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_container(component, opts)],
     }
-    if volumes := _volumes(component):
+    if volumes := _volumes(component, opts):
         pod_spec["volumes"] = volumes
     if component.kind == "DaemonSet":
         pod_spec["priorityClassName"] = (
@@ -994,6 +1064,105 @@ def disruption_budget(component: Component, opts: Options) -> Obj:
     }
 
 
+# -- extender mode (deploy/README.md, Scheduler extender) -----------------------------------
+
+EXTENDER_PORT = 8888
+EXTENDER_PORT_NAME = "extender"
+EXTENDER_DIR = "/etc/lj-runtimekit-extender"
+"""The extender's Secrets are mounted in directories under this one, named as the volumes."""
+EXTENDER_FILE = "05-extender.yaml"
+KUBE_SCHEDULER_CONFIG_KEY = "kube-scheduler-config.yaml"
+KUBE_SCHEDULER_CONFIG_HEADER = (
+    "# The KubeSchedulerConfiguration of a kube-scheduler that calls the lj-scheduler extender\n"
+    "# (rendered by lj-deploy --extender from the protocol; deploy/README.md, Scheduler\n"
+    "# extender). Set clientConnection.kubeconfig and the tlsConfig files to your\n"
+    "# kube-scheduler's: a client certificate the extender's client CA signed, the CA of the\n"
+    "# extender's serving certificate.\n"
+)
+
+
+def _extender_secrets(opts: Options) -> list[tuple[str, str]]:
+    """(volume, Secret) of the extender's serving certificate and its callers' credential."""
+    if not opts.extender:
+        return []
+    secrets = [("extender-tls", opts.extender_tls_secret)]
+    if opts.extender_client_ca_secret:
+        secrets.append(("extender-client-ca", opts.extender_client_ca_secret))
+    if opts.extender_token_secret:
+        secrets.append(("extender-token", opts.extender_token_secret))
+    return secrets
+
+
+def _extender_args(opts: Options) -> list[str]:
+    """lj-scheduler's extender flags: every address, TLS, the callers authenticated."""
+    args = [
+        "--mode=extender",
+        "--extender-address=0.0.0.0",
+        f"--extender-port={EXTENDER_PORT}",
+        f"--extender-tls-cert={EXTENDER_DIR}/extender-tls/tls.crt",
+        f"--extender-tls-key={EXTENDER_DIR}/extender-tls/tls.key",
+    ]
+    if opts.extender_client_ca_secret:
+        args.append(f"--extender-client-ca={EXTENDER_DIR}/extender-client-ca/ca.crt")
+    if opts.extender_token_secret:
+        args.append(f"--extender-token-file={EXTENDER_DIR}/extender-token/token")
+    return args
+
+
+def kube_scheduler_configmap(component: Component) -> str:
+    return f"{component.app}-kube-scheduler-config"
+
+
+def extender_url(component: Component, opts: Options) -> str:
+    """The extender's address through its Service (the serving certificate must name it)."""
+    return f"https://{component.app}.{opts.namespace}.svc:{EXTENDER_PORT}"
+
+
+def kube_scheduler_config(component: Component, opts: Options) -> Obj:
+    """The kube-scheduler's configuration with the extender stanza: the Scheduler
+    Framework's sample (generated from the protocol: every managed resource), pointed at
+    the extender's Service."""
+    try:
+        from lj_runtimekit.schedulerframework.internal.extender import sample
+    except ImportError as exc:
+        raise DeployError(
+            "--extender: the Scheduler Framework package (its extender sample renders the"
+            " kube-scheduler configuration) is not installed beside lj-deploy; run: make sync"
+        ) from exc
+    config: Obj = yaml.safe_load(sample.render(opts.protocol))
+    (extender,) = config["extenders"]
+    extender["urlPrefix"] = extender_url(component, opts)
+    return config
+
+
+def extender_objects(component: Component, opts: Options) -> list[Obj]:
+    """The extender's Service and the kube-scheduler configuration to mount (a ConfigMap)."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(component.app, component, opts.namespace),
+        "spec": {
+            "selector": {"app": component.app},
+            "ports": [
+                {
+                    "name": EXTENDER_PORT_NAME,
+                    "port": EXTENDER_PORT,
+                    "targetPort": EXTENDER_PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+    text = KUBE_SCHEDULER_CONFIG_HEADER + to_yaml(kube_scheduler_config(component, opts))
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(kube_scheduler_configmap(component), component, opts.namespace),
+        "data": {KUBE_SCHEDULER_CONFIG_KEY: text},
+    }
+    return [service, configmap]
+
+
 def node_agent_priority_class() -> Obj:
     return {
         "apiVersion": "scheduling.k8s.io/v1",
@@ -1036,6 +1205,8 @@ def component_files(component: Component, opts: Options) -> dict[str, list[Obj]]
     }
     if policies := admission(component, opts):
         files[ADMISSION_FILE] = policies
+    if component.name == "scheduler-framework" and opts.extender:
+        files[EXTENDER_FILE] = extender_objects(component, opts)
     return files
 
 

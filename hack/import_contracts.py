@@ -50,6 +50,13 @@ KNOWN: dict[str, str] = {
     ),
     "lj_runtimekit.deploy.manifests imports another component: "
     "lj_runtimekit.schedulerframework.internal.config.config": "the same",
+    "lj_runtimekit.deploy.manifests imports another component: "
+    "lj_runtimekit.schedulerframework.internal.extender": (
+        "the extender option renders the kube-scheduler's extender stanza with the scheduler's"
+        " own generator (its managed resources from the protocol)"
+    ),
+    "lj_runtimekit.deploy.manifests imports another component: "
+    "lj_runtimekit.schedulerframework.internal.extender.sample": "the same",
 }
 
 

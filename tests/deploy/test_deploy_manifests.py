@@ -465,3 +465,143 @@ def test_jobset_is_required_only_when_the_gang_plugin_asks_for_it(
     monkeypatch.setitem(sys.modules, "lj_runtimekit.schedulerframework.internal.config", None)
     args["requireJobSet"] = True
     assert manifests.jobset_required(config) is True
+
+
+# -- the extender option ---------------------------------------------------------------------
+
+SCHEDULER = BY_NAME["scheduler-framework"]
+
+
+def extender_options(**secrets: str) -> manifests.Options:
+    return manifests.Options(
+        protocol_text=(DEPLOY / "protocol.yaml").read_text(),
+        version=VERSION,
+        namespace="gpu-system",
+        extender=True,
+        **(secrets or {"extender_tls_secret": "ext-tls", "extender_client_ca_secret": "ext-ca"}),
+    )
+
+
+def test_extender_option_renders_a_service_and_the_kube_scheduler_configuration() -> None:
+    sample = importlib.import_module("lj_runtimekit.schedulerframework.internal.extender.sample")
+    opts = extender_options()
+    files = manifests.component_files(SCHEDULER, opts)
+    service, configmap = files[manifests.EXTENDER_FILE]
+    assert service["kind"] == "Service"
+    assert service["metadata"] == {
+        "name": SCHEDULER.app,
+        "namespace": "gpu-system",
+        "labels": manifests.labels(SCHEDULER),
+    }
+    assert service["spec"]["selector"] == {"app": SCHEDULER.app}
+    assert service["spec"]["ports"] == [
+        {"name": "extender", "port": 8888, "targetPort": "extender", "protocol": "TCP"}
+    ]
+    text = configmap["data"][manifests.KUBE_SCHEDULER_CONFIG_KEY]
+    config = yaml.safe_load(text)
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    (extender,) = config["extenders"]
+    assert extender["urlPrefix"] == "https://lj-runtimekit-scheduler-framework.gpu-system.svc:8888"
+    assert extender["enableHTTPS"] is True
+    assert extender["bindVerb"] == "bind"
+    assert {"certFile", "keyFile", "caFile"} <= set(extender["tlsConfig"])
+    managed = [r["name"] for r in extender["managedResources"]]
+    assert managed == sample.managed_resources(opts.protocol)
+    assert DEFAULTS["resources.gpu"] in managed
+    # The rest is the Scheduler Framework's sample, generated from the same protocol.
+    reference = yaml.safe_load(sample.render(opts.protocol))
+    reference["extenders"][0]["urlPrefix"] = extender["urlPrefix"]
+    assert config == reference
+    assert "&id0" not in text
+
+
+def test_extender_option_changes_the_scheduler_pod_and_narrows_its_rights() -> None:
+    opts = extender_options(extender_tls_secret="ext-tls", extender_token_secret="ext-token")
+    pod = manifests.workload(SCHEDULER, opts)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][-6:] == [
+        "--mode=extender",
+        "--extender-address=0.0.0.0",
+        "--extender-port=8888",
+        "--extender-tls-cert=/etc/lj-runtimekit-extender/extender-tls/tls.crt",
+        "--extender-tls-key=/etc/lj-runtimekit-extender/extender-tls/tls.key",
+        "--extender-token-file=/etc/lj-runtimekit-extender/extender-token/token",
+    ]
+    assert {"name": "extender", "containerPort": 8888, "protocol": "TCP"} in container["ports"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"extender-tls": "ext-tls", "extender-token": "ext-token"}
+    assert all(m["readOnly"] for m in container["volumeMounts"])
+    (role,) = [o for o in manifests.rbac(SCHEDULER, opts) if o["kind"] == "ClusterRole"]
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == {
+        *((kind, verb) for kind in ("nodes", "pods") for verb in ("get", "list", "watch")),
+        ("pods/binding", "create"),
+        *(("events", verb) for verb in ("create", "patch", "update")),
+    }
+    # The scheduler's own ConfigMap (and so the pod's checksum) is the same in both modes.
+    plain_opts = manifests.default_options(DEPLOY)
+    assert manifests.config_data(SCHEDULER, opts) == manifests.config_data(SCHEDULER, plain_opts)
+
+
+def test_the_default_render_has_no_extender() -> None:
+    objs = manifests.render(COMPONENTS, manifests.default_options(DEPLOY))
+    assert not [o for o in objs if o["kind"] == "Service"]
+    assert "--mode=extender" not in yaml.safe_dump_all(objs)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--extender"],
+            "--extender: the extender serves beyond loopback only with TLS and an authenticated"
+            " caller; give --extender-tls-secret=NAME",
+        ),
+        (
+            ["--extender", "--extender-tls-secret=tls"],
+            "--extender: the extender serves beyond loopback only with TLS and an authenticated"
+            " caller; give --extender-client-ca-secret=NAME (ca.crt",
+        ),
+        (
+            ["--extender", "--extender-token-secret=t"],
+            "--extender: the extender serves beyond loopback only with TLS and an authenticated"
+            " caller; give --extender-tls-secret=NAME",
+        ),
+        (["--extender-tls-secret=tls"], "--extender-tls-secret=tls: only with --extender"),
+        (
+            ["--extender", "--extender-tls-secret=Tls", "--extender-token-secret=t"],
+            "--extender-tls-secret=Tls: not a Secret name",
+        ),
+    ],
+)
+def test_extender_render_refuses_without_tls_and_an_authenticated_caller(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["render", f"--protocol={DEPLOY / 'protocol.yaml'}", f"--version={VERSION}", *flags]
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"error: {message}")
+    assert captured.err.count("\n") == 1
+
+
+def test_extender_command_line_parses_with_the_real_flags(
+    capture_parse: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    try:
+        module = importlib.import_module(MAINS["lj-scheduler"])
+    except ImportError as exc:
+        pytest.skip(f"lj-scheduler is not installed: {exc}")
+    opts = extender_options(
+        extender_tls_secret="t", extender_client_ca_secret="c", extender_token_secret="k"
+    )
+    container = manifests.workload(SCHEDULER, opts)["spec"]["template"]["spec"]["containers"][0]
+    with pytest.raises(_Parsed) as parsed:
+        module.main(container["args"])
+    ns = vars(parsed.value.namespace)
+    assert ns["mode"] == "extender"
+    assert ns["extender_address"] == "0.0.0.0"
+    assert ns["extender_port"] == manifests.EXTENDER_PORT
+    assert ns["extender_tls_cert"].endswith("/extender-tls/tls.crt")
+    assert ns["extender_client_ca"].endswith("/extender-client-ca/ca.crt")
+    assert ns["extender_token_file"].endswith("/extender-token/token")
