@@ -74,6 +74,10 @@ def _options(args: argparse.Namespace) -> manifests.Options:
         jobs_namespace=check_jobs_namespace(args.jobs_namespace),
         kubelet_pods_url="" if args.no_kubelet_read_only_port else manifests.KUBELET_PODS_URL,
         admission_policies=not args.no_admission_policies,
+        extender=args.extender,
+        extender_tls_secret=args.extender_tls_secret,
+        extender_client_ca_secret=args.extender_client_ca_secret,
+        extender_token_secret=args.extender_token_secret,
     )
 
 
@@ -361,6 +365,17 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="leave out the ValidatingAdmissionPolicies (Kubernetes < 1.30)",
         )
+        p.add_argument(
+            "--extender",
+            action="store_true",
+            help="the scheduler as an extender of the kube-scheduler (TLS, a Service, the"
+            " kube-scheduler configuration)",
+        )
+        p.add_argument("--extender-tls-secret", default="", metavar="NAME", help="tls.crt, tls.key")
+        p.add_argument(
+            "--extender-client-ca-secret", default="", metavar="NAME", help="ca.crt of callers"
+        )
+        p.add_argument("--extender-token-secret", default="", metavar="NAME", help="token")
         p.set_defaults(func=func)
         if name == "render":
             p.add_argument("--no-common", action="store_true", help="leave out the RuntimeClass")
