@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import os
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from lj_runtimekit.deploy import manifests
-from lj_runtimekit.deploy.components import COMPONENTS, Component
+from lj_runtimekit.deploy.components import BY_NAME, COMPONENTS, Component
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.versions import find_tools
 
@@ -288,6 +289,76 @@ def test_helm_monitoring_values(control_plane: ControlPlane) -> None:
     assert "{{ $labels" in json.dumps(rule["spec"])
     only_services = template("--namespace", "lj", "--set", "monitoring.service.enabled=true")
     assert {k[0] for k in only_services} - {k[0] for k in default} == {"Service"}
+
+
+EXTENDER = "schedulerFramework.extender"
+SCHEDULER_ONLY = (
+    "components.devicePlugin=false,components.exporter=false,components.controller=false,"
+    "runtimeClass.create=false"
+)
+
+
+@pytest.mark.parametrize(
+    "secrets",
+    [
+        {"tlsSecret": "ext-tls", "clientCASecret": "ext-ca"},
+        {"tlsSecret": "ext-tls", "tokenSecret": "ext-token"},
+        {"tlsSecret": "ext-tls", "clientCASecret": "ext-ca", "tokenSecret": "ext-token"},
+    ],
+    ids=["client-ca", "token", "both"],
+)
+def test_helm_extender_values_render_what_lj_deploy_renders(
+    secrets: dict[str, str], control_plane: ControlPlane
+) -> None:
+    values = ",".join(f"{EXTENDER}.{k}={v}" for k, v in secrets.items())
+    rendered = unhelmed(
+        template(
+            "--namespace",
+            "gpu-system",
+            "--set",
+            SCHEDULER_ONLY,
+            "--set",
+            f"{EXTENDER}.enabled=true,{values}",
+        )
+    )
+    opts = dataclasses.replace(
+        manifests.default_options(DEPLOY),
+        namespace="gpu-system",
+        extender=True,
+        extender_tls_secret=secrets["tlsSecret"],
+        extender_client_ca_secret=secrets.get("clientCASecret", ""),
+        extender_token_secret=secrets.get("tokenSecret", ""),
+    )
+    expected = manifests.render((BY_NAME["scheduler-framework"],), opts, common=False)
+    assert rendered == objects(manifests.dump(expected))
+    assert ("Service", "gpu-system", "lj-runtimekit-scheduler-framework") in rendered
+    # Secrets left over with the extender off change nothing.
+    off = unhelmed(template("--namespace", "kube-system", "--set", SCHEDULER_ONLY, "--set", values))
+    assert off == plain("scheduler")
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ("", "set tlsSecret (a kubernetes.io/tls Secret)"),
+        (f",{EXTENDER}.tlsSecret=t", "set clientCASecret (ca.crt"),
+    ],
+)
+def test_helm_extender_refuses_without_tls_and_an_authenticated_caller(
+    values: str, message: str, control_plane: ControlPlane
+) -> None:
+    result = subprocess.run(
+        [tool("helm"), "template", "lj", str(CHART), "--set", f"{EXTENDER}.enabled=true{values}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert (
+        "schedulerFramework.extender: the extender serves beyond loopback only with TLS and an"
+        f" authenticated caller: {message}"
+    ) in result.stderr
 
 
 @pytest.mark.parametrize("directory", [*ALL, "."])
