@@ -9,14 +9,13 @@ events are dropped (and counted), never blocking scheduling.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from lj_runtimekit.proto.pkg.kube import MERGE_PATCH, KubeClient, KubeError, api_time
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
+from lj_runtimekit.schedulerframework.internal.scheduler.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -38,46 +37,36 @@ class EventRecorder:
         self.kube = kube
         self.component = component
         self.instance = instance
-        self._queue: queue.Queue[EventRecord | None] = queue.Queue(maxsize=size)
         self._sent: OrderedDict[tuple[str, str, str], tuple[str, int]] = OrderedDict()
-        self.dropped = 0
         self.recorded: list[EventRecord] = []
         """Kept when there is no API client (unit tests)."""
-        self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
-        if kube is not None:
-            self._thread.start()
+        self._worker = (
+            Worker("event-recorder", self._send, self._failed, size) if kube is not None else None
+        )
+
+    @property
+    def dropped(self) -> int:
+        """Events dropped because the queue was full."""
+        return self._worker.dropped if self._worker is not None else 0
 
     def event(self, pod: PodInfo, kind: str, reason: str, message: str) -> None:
         record = EventRecord(pod.namespace, pod.name, pod.uid, kind, reason, message)
-        if self.kube is None:
+        if self._worker is None:
             self.recorded.append(record)
             return
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            self.dropped += 1
+        self._worker.put(record)
 
     def stop(self) -> None:
-        if self.kube is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=5)
+        if self._worker is not None:
+            self._worker.stop()
 
-    def _run(self) -> None:
-        while True:
-            record = self._queue.get()
-            if record is None:
-                return
-            try:
-                self._send(record)
-            except KubeError as exc:
-                if exc.status != 404:  # the pod's namespace is gone
-                    log.warning(
-                        "event not recorded: %s",
-                        exc,
-                        extra={"pod": f"{record.namespace}/{record.name}"},
-                    )
-            except Exception:
-                log.exception("event not recorded")
+    def _failed(self, record: EventRecord, exc: Exception) -> None:
+        if not isinstance(exc, KubeError):
+            log.error("event not recorded", exc_info=exc)
+        elif exc.status != 404:  # the pod's namespace is gone
+            log.warning(
+                "event not recorded: %s", exc, extra={"pod": f"{record.namespace}/{record.name}"}
+            )
 
     def _send(self, r: EventRecord) -> None:
         assert self.kube is not None

@@ -18,8 +18,6 @@ pod's filter would change its gang's plan).
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +26,7 @@ from lj_runtimekit.proto.pkg.kube import STRATEGIC_MERGE_PATCH, KubeClient, Kube
 from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.plugin import gang_key
+from lj_runtimekit.schedulerframework.internal.scheduler.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -137,10 +136,9 @@ class Evictor:
         self._failed = failed
         self.done: list[Preemption] = []
         """Without an API client (unit tests): the preemptions asked for."""
-        self._queue: queue.Queue[Preemption | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="preemption", daemon=True)
-        if kube is not None:
-            self._thread.start()
+        self._worker = (
+            Worker("preemption", self._write, self._not_written) if kube is not None else None
+        )
 
     def submit(self, p: Preemption) -> None:
         for v in p.victims:
@@ -150,29 +148,21 @@ class Evictor:
                 "Preempted",
                 f"Preempted by pod {p.pod.key} ({p.pod.uid}) on node {p.node}",
             )
-        if self.kube is None:
+        if self._worker is None:
             self.done.append(p)
             return
-        self._queue.put(p)
+        self._worker.put(p)
 
     def stop(self) -> None:
-        if self.kube is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=5)
+        if self._worker is not None:
+            self._worker.stop()
 
-    def _run(self) -> None:
-        while True:
-            p = self._queue.get()
-            if p is None:
-                return
-            try:
-                self._write(p)
-            except KubeError as exc:
-                log.warning("preemption not written: %s", exc, extra={"pod": p.pod.key})
-                self._failed(p.pod.uid)
-            except Exception:
-                log.exception("preemption not written", extra={"pod": p.pod.key})
-                self._failed(p.pod.uid)
+    def _not_written(self, p: Preemption, exc: Exception) -> None:
+        if isinstance(exc, KubeError):
+            log.warning("preemption not written: %s", exc, extra={"pod": p.pod.key})
+        else:
+            log.error("preemption not written", exc_info=exc, extra={"pod": p.pod.key})
+        self._failed(p.pod.uid)
 
     def _patch_status(self, pod: PodInfo, status: Mapping[str, object]) -> None:
         assert self.kube is not None
