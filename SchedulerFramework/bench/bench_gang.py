@@ -11,6 +11,11 @@ v1.15.0:
   nodes (three fit); after the three are bound, gangs with some but not all of
   their minimum bound, over every gang of the run (target 0);
 - gang_competing_whole: how many of the four went whole (3 expected).
+
+`slice_gang_placed` (run by bench_preemption.py on its own cluster): a gang
+of 8 TDM slices (60 % core, 10 % memory) on one empty 8-GPU node, where two
+such slices never share a GPU: 1 when the whole gang is bound, one slice per
+GPU, else 0.
 """
 
 from __future__ import annotations
@@ -18,21 +23,24 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.proto.pkg.kube import KubeClient
-from lj_runtimekit.proto.pkg.protocol import load_protocol
+from lj_runtimekit.proto.pkg.protocol import decode_assignment, load_protocol
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import Args as GpuShareArgs
+from lj_runtimekit.testkit.invariant import assignment_holdings, sharing_violations
 
 P = load_protocol()
 COMPETE_LABEL = "bench.lj-runtimekit.io/compete"
 GANG_SIZE = 256
 COMPETING = 4
 COMPETING_SIZE = 16
+SLICE = {P.resources.core: "60", P.resources.memory: "10"}
+SLICE_GANG = 8
 
 
 def label_nodes(kube: KubeClient, names: Sequence[str]) -> list[str]:
@@ -62,13 +70,23 @@ def label_nodes(kube: KubeClient, names: Sequence[str]) -> list[str]:
 
 
 def gang_pod(
-    name: str, group: str, size: int, gpus: str, selector: dict[str, str] | None = None
+    name: str,
+    group: str,
+    size: int,
+    gpus: str,
+    selector: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """A member of gang `group` asking for `gpus` whole GPUs (or `limits`)."""
     spec: dict[str, Any] = {
         "schedulerName": "lj-bench",
         "runtimeClassName": GpuShareArgs.runtime_class_name,
         "containers": [
-            {"name": "main", "image": "busybox", "resources": {"limits": {P.resources.gpu: gpus}}}
+            {
+                "name": "main",
+                "image": "busybox",
+                "resources": {"limits": limits or {P.resources.gpu: gpus}},
+            }
         ],
         "terminationGracePeriodSeconds": 0,
     }
@@ -185,3 +203,38 @@ def run_gang_bench(
         lj.terminate()
         lj.wait(30)
     return results
+
+
+def run_slice_gang(
+    kube: KubeClient,
+    ns: str,
+    node: str,
+    bound: Callable[[], Mapping[str, float]],
+    log: Callable[[str], None],
+) -> int:
+    """`slice_gang_placed`: a gang of 8 60 % slices on the empty 8-GPU `node` (the pods
+    select it by hostname); `bound`: the pods of `ns` bound so far (name -> time)."""
+    names = [f"slice-{i}" for i in range(SLICE_GANG)]
+    for name in names:
+        body = gang_pod(name, "slices", SLICE_GANG, "", {"kubernetes.io/hostname": node}, SLICE)
+        kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body=body)
+    deadline = time.monotonic() + 60
+    while not set(names) <= set(bound()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pods = [
+        p
+        for p in kube.list_all(f"/api/v1/namespaces/{ns}/pods")[0]
+        if p["metadata"]["name"] in names and p["spec"].get("nodeName") == node
+    ]
+    gpus = {
+        share.device_id
+        for p in pods
+        for shares in decode_assignment(
+            p["metadata"]["annotations"][P.annotations.assigned_devices]
+        ).values()
+        for share in shares
+    }
+    clean = not sharing_violations("slices", assignment_holdings(pods, P))
+    placed = int(len(pods) == SLICE_GANG and len(gpus) == SLICE_GANG and clean)
+    log(f"slice gang: {len(pods)}/{SLICE_GANG} bound on {len(gpus)} GPU(s); placed={placed}")
+    return placed
