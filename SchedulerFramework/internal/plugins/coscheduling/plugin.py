@@ -7,8 +7,10 @@ Cycle order (scheduler-plugins' Coscheduling, plus a gang-wide plan):
   minimum, waits. Otherwise the first member plans the *whole* remaining gang
   against the capacity that is free now and not claimed by another gang
   (networktopology/placement.py: the smallest domain that holds it). No plan,
-  no reservation: the member stays Pending with the reason. The plan claims
-  its nodes; each member is narrowed to its Job's planned nodes.
+  no reservation: the member stays Pending with the reason, and a GangNeed in
+  the cycle state lets DefaultPreemption make room for the whole gang (it
+  then claims the nodes through `hold`). The plan claims its nodes; each
+  member is narrowed to its Job's planned nodes.
 - Filter: other pods keep off nodes claimed by a gang being placed.
 - Reserve: the member takes one planned slot (GpuShare reserves the devices).
 - Permit: WAIT until running + reserved members reach the minimum, then every
