@@ -34,6 +34,7 @@ from lj_runtimekit.proto.pkg.kube import (
     KubeObject,
     NotFoundError,
     RateLimiter,
+    WatchCanceller,
     transient,
 )
 from lj_runtimekit.testkit.ports import free_port
@@ -160,11 +161,12 @@ class _HeldWatches(KubeClient):
         resource_version: str,
         params: Mapping[str, str] | None = None,
         timeout_s: int = 300,
+        canceller: WatchCanceller | None = None,
     ) -> Iterator[tuple[str, KubeObject]]:
         self.waiting.set()
         self.hold.wait()
         self.waiting.clear()
-        yield from super().watch(path, resource_version, params, timeout_s=1)
+        yield from super().watch(path, resource_version, params, timeout_s=1, canceller=canceller)
 
 
 @pytest.mark.controlplane

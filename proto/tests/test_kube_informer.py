@@ -72,3 +72,26 @@ def test_the_error_clears_once_a_list_gets_through(
     finally:
         informer.stop()
         kube.close()
+
+
+@pytest.mark.controlplane
+def test_stop_cuts_the_open_watch(control_plane: ControlPlane, namespace: str) -> None:
+    kube = KubeClient(control_plane.api_client())
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    seen: list[str] = []
+    informer = Informer(kube, path, lambda t, o: seen.append(o["metadata"]["name"]), "cms")
+    informer.start()
+    try:
+        assert informer.synced.wait(30)
+        kube.request("POST", path, body={"metadata": {"name": "watched"}})
+        wait_for(lambda: "watched" in seen, 30, "the watch's ADDED", describe=seen.copy)
+        # The server would hold this watch open for minutes: stop cuts it.
+        informer.stop()
+        wait_for(lambda: not informer.running, 5, "the informer's thread to end")
+        kube.request("POST", path, body={"metadata": {"name": "after"}})
+        assert informer.error is None
+        # The client's pool still serves requests (the cut connection is not reused).
+        assert kube.request("GET", f"{path}/after")["metadata"]["name"] == "after"
+    finally:
+        informer.stop()
+        kube.close()

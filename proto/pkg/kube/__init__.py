@@ -9,6 +9,7 @@ from lj_runtimekit.proto.pkg.kube.client import (
     KubeClient,
     KubeObject,
     RateLimiter,
+    WatchCanceller,
 )
 from lj_runtimekit.proto.pkg.kube.config import (
     ApiAccess,
@@ -51,6 +52,7 @@ __all__ = [
     "NotFoundError",
     "RateLimiter",
     "RetryPolicy",
+    "WatchCanceller",
     "api_error",
     "api_time",
     "call",

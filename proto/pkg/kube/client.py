@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import ssl
 import tempfile
 import threading
@@ -60,6 +61,41 @@ class RateLimiter:
                     return
                 need = (1 - self._tokens) / self.qps
             time.sleep(need)
+
+
+class WatchCanceller:
+    """Ends a watch (`KubeClient.watch`) from another thread: `cancel` shuts its
+    connection down, so a read blocked on the stream returns at once and the watch ends."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self._response: Any = None
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        """End the watch open now, and any watch opened with this canceller later."""
+        with self._lock:
+            self.cancelled = True
+            if self._response is not None:
+                _shut_down(self._response)
+
+    def _open(self, response: Any) -> None:
+        with self._lock:
+            self._response = response
+            if self.cancelled:
+                _shut_down(response)
+
+    def _close(self) -> None:
+        with self._lock:
+            self._response = None
+
+
+def _shut_down(response: Any) -> None:
+    """Shut the socket of a streamed answer down (both ways; TLS or not)."""
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class KubeClient:
@@ -231,9 +267,11 @@ class KubeClient:
         resource_version: str,
         params: Mapping[str, str] | None = None,
         timeout_s: int = 300,
+        canceller: WatchCanceller | None = None,
     ) -> Iterator[tuple[str, KubeObject]]:
         """(type, object) events from `resource_version` (BOOKMARK events included) until the
-        server ends the watch; GoneError when the version is too old, KubeError else."""
+        server ends the watch or `canceller` cancels it; GoneError when the version is too
+        old, KubeError else (a cancelled watch may end with one)."""
         what = f"WATCH {path}"
         query = {
             **(params or {}),
@@ -246,9 +284,13 @@ class KubeClient:
         # The server ends the watch after timeout_s; the read bound catches a dead stream.
         timeout = urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=timeout_s + 30)
         resp = self._send(what, "GET", url, self._headers(), None, timeout)
+        if canceller is not None:
+            canceller._open(resp)
         try:
             yield from self._events(what, resp)
         finally:
+            if canceller is not None:
+                canceller._close()
             resp.release_conn()
 
     @staticmethod

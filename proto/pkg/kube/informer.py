@@ -5,6 +5,8 @@ A broken list or watch is tried again with exponential backoff (tenacity, with j
 until `stop`; a watch the server ended resumes from the last version seen, bookmarks
 included. After a list, objects no longer there are handed over as DELETED. `error`
 says why the last round failed, until a list or a watch event gets through again.
+`stop` ends the open watch at once (its connection is shut down); a stopped informer
+is not started again (make a new one).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable, Mapping
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-from lj_runtimekit.proto.pkg.kube.client import KubeClient, KubeObject
+from lj_runtimekit.proto.pkg.kube.client import KubeClient, KubeObject, WatchCanceller
 from lj_runtimekit.proto.pkg.kube.errors import GoneError
 from lj_runtimekit.proto.pkg.kube.retry import RetryPolicy, log_retry
 
@@ -61,6 +63,7 @@ class Informer:
         self._version = ""
         self._known: dict[str, KubeObject] = {}
         self._stop = threading.Event()
+        self._canceller = WatchCanceller()
         self._thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
 
     def start(self) -> None:
@@ -69,8 +72,15 @@ class Informer:
             self._thread.start()
 
     def stop(self) -> None:
-        """End the thread at its next event, or when the server ends the watch."""
+        """End the thread: the open watch is cut (a list under way is finished first, its
+        objects not handed over)."""
         self._stop.set()
+        self._canceller.cancel()
+
+    @property
+    def running(self) -> bool:
+        """Whether the informer's thread is still there (started and not yet ended)."""
+        return self._thread.is_alive()
 
     def _relist(self) -> None:
         items, self._version = self.kube.list_all(self.path, self.params)
@@ -83,6 +93,8 @@ class Informer:
             self._dispatch("MODIFIED" if _key(obj) in self._known else "ADDED", obj)
 
     def _dispatch(self, etype: str, obj: KubeObject) -> None:
+        if self._stop.is_set():
+            return
         key = _key(obj)
         if etype == "DELETED":
             self._known.pop(key, None)
@@ -100,7 +112,9 @@ class Informer:
             self._relist()
             self.synced.set()
         try:
-            for etype, obj in self.kube.watch(self.path, self._version, self.params):
+            for etype, obj in self.kube.watch(
+                self.path, self._version, self.params, canceller=self._canceller
+            ):
                 if self._stop.is_set():
                     return
                 meta = obj.get("metadata") or {}
@@ -110,6 +124,9 @@ class Informer:
                     self._dispatch(etype, obj)
         except GoneError:
             self._version = ""  # too old: list again, at once
+        except Exception:
+            if not self._stop.is_set():
+                raise  # else: the watch was cut by `stop`
 
     def _sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
