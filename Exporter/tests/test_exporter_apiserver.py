@@ -1,15 +1,21 @@
 """The API server pod watch against a real control plane: with the kubelet port closed (or
 not used) the exporter watches the node's pods by spec.nodeName and keeps the per-pod
-series, without a request to the API server per collection."""
+series, without a request to the API server per collection; the watch ends when the kubelet
+answers again."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client as k8s
 from prometheus_client.parser import text_string_to_metric_families
 
+from lj_runtimekit.exporter.internal.pods.apiserver import ApiServerPods
+from lj_runtimekit.exporter.internal.pods.kubelet import KubeletPods
+from lj_runtimekit.exporter.internal.pods.source import NodePods
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
@@ -194,3 +200,63 @@ def test_without_the_kubelet_port_pods_come_from_one_watch(
             assert after.get("WATCH", 0) - before.get("WATCH", 0) <= 1, (before, after)
         finally:
             assert exporter.stop() == 0
+
+
+@pytest.mark.controlplane
+async def test_the_fallback_watch_stops_when_the_kubelet_answers_and_lists_anew_after(
+    lj: Any, control_plane: Any, api_client: k8s.ApiClient, namespace: str, node_factory: Any
+) -> None:
+    node = node_factory.create(f"{node_factory.group}-f", gpus=8)
+    core = k8s.CoreV1Api(api_client)
+    kubelet = lj.kubelet_pods([lj.PodSpec("k1", namespace, "from-kubelet", ("c",), {})])
+    kubelet.port = urlsplit(kubelet.url).port  # started again on the same port
+    fallback = ApiServerPods(node, str(control_plane.kubeconfig_path))
+
+    def pods_are(*names: str) -> None:
+        lj.wait_for(
+            lambda: (
+                sorted(p.metadata.name for p in core.list_namespaced_pod(namespace).items)
+                == sorted(names)
+            ),
+            30,
+            f"the namespace's pods to be {names}",
+        )
+
+    async with contextlib.aclosing(KubeletPods(kubelet.url, timeout_s=2)) as pods:
+        source = NodePods(pods, fallback)
+
+        async def kubelet_down_then_up(*expected: str) -> None:
+            """The kubelet stops answering (the watch starts and lists `expected`), then
+            answers again: the watch ends at once, not when the server would end it
+            (minutes later)."""
+            kubelet.stop()
+            read = await source.read()
+            assert read.view is not None
+            assert read.view.source == "apiserver"
+            assert {p.name for p in read.view.pods} == set(expected)
+            assert fallback.watching
+            kubelet.start()
+            read = await source.read()
+            assert read.view is not None
+            assert read.view.source == "kubelet"
+            lj.wait_for(lambda: not fallback.watching, 10, "the API server watch to end")
+
+        try:
+            read = await source.read()
+            assert read.view is not None
+            assert read.view.source == "kubelet"
+            assert not fallback.watching
+            # No pod on the node: nothing on the watch's stream wakes its reader up.
+            await kubelet_down_then_up()
+            # A pod created while no watch runs: the next fallback lists it.
+            core.create_namespaced_pod(namespace, _pod("before", node, {}))
+            pods_are("before")
+            await kubelet_down_then_up("before")
+            # Deleted while no watch runs: not served from the earlier copy.
+            core.delete_namespaced_pod("before", namespace, grace_period_seconds=0)
+            core.create_namespaced_pod(namespace, _pod("later", node, {}))
+            pods_are("later")
+            await kubelet_down_then_up("later")
+        finally:
+            kubelet.stop()
+            fallback.stop()

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -102,6 +103,10 @@ class _Lister:
         self.pods = pods
         self.calls = 0
         self.problem: str | None = None
+        self.stops = 0
+
+    def stop(self) -> None:
+        self.stops += 1
 
     async def list_pods(self) -> tuple[Pod, ...]:
         self.calls += 1
@@ -152,3 +157,31 @@ async def test_without_the_kubelet_the_watch_is_the_only_source() -> None:
     read = await source.read()
     assert (read.view, read.kubelet_up) == (None, None)
     assert [s for s, _ in read.errors] == ["apiserver"]
+
+
+async def test_the_fallback_watch_runs_only_while_the_kubelet_is_down(
+    lj: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    kubelet = lj.kubelet_pods([lj.PodSpec("k1", "ns", "from-kubelet", ("c",), {})])
+    kubelet.port = urlsplit(kubelet.url).port  # started again on the same port
+    fallback = _Lister((_pod("f1", {}),))
+    async with contextlib.aclosing(KubeletPods(kubelet.url, timeout_s=2)) as pods:
+        source = NodePods(pods, fallback)
+        with caplog.at_level(logging.INFO):
+            for down in (True, False, True, False):
+                if down:
+                    kubelet.stop()
+                else:
+                    kubelet.start()
+                read = await source.read()
+                read_again = await source.read()
+                for r in (read, read_again):
+                    assert r.view is not None
+                    assert r.view.source == ("apiserver" if down else "kubelet")
+            kubelet.stop()
+        # Stopped each time the kubelet answered again, restarted by the next read after.
+        assert fallback.stops == 2
+        assert fallback.calls == 4
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum("reading pods from the API server" in m for m in messages) == 2
+        assert sum("API server watch is stopped" in m for m in messages) == 2

@@ -7,7 +7,8 @@ In steady state the API server sees one watch request per node every five
 minutes (the server ends each watch then; bookmarks keep its version fresh),
 and a list only when that version has expired. The client is built and the
 watch started on the first read; a broken watch is retried with backoff while
-the last copy stays served (`problem` says why).
+the last copy stays served (`problem` says why). `stop` ends the watch and drops
+the copy (the fallback's kubelet answers again); the next read lists anew.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ class ApiServerPods:
         self.kubeconfig = kubeconfig
         self.sync_timeout_s = sync_timeout_s
         """Longest wait of a read for the first list."""
+        self._kube: KubeClient | None = None
         self._informer: Informer | None = None
+        self._started: list[Informer] = []
         self._pods: dict[str, Pod] = {}
+        """The current informer's copy; a stopped one writes to its own, dropped dict."""
         self._lock = threading.Lock()
 
     @property
@@ -51,28 +55,43 @@ class ApiServerPods:
             return None
         return f"{self.where}: watch broken, serving its last copy: {informer.error}"
 
+    @property
+    def watching(self) -> bool:
+        """Whether a watch's thread runs, a stopped one's included until it has ended."""
+        self._started = [i for i in self._started if i.running]
+        return bool(self._started)
+
     def start(self) -> Informer:
-        """Build the client and start the watch (once); PodSourceError without credentials."""
+        """Start the watch unless it runs (the client is built once); PodSourceError
+        without credentials."""
         with self._lock:
             if self._informer is None:
-                try:
-                    kube = KubeClient.connect(self.kubeconfig)
-                except KubeConfigError as exc:
-                    raise PodSourceError(f"{self.where}: cannot load config: {exc}") from exc
+                if self._kube is None:
+                    try:
+                        self._kube = KubeClient.connect(self.kubeconfig)
+                    except KubeConfigError as exc:
+                        raise PodSourceError(f"{self.where}: cannot load config: {exc}") from exc
+                pods: dict[str, Pod] = {}
+                self._pods = pods
                 self._informer = Informer(
-                    kube,
+                    self._kube,
                     "/api/v1/pods",
-                    self._on_pod,
+                    lambda etype, obj: self._on_pod(pods, etype, obj),
                     "node-pods",
                     params={"fieldSelector": f"spec.nodeName={self.node_name}"},
                 )
                 self._informer.start()
+                self._started = [*(i for i in self._started if i.running), self._informer]
             return self._informer
 
     def stop(self) -> None:
-        """End the watch."""
-        if self._informer is not None:
-            self._informer.stop()
+        """End the watch (its open request is cut) and drop its copy; a later read
+        starts a new one."""
+        with self._lock:
+            informer, self._informer = self._informer, None
+            self._pods = {}
+        if informer is not None:
+            informer.stop()
 
     async def list_pods(self) -> tuple[Pod, ...]:
         """The node's pods as the watch last saw them; PodSourceError until the first list."""
@@ -85,7 +104,7 @@ class ApiServerPods:
         with self._lock:
             return tuple(self._pods.values())
 
-    def _on_pod(self, etype: str, obj: KubeObject) -> None:
+    def _on_pod(self, pods: dict[str, Pod], etype: str, obj: KubeObject) -> None:
         try:
             pod = parse_pod(obj, f"{self.where}: watched pod")
         except PodListError as exc:
@@ -93,6 +112,6 @@ class ApiServerPods:
             return
         with self._lock:
             if etype == "DELETED":
-                self._pods.pop(pod.uid, None)
+                pods.pop(pod.uid, None)
             else:
-                self._pods[pod.uid] = pod
+                pods[pod.uid] = pod

@@ -29,6 +29,10 @@ class WatchedPods(PodLister, Protocol):
         """Why the copy may be stale; None while the watch works."""
         ...
 
+    def stop(self) -> None:
+        """End the watch and drop the copy; the next read starts it again."""
+        ...
+
 
 @dataclass(frozen=True)
 class PodRead:
@@ -42,14 +46,16 @@ class PodRead:
 
 class NodePods:
     """Reads the node's pods from the kubelet, falling back to the API server's watch; with
-    no kubelet (`kubelet` None) from the watch alone."""
+    no kubelet (`kubelet` None) from the watch alone. The fallback's watch runs only while
+    the kubelet does not answer: it is stopped at the kubelet's first answer and started
+    again (a new list) when the kubelet fails again."""
 
     def __init__(self, kubelet: PodLister | None, fallback: WatchedPods | None = None) -> None:
         if kubelet is None and fallback is None:
             raise ValueError("NodePods needs the kubelet, the API server or both")
         self._kubelet = kubelet
         self._fallback = fallback
-        self._fallback_logged = False
+        self._falling_back = False
 
     async def read(self) -> PodRead:
         """Read the pods once; never raises for an unreachable source."""
@@ -62,14 +68,18 @@ class NodePods:
         except PodSourceError as exc:
             errors.append(("kubelet", str(exc)))
         else:
+            if self._falling_back and self._fallback is not None:
+                self._falling_back = False
+                self._fallback.stop()
+                log.info("kubelet pods answer again, the API server watch is stopped")
             return PodRead(view=PodView("kubelet", pods), kubelet_up=True)
         if self._fallback is None:
             return PodRead(view=None, kubelet_up=False, errors=tuple(errors))
-        if not self._fallback_logged:
-            self._fallback_logged = True
+        if not self._falling_back:
+            self._falling_back = True
             log.warning(
                 "kubelet pods unavailable, reading pods from the API server by spec.nodeName"
-                " while it stays down (logged once)",
+                " while it stays down",
                 extra={"reason": errors[0][1]},
             )
         return await self._read_fallback(self._fallback, False, errors)
