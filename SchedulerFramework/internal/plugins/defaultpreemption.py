@@ -18,7 +18,8 @@ GangNeed in the cycle state): every lower-priority unit in the cluster is
 taken away and the gang is planned again (the same placement, topology
 included); if even then it does not fit, nobody is evicted. Otherwise the
 units are reprieved one by one as above (PDB violators first, highest priority
-first) while the whole gang still fits. Coscheduling holds the planned nodes
+first) while the whole gang still fits (halves of the list first: one plan
+reprieves a part that fits back whole). Coscheduling holds the planned nodes
 for the gang (a plan of its own, claimed as any gang plan) while the victims
 go; on each planned node with victims the first member planned there is
 nominated to it and preempts them (the victims of another gang's nodes go with
@@ -288,16 +289,29 @@ class DefaultPreemption(PostFilterPlugin):
                 self._cycle_budgets = self._budgets()
             violating, fine = split_by_budgets(units, self._cycle_budgets)
             victims: list[PodInfo] = []
-            for unit in violating + fine:
-                for p in unit.pods:
+
+            def reprieve(batch: list[Unit]) -> None:
+                """As reprieving the units one by one, in order, while the gang fits; a
+                batch that fits back at once is reprieved with one plan (fitting only
+                gets harder as pods come back)."""
+                pods = [p for u in batch for p in u.pods]
+                for p in pods:
                     cache.update_pod(p)
                     del out[p.uid]
                 if need.place() is not None:
-                    continue  # reprieved
-                for p in unit.pods:
+                    return
+                for p in pods:
                     out[p.uid] = p
                     cache.remove_pod(p.uid)
-                victims.extend(unit.pods)
+                if len(batch) == 1:
+                    victims.extend(pods)
+                    return
+                reprieve(batch[: len(batch) // 2])
+                reprieve(batch[len(batch) // 2 :])
+
+            ordered = violating + fine
+            if ordered:
+                reprieve(ordered)
             placement = need.place()
             if not victims or placement is None:
                 return None  # fits as it is (what turned it away was not these pods)
