@@ -362,9 +362,45 @@ wait_rollouts() {
 
 # -- commands ---------------------------------------------------------------------------------
 
+# minor_of GITVERSION: prints the minor of a v1.MINOR.x version; fails for anything else.
+minor_of() {
+  [[ $1 =~ ^v1\.([0-9]+)\. ]] || return 1
+  echo "${BASH_REMATCH[1]}"
+}
+
+# skew_line CLIENT SERVER: the precheck line about kubectl's version against the server's
+# (kubectl supports the server's minor and one either side).
+skew_line() {
+  local client_minor server_minor skew
+  if ! client_minor=$(minor_of "$1") || ! server_minor=$(minor_of "$2"); then
+    echo "warning: cannot compare kubectl's version '${1:-unknown}' with the server's '$2'; kubectl supports one minor version either side of the server"
+    return
+  fi
+  skew=$((client_minor - server_minor))
+  if (( skew > 1 || skew < -1 )); then
+    echo "warning: kubectl $1 is ${skew#-} minor versions $( ((skew > 0)) && echo newer || echo older) than the server $2; kubectl supports one minor either side (1.$((server_minor - 1)) to 1.$((server_minor + 1))): deploy may fail or apply objects wrongly; fix: use a kubectl in that range (KUBECTL=/path/to/kubectl)"
+  else
+    echo "ok      kubectl $1 against the server $2: within one minor"
+  fi
+}
+
+# pod_security_line NAMESPACE WHAT: a PROBLEM line when the namespace enforces a Pod Security
+# level below privileged, which the hostPath volumes of WHAT need; nothing when it is fine.
+pod_security_line() {
+  local level label=pod-security.kubernetes.io/enforce
+  level=$("${kc[@]}" get namespace "$1" -o "jsonpath={.metadata.labels.pod-security\.kubernetes\.io/enforce}" 2>/dev/null) || return 0
+  case $level in
+    baseline|restricted)
+      echo "PROBLEM namespace $1 enforces Pod Security '$level' (label $label=$level), but $2 mount host paths, which only 'privileged' admits; fix: kubectl label --overwrite namespace $1 $label=privileged" ;;
+    *) echo "ok      namespace $1: Pod Security enforce '${level:-not set (the cluster default)}'; $2 need 'privileged'" ;;
+  esac
+}
+
 cmd_precheck() {
-  local problems=0
+  local problems=0 line client_version
   log "ok      cluster reachable"
+  client_version=$(sed -n '/"clientVersion"/,/}/s/.*"gitVersion": *"\([^"]*\)".*/\1/p' "$work/version.json")
+  log "$(skew_line "$client_version" "$server_version")"
   local rc_handler
   if rc_handler=$("${kc[@]}" get runtimeclass lj-runtime -o 'jsonpath={.handler}' 2>/dev/null); then
     if [[ $rc_handler == lj-runtime ]]; then
@@ -409,6 +445,36 @@ cmd_precheck() {
     log "ok      namespace $namespace exists"
   else
     log "ok      namespace $namespace absent: deploy creates it"
+  fi
+  # Pod Security: the Device Plugin and Exporter pods (their namespace) and the Controller's
+  # Job Agent pods (the Jobs' namespace, which deploy labels privileged) mount host paths.
+  local agents=()
+  [[ " ${names[*]} " == *" device-plugin "* ]] && agents+=("the Device Plugin")
+  [[ " ${names[*]} " == *" exporter "* ]] && agents+=("the Exporter")
+  if [[ ${#agents[@]} -gt 0 ]] && namespace_exists; then
+    line=$(pod_security_line "$namespace" "$(printf '%s and ' "${agents[@]}" | sed 's/ and $//') pods")
+    log "$line"
+    [[ $line != PROBLEM* ]] || problems=$((problems + 1))
+  fi
+  if [[ " ${names[*]} " == *" controller "* ]]; then
+    line=$(pod_security_line "$jobs_namespace" "the Controller's Job Agent pods (--jobs-namespace)")
+    if [[ -n $line ]]; then
+      log "$line"
+      [[ $line != PROBLEM* ]] || problems=$((problems + 1))
+    fi
+  fi
+  if [[ " ${extender_args[*]} " == *" --extender "* ]]; then
+    local arg secret
+    for arg in "${extender_args[@]}"; do
+      [[ $arg == *-secret=* ]] || continue
+      secret=${arg#*=}
+      if "${kcn[@]}" get secret "$secret" -o name >/dev/null 2>&1; then
+        log "ok      extender: Secret $namespace/$secret (${arg%%=*})"
+      else
+        log "PROBLEM extender: Secret $namespace/$secret (${arg%%=*}) is missing; fix: create it (deploy/README.md, Scheduler extender)"
+        problems=$((problems + 1))
+      fi
+    done
   fi
   if [[ $problems -gt 0 ]]; then die "precheck: $problems problem(s), see the PROBLEM lines above"; fi
   log "precheck passed"
