@@ -1,5 +1,6 @@
-"""deploy-all.sh operator mistakes, shellcheck, the Dockerfile rules, make targets and
-hack/node-precheck.sh against a Runtime simulator (no control plane needed)."""
+"""deploy-all.sh operator mistakes and precheck, shellcheck, the Dockerfile rules, make targets
+and hack/node-precheck.sh against a Runtime simulator (the Pod Security precheck runs against
+the control plane, the rest needs none)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from kubernetes import client as k8s_client
 
 from lj_runtimekit.deploy.components import COMPONENTS
+from lj_runtimekit.envtest.controlplane import ControlPlane
+from lj_runtimekit.envtest.versions import find_tools, load_versions
 from lj_runtimekit.runtimesim.process import SimulatorProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_deploy_lifecycle import POLICIES_SERVED
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "deploy" / "deploy-all.sh"
@@ -41,14 +48,14 @@ DOCKER_DIR = ROOT / "deploy" / "docker"
 
 
 def run_script(
-    *args: str, env: dict[str, str] | None = None, script: Path = SCRIPT
+    *args: str, env: dict[str, str] | None = None, script: Path = SCRIPT, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(script), *args],
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
 
@@ -178,6 +185,109 @@ def test_below_1_30_admission_policies_are_a_problem_unless_left_out(
     assert "warning: --no-admission-policies: the Controller may create any Job" in (
         accepted.stdout
     )
+
+
+FAKE_KUBECTL_VERSIONS = """#!/bin/sh
+# A kubectl of version CLIENT whose cluster is Kubernetes SERVER and has nothing in it.
+if [ "$1" = version ]; then
+  printf '{\\n  "clientVersion": {\\n    "major": "1",\\n    "gitVersion": "CLIENT"\\n  },\\n'
+  printf '  "kustomizeVersion": "v5.7.1",\\n'
+  printf '  "serverVersion": {\\n    "gitVersion": "SERVER"\\n  }\\n}\\n'
+  exit 0
+fi
+exit 1
+"""
+
+
+@pytest.mark.parametrize(
+    ("client", "server", "line"),
+    [
+        (
+            "v1.34.4",
+            "v1.34.4",
+            "ok      kubectl v1.34.4 against the server v1.34.4: within one minor",
+        ),
+        ("v1.35.0", "v1.34.2-eks-113cf36", "ok      kubectl v1.35.0 against the server"),
+        ("v1.33.1", "v1.34.4+k3s1", "ok      kubectl v1.33.1 against the server v1.34.4+k3s1"),
+        (
+            "v1.36.0",
+            "v1.34.4",
+            "warning: kubectl v1.36.0 is 2 minor versions newer than the server v1.34.4; kubectl"
+            " supports one minor either side (1.33 to 1.35)",
+        ),
+        (
+            "v1.30.2",
+            "v1.34.4",
+            "warning: kubectl v1.30.2 is 4 minor versions older than the server v1.34.4",
+        ),
+        ("", "v1.34.4", "warning: cannot compare kubectl's version 'unknown' with the server's"),
+    ],
+)
+def test_precheck_reports_the_kubectl_version_skew(
+    client: str, server: str, line: str, log_env: dict[str, str], tmp_path: Path
+) -> None:
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(FAKE_KUBECTL_VERSIONS.replace("CLIENT", client).replace("SERVER", server))
+    kubectl.chmod(0o755)
+    result = run_script("precheck", env={**log_env, "KUBECTL": str(kubectl)})
+    assert line in result.stdout, result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+ENFORCE = "pod-security.kubernetes.io/enforce"
+
+
+@pytest.mark.controlplane
+def test_precheck_fails_where_pod_security_refuses_the_node_agents(
+    control_plane: ControlPlane,
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    log_env: dict[str, str],
+) -> None:
+    """The Device Plugin's and Exporter's namespace and the Jobs' namespace must admit
+    hostPath volumes (Pod Security privileged): precheck names the label and the fix."""
+    core = k8s_client.CoreV1Api(api_client)
+    core.patch_namespace(namespace, {"metadata": {"labels": {ENFORCE: "restricted"}}})
+    jobs = f"{namespace}-jobs"
+    core.create_namespace({"metadata": {"name": jobs, "labels": {ENFORCE: "baseline"}}})
+    env = {
+        **log_env,
+        "KUBECTL": str(find_tools(("kubectl",))["kubectl"]),
+        "KUBECONFIG": str(control_plane.kubeconfig_path),
+    }
+    args = [
+        f"--namespace={namespace}",
+        f"--jobs-namespace={jobs}",
+        *(() if POLICIES_SERVED else ("--no-admission-policies",)),
+    ]
+    try:
+        result = run_script("precheck", *args, env=env, timeout=180)
+        assert result.returncode == 1
+        assert (
+            f"PROBLEM namespace {namespace} enforces Pod Security 'restricted' (label"
+            f" {ENFORCE}=restricted), but the Device Plugin and the Exporter pods mount host"
+            " paths, which only 'privileged' admits; fix: kubectl label --overwrite namespace"
+            f" {namespace} {ENFORCE}=privileged"
+        ) in result.stdout
+        assert (
+            f"PROBLEM namespace {jobs} enforces Pod Security 'baseline' (label {ENFORCE}=baseline),"
+            " but the Controller's Job Agent pods (--jobs-namespace) mount host paths"
+        ) in result.stdout
+        versions = load_versions()
+        assert f"ok      kubectl {versions.k8s} against the server {versions.k8s}" in result.stdout
+        # The scheduler alone runs under restricted: no Pod Security line for it.
+        alone = run_script(
+            "precheck", "--components=scheduler-framework", *args, env=env, timeout=180
+        )
+        assert "Pod Security" not in alone.stdout
+        for name in (namespace, jobs):
+            core.patch_namespace(name, {"metadata": {"labels": {ENFORCE: "privileged"}}})
+        fixed = run_script("precheck", *args, env=env, timeout=180)
+        assert "Pod Security 'restricted'" not in fixed.stdout
+        assert f"ok      namespace {namespace}: Pod Security enforce 'privileged'" in fixed.stdout
+        assert f"ok      namespace {jobs}: Pod Security enforce 'privileged'" in fixed.stdout
+    finally:
+        core.delete_namespace(jobs, propagation_policy="Background")
 
 
 def test_help_lists_every_command() -> None:
