@@ -6,7 +6,9 @@
 # Commands:
 #   precheck                 cluster reachable, Kubernetes >= 1.28 (>= 1.30 for the
 #                            admission policies), RuntimeClass, JobSet CRD (when gang
-#                            scheduling needs it), labelled nodes
+#                            scheduling needs it), labelled nodes, kubectl within one
+#                            minor of the server, Pod Security privileged where the
+#                            node agents and the Job Agent run, the extender's Secrets
 #   deploy                   render and apply every object (server-side apply), wait for rollout
 #   status                   workloads, ready counts, images, pods and their nodes
 #   verify                   pods Running+ready, node capacity = device count, exporter
