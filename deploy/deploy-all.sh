@@ -300,7 +300,9 @@ snapshot() {
   "${kcn[@]}" get daemonsets,deployments -l "$selector" -o json >"$work/workloads.json" \
     || die "cannot list the workloads in namespace $namespace"
   "${kcn[@]}" get pods -l "$selector" -o json >"$work/pods.json" || die "cannot list the pods"
-  "${kcn[@]}" get configmaps -l "$selector" -o json >"$work/configmaps.json" || die "cannot list the ConfigMaps"
+  # The managed fields' times say when each ConfigMap's data last changed (verify).
+  "${kcn[@]}" get configmaps -l "$selector" -o json --show-managed-fields >"$work/configmaps.json" \
+    || die "cannot list the ConfigMaps"
   "${kc[@]}" get nodes -o json >"$work/nodes.json" || die "cannot list the nodes"
 }
 
