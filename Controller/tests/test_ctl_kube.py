@@ -14,7 +14,7 @@ from pytest_mock import MockerFixture
 
 from lj_runtimekit.controller.internal.kube.client import Kube
 from lj_runtimekit.envtest.controlplane import ControlPlane
-from lj_runtimekit.envtest.nodes import NodeFactory
+from lj_runtimekit.envtest.nodes import GROUP_LABEL, NodeFactory
 from lj_runtimekit.proto.pkg.kube import (
     AlreadyExistsError,
     ApiAccess,
@@ -129,3 +129,19 @@ async def test_the_errors_the_server_answers(
     assert not await kube.delete_job(namespace, "j", "another-uid", "Background")  # Conflict
     assert await kube.delete_job(namespace, "j", uid, "Background")
     assert not await kube.delete_job(namespace, "j", uid, "Background")  # NotFound
+
+
+@pytest.mark.controlplane
+async def test_node_metadata_keeps_labels_and_annotations_of_every_page(
+    kube: Kube, node_factory: NodeFactory
+) -> None:
+    names = [node_factory.create(f"meta-{i}", wait=False) for i in range(3)]
+    await kube.patch_node(names[0], {"metadata": {"annotations": {"x": "1"}}}, None)
+    selector = f"{GROUP_LABEL}={node_factory.group}"
+    listed = await kube.node_metadata(selector, page=2)
+    assert sorted(listed) == sorted(names)
+    for name, meta in listed.items():
+        # managedFields, uid, versions and the rest are dropped as each page comes in.
+        assert set(meta) <= {"labels", "annotations"}, (name, sorted(meta))
+        assert meta["labels"][GROUP_LABEL] == node_factory.group
+    assert listed[names[0]]["annotations"]["x"] == "1"

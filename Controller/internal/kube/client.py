@@ -35,6 +35,8 @@ _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 Obj = KubeObject
 COMPONENT = "lj-runtimekit-controller"
+NODE_METADATA_KEPT = ("labels", "annotations")
+"""What `node_metadata` keeps of each Node's metadata."""
 
 
 def _jobs(namespace: str) -> str:
@@ -124,21 +126,24 @@ class Kube:
         )
 
     def _node_metadata(self, selector: str, page: int) -> dict[str, Obj]:
-        return {
-            n["metadata"]["name"]: n["metadata"]
-            for data in self.client.pages(
-                "/api/v1/nodes",
-                {"labelSelector": selector},
-                page,
-                metadata_only=True,
-                timeout_s=self.timeout_s,
-            )
-            for n in data.get("items") or ()
-        }
+        nodes: dict[str, Obj] = {}
+        for data in self.client.pages(
+            "/api/v1/nodes",
+            {"labelSelector": selector},
+            page,
+            metadata_only=True,
+            timeout_s=self.timeout_s,
+        ):
+            for item in data.get("items") or ():
+                meta = item["metadata"]
+                nodes[meta["name"]] = {k: meta[k] for k in NODE_METADATA_KEPT if k in meta}
+        return nodes
 
-    async def node_metadata(self, selector: str, page: int = 500) -> dict[str, Obj]:
-        """Name -> metadata of the Nodes matching `selector` (listed in pages of metadata
-        only: labels and annotations are all the resync needs)."""
+    async def node_metadata(self, selector: str, page: int = 100) -> dict[str, Obj]:
+        """Name -> labels and annotations of the Nodes matching `selector`, all the resync
+        needs. Listed in pages of metadata only; the rest of each page (managedFields
+        above all: most of a Node's metadata) is dropped page by page, so a list of every
+        node is never held at once."""
         return await self.call(
             f"list nodes {selector}", lambda: self._node_metadata(selector, page)
         )
