@@ -98,6 +98,7 @@ def main() -> int:
                     raise RuntimeError(f"controller did not start:\n{op.log()[-4000:]}")
                 time.sleep(0.2)
             time.sleep(2)  # initial listing done
+            start_rss_mb = op.rss_mb()  # imports, watches and the start-up resync done
             with JobWatch(api, NAMESPACE) as watch:
                 load_start = os.getloadavg()[0]
                 began = time.monotonic()
@@ -151,6 +152,7 @@ def main() -> int:
                 "done_after_last_label_s": round(done_s - labelled_s, 2),
                 "duplicate_jobs": duplicates,
                 "rss_mb": round(op.peak_rss_mb(), 1),
+                "rss_start_mb": round(start_rss_mb, 1),
                 "jobs_created": watch.total_created(),
                 # The Controller's own share: label -> Job created, Job Complete -> recorded
                 # and deleted; the rest is the Job controller, scheduler and KWOK.

@@ -92,9 +92,16 @@ class OperatorProcess:
 
     def peak_rss_mb(self) -> float:
         """Peak resident set size (VmHWM) of the running process."""
+        return self._status_mb("VmHWM")
+
+    def rss_mb(self) -> float:
+        """Resident set size now (VmRSS) of the running process."""
+        return self._status_mb("VmRSS")
+
+    def _status_mb(self, key: str) -> float:
         assert self.proc is not None
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) / 1024
         return 0.0
 
