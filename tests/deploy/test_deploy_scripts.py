@@ -81,6 +81,16 @@ def log_env(tmp_path: Path) -> dict[str, str]:
         (["deploy", "--registry=https://r.example.com"], "expected a registry prefix"),
         (["deploy", "--timeout=5"], "--timeout=5: expected a duration"),
         (["deploy", "--kubeconfig=/nonexistent/kubeconfig"], "kubeconfig /nonexistent/kubeconfig"),
+        (
+            ["deploy", "--extender", "--extender-tls-secret=tls"],
+            "--extender: the extender serves beyond loopback only with TLS and an authenticated"
+            " caller; give --extender-client-ca-secret=NAME",
+        ),
+        (
+            ["precheck", "--extender-token-secret=t"],
+            "--extender-token-secret=t: only with --extender",
+        ),
+        (["deploy", "--extender-tls-secret"], "--extender-tls-secret needs a value"),
     ],
 )
 def test_operator_mistakes_exit_1_with_one_clear_line(
