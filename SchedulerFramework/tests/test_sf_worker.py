@@ -1,4 +1,4 @@
-"""The writer thread shared by the event recorder and the evictor."""
+"""The writer thread shared by the event recorder, the evictor and the condition writer."""
 
 from __future__ import annotations
 
@@ -44,3 +44,26 @@ def test_a_full_queue_drops_rather_than_blocks() -> None:
     release.set()
     w.stop()
     assert written == [0, 1, 2]
+
+
+def test_stop_dropping_pending_writes_only_the_item_in_hand() -> None:
+    release = threading.Event()
+    started = threading.Event()
+    written: list[int] = []
+
+    def write(i: int) -> None:
+        started.set()
+        release.wait(5)
+        written.append(i)
+
+    w = Worker("test-writer", write, lambda i, exc: None)
+    for i in range(4):
+        w.put(i)
+    wait_for(started.is_set, 5, "the first item taken")
+    stopper = threading.Thread(target=w.stop, kwargs={"drop_pending": True})
+    stopper.start()
+    # the three pending items dropped, only the stop mark left
+    wait_for(lambda: w._queue.qsize() == 1, 5, "the pending items dropped")
+    release.set()
+    stopper.join(5)
+    assert written == [0]

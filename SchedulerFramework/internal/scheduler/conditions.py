@@ -20,12 +20,11 @@ pod that was bound meanwhile.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from typing import Any
 
 from lj_runtimekit.proto.pkg.kube import STRATEGIC_MERGE_PATCH, KubeClient, KubeError, api_time
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import KubeObject, PodInfo
+from lj_runtimekit.schedulerframework.internal.scheduler.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -74,76 +73,66 @@ def status_patch(condition: dict[str, Any], resource_version: str) -> dict[str, 
     return body
 
 
+Write = tuple[str, str, str, dict[str, Any]]
+"""(namespace, pod name, resourceVersion the failure was decided on, condition)."""
+
+
 class ConditionWriter:
     """Writes PodScheduled=False on pods that cannot be placed (asynchronous, bounded)."""
 
     def __init__(self, kube: KubeClient | None, size: int = 5000) -> None:
         self.kube = kube
-        self._queue: queue.Queue[tuple[str, str, str, dict[str, Any]] | None] = queue.Queue(
-            maxsize=size
-        )
-        self.dropped = 0
         self._forbidden = False
         self.written: list[tuple[str, dict[str, Any]]] = []
         """(pod uid, condition), kept when there is no API client (unit tests)."""
-        self._thread = threading.Thread(target=self._run, name="pod-conditions", daemon=True)
-        if kube is not None:
-            self._thread.start()
+        self._worker = (
+            Worker("pod-conditions", self._send, self._failed, size) if kube is not None else None
+        )
+
+    @property
+    def dropped(self) -> int:
+        """Writes dropped because the queue was full."""
+        return self._worker.dropped if self._worker is not None else 0
 
     def unschedulable(self, pod: PodInfo, reason: str, message: str) -> None:
         """`pod` (as last seen) could not be placed: `reason` and `message`."""
         condition = scheduled_false(pod.obj, reason, message, api_time())
         if condition is None:
             return
-        if self.kube is None:
+        if self._worker is None:
             self.written.append((pod.uid, condition))
             return
         version = str((pod.obj.get("metadata") or {}).get("resourceVersion") or "")
-        try:
-            self._queue.put_nowait((pod.namespace, pod.name, version, condition))
-        except queue.Full:
-            self.dropped += 1
+        self._worker.put((pod.namespace, pod.name, version, condition))
 
     def stop(self) -> None:
         """Drops the writes not sent yet and ends the thread."""
-        if self.kube is None:
-            return
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+        if self._worker is not None:
+            self._worker.stop(drop_pending=True)
 
-    def _run(self) -> None:
+    def _send(self, item: Write) -> None:
         assert self.kube is not None
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            namespace, name, version, condition = item
-            try:
-                self.kube.request(
-                    "PATCH",
-                    f"/api/v1/namespaces/{namespace}/pods/{name}/status",
-                    body=status_patch(condition, version),
-                    content_type=STRATEGIC_MERGE_PATCH,
-                )
-            except KubeError as exc:
-                if exc.status in (404, 409):  # gone, or changed since (bound, updated)
-                    continue
-                if exc.status == 403:
-                    if not self._forbidden:  # said once: it holds for every pod
-                        self._forbidden = True
-                        log.warning(
-                            "pod conditions not written: the scheduler's role needs patch on "
-                            "pods/status: %s",
-                            exc,
-                        )
-                    continue
+        namespace, name, version, condition = item
+        self.kube.request(
+            "PATCH",
+            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+            body=status_patch(condition, version),
+            content_type=STRATEGIC_MERGE_PATCH,
+        )
+
+    def _failed(self, item: Write, exc: Exception) -> None:
+        namespace, name = item[0], item[1]
+        if not isinstance(exc, KubeError):
+            log.error("pod condition not written", exc_info=exc)
+        elif exc.status in (404, 409):  # gone, or changed since (bound, updated)
+            return
+        elif exc.status == 403:
+            if not self._forbidden:  # said once: it holds for every pod
+                self._forbidden = True
                 log.warning(
-                    "pod condition not written: %s", exc, extra={"pod": f"{namespace}/{name}"}
+                    "pod conditions not written: the scheduler's role needs patch on "
+                    "pods/status: %s",
+                    exc,
                 )
-            except Exception:
-                log.exception("pod condition not written")
+        else:
+            log.warning("pod condition not written: %s", exc, extra={"pod": f"{namespace}/{name}"})

@@ -36,8 +36,15 @@ class Worker(Generic[T]):
         except queue.Full:
             self.dropped += 1
 
-    def stop(self) -> None:
-        """Ends the thread once the items queued before are written (5 s at most)."""
+    def stop(self, drop_pending: bool = False) -> None:
+        """Ends the thread once the items queued before are written (5 s at most), or
+        at once after the item being written when `drop_pending`."""
+        if drop_pending:
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
         self._queue.put(None)
         self._thread.join(timeout=5)
 
