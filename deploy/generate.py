@@ -710,6 +710,13 @@ From a checkout of the kit, the checks of a plain install (pods ready, node capa
 Exporter metrics, protocol ConfigMaps):
   deploy/deploy-all.sh verify --namespace={{ .Release.Namespace }} \\
     --jobs-namespace={{ .Values.jobsNamespace }}
+{{- if and .Values.components.schedulerFramework .Values.schedulerFramework.extender.enabled }}
+
+The scheduler runs as an extender of your kube-scheduler (Service
+lj-runtimekit-scheduler-framework, port 8888). Give your kube-scheduler the configuration
+in ConfigMap lj-runtimekit-scheduler-framework-kube-scheduler-config, key
+kube-scheduler-config.yaml (deploy/README.md, Scheduler extender).
+{{- end }}
 {{- if or .Values.monitoring.service.enabled .Values.monitoring.serviceMonitor.enabled }}
 
 Metrics Services (port "metrics"): lj-runtimekit-exporter-metrics,

@@ -332,6 +332,21 @@ def test_helm_extender_values_render_what_lj_deploy_renders(
     expected = manifests.render((BY_NAME["scheduler-framework"],), opts, common=False)
     assert rendered == objects(manifests.dump(expected))
     assert ("Service", "gpu-system", "lj-runtimekit-scheduler-framework") in rendered
+    dry_run = ("--dry-run=client", "--kubeconfig", str(control_plane.kubeconfig_path))
+    notes = run(
+        tool("helm"),
+        "install",
+        "lj",
+        str(CHART),
+        "-n",
+        "lj",
+        *dry_run,
+        "--set",
+        SCHEDULER_ONLY,
+        "--set",
+        f"{EXTENDER}.enabled=true,{values}",
+    ).split("NOTES:")[1]
+    assert "ConfigMap lj-runtimekit-scheduler-framework-kube-scheduler-config" in notes
     # Secrets left over with the extender off change nothing.
     off = unhelmed(template("--namespace", "kube-system", "--set", SCHEDULER_ONLY, "--set", values))
     assert off == plain("scheduler")
