@@ -167,13 +167,43 @@ def test_deployed_extender_is_called_by_the_kube_scheduler_with_the_rendered_con
     assert service.spec.ports[0].port == manifests.EXTENDER_PORT
     deployment = apps.read_namespaced_deployment(SCHEDULER.workload, namespace)
     assert "--mode=extender" in deployment.spec.template.spec.containers[0].args
+    # What the kube-scheduler keeps (the PodScheduled condition, preemption, gangs) is not
+    # granted in extender mode.
+    authz = k8s_client.AuthorizationV1Api(api_client)
+
+    def allowed(verb: str, resource: str, group: str = "", subresource: str = "") -> bool:
+        attributes = {"verb": verb, "group": group, "resource": resource, "namespace": "default"}
+        review = authz.create_subject_access_review(
+            {
+                "spec": {
+                    "user": f"system:serviceaccount:{namespace}:{SCHEDULER.service_account}",
+                    "resourceAttributes": {**attributes, "subresource": subresource},
+                }
+            }
+        )
+        return bool(review.status.allowed)
+
+    assert allowed("create", "pods", subresource="binding")
+    assert allowed("watch", "nodes")
+    assert not allowed("patch", "pods", subresource="status")
+    assert not allowed("delete", "pods")
+    assert not allowed("list", "poddisruptionbudgets", "policy")
+    assert not allowed("get", "jobsets", "jobset.x-k8s.io")
 
     # The extender, run as the Deployment runs it (the control plane's nodes run no
-    # containers), listening beyond loopback with TLS and client certificates.
+    # containers): its command line, files and rights (its ServiceAccount's token: the
+    # extender-mode ClusterRole is enough), listening beyond loopback with TLS and client
+    # certificates.
     args, env, port = _local_extender(control_plane, core, deployment, tmp_path)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    extender = SchedulerProcess(control_plane.kubeconfig_path, manifests.SCHEDULER_NAME, *args)
+    token = core.create_namespaced_service_account_token(
+        SCHEDULER.service_account, namespace, {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    kubeconfig = yaml.safe_load(control_plane.kubeconfig_path.read_text())
+    kubeconfig["users"][0]["user"] = {"token": token}
+    (tmp_path / "extender.kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    extender = SchedulerProcess(tmp_path / "extender.kubeconfig", manifests.SCHEDULER_NAME, *args)
     extender.start()
     try:
         wait_for(
@@ -225,6 +255,7 @@ def test_deployed_extender_is_called_by_the_kube_scheduler_with_the_rendered_con
             # Only the extender's bind writes the devices chosen.
             annotations = bound(core, namespace)["w0"].metadata.annotations
             assert P.annotations.assigned_devices in annotations
+            assert "forbidden" not in extender.text().lower()
         finally:
             kube_scheduler.stop()
     finally:
