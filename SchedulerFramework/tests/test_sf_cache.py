@@ -19,6 +19,31 @@ def test_ranked_buckets_order_and_moves() -> None:
     assert b.ranked(0, ascending=True) == ["d", "a", "b"]
 
 
+class _Name(str):
+    """A node name that counts the comparisons made on it."""
+
+    compared = 0
+
+    def __lt__(self, other: str) -> bool:
+        _Name.compared += 1
+        return str.__lt__(self, other)
+
+
+def test_ranked_buckets_list_without_sorting_again() -> None:
+    # A cycle lists the ranked nodes after one node moved: with thousands of nodes in a
+    # bucket that must cost a bisection, not a sort of the bucket (O(n log n) per cycle).
+    b = RankedBuckets()
+    names = [_Name(f"gpu-{i:04d}") for i in range(1024)]
+    for name in names:
+        b.move(name, None, 8)
+    assert b.ranked(1, ascending=True) == names
+    _Name.compared = 0
+    b.move(names[500], 8, 7)
+    listed = b.ranked(1, ascending=True)
+    assert listed == [names[500], *names[:500], *names[501:]]
+    assert _Name.compared <= 40  # 2 x log2(1024) bisection steps, with room
+
+
 def test_free_index_follows_binds_deletes_and_node_removal(cluster: FakeCluster) -> None:
     for name in ("n1", "n2", "n3"):
         cluster.add_node(name, gpus=4)
