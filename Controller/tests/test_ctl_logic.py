@@ -7,6 +7,9 @@ import asyncio
 import copy
 import datetime
 import logging
+import os
+import subprocess
+import sys
 from typing import Any, cast
 
 import pytest
@@ -682,3 +685,45 @@ def test_a_bad_environment_value_is_a_flag_mistake(
     (line,) = err.strip().splitlines()
     assert flag in line
     assert repr(env[1]) in line
+
+
+_ARENAS = """
+import ctypes, os, sys, tempfile, threading
+from lj_runtimekit.controller.cmd.controller.main import cap_malloc_arenas
+capped = cap_malloc_arenas()
+def work():
+    kept = [bytearray(20_000) for _ in range(50)]  # malloc in this thread
+    started.wait()
+started = threading.Barrier(13)
+threads = [threading.Thread(target=work) for _ in range(12)]
+for t in threads:
+    t.start()
+started.wait()
+for t in threads:
+    t.join()
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+path = tempfile.mktemp()
+fp = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(fp))
+libc.fclose(ctypes.c_void_p(fp))
+print(capped, open(path).read().count("<heap nr="))
+os.unlink(path)
+"""
+
+
+@pytest.mark.parametrize(("env", "capped"), [({}, True), ({"MALLOC_ARENA_MAX": "8"}, False)])
+def test_malloc_arenas_are_capped_unless_set(env: dict[str, str], capped: bool) -> None:
+    """Twelve threads allocating at once share two glibc arenas, not one each (the
+    variable, when set, is left to glibc)."""
+    run_env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | env
+    done = subprocess.run(
+        [sys.executable, "-c", _ARENAS], capture_output=True, text=True, env=run_env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    was_capped, heaps = done.stdout.split()
+    assert was_capped == str(capped)
+    if capped:
+        assert int(heaps) <= controller_main.MALLOC_ARENAS
+    else:
+        assert int(heaps) > controller_main.MALLOC_ARENAS
