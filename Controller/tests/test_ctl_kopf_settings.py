@@ -19,7 +19,8 @@ def test_watches_are_narrowed_on_the_server_and_nothing_is_written_by_kopf() -> 
     assert s.watching.label_selectors["", "v1", "nodes"] == settings.node_watch_selector
     assert s.watching.label_selectors["batch", "v1", "jobs"] == jobspec.JOB_SELECTOR
     assert s.watching.server_timeout == 60
-    assert s.watching.chunk_size == 500
+    assert s.watching.chunk_size == 100
+    assert s.queueing.idle_timeout == 1.0
     assert not s.posting.enabled
     assert s.scanning.disabled
 

@@ -60,6 +60,13 @@ removed in between is seen by neither: the node no longer matches the watch's se
 and the start-up pass saw it labelled."""
 
 
+LIST_PAGE = 100
+"""Objects per page of kopf's lists (at start-up and when a watch's version expired)."""
+WORKER_IDLE_TIMEOUT_S = 1.0
+"""How long kopf's per-object worker waits for the object's next event before it ends
+(kopf's default: 5 s), keeping that object's last event in memory meanwhile."""
+
+
 @dataclass(frozen=True)
 class WatchSettings:
     """kopf watch timing: a stream that brings nothing (not even a bookmark) for
@@ -85,7 +92,10 @@ def kopf_settings(settings: ControllerSettings, watch: WatchSettings) -> kopf.Op
     s.watching.connect_timeout = watch.connect_timeout_s
     s.watching.inactivity_timeout = watch.inactivity_timeout_s
     s.watching.reconnect_backoff = watch.reconnect_backoff_s
-    s.watching.chunk_size = 500
+    # Memory: a listed or watched object stays in memory while its kopf worker idles (the
+    # worker keeps its last event), and a list page is decoded at once.
+    s.watching.chunk_size = LIST_PAGE
+    s.queueing.idle_timeout = WORKER_IDLE_TIMEOUT_S
     s.watching.label_selectors["", "v1", "nodes"] = settings.node_watch_selector
     s.watching.label_selectors["batch", "v1", "jobs"] = jobspec.JOB_SELECTOR
     s.networking.request_timeout = 30.0
