@@ -114,7 +114,7 @@ def _in_namespace(obj: manifests.Obj, namespace: str) -> bool:
 def _live_protocol_text(live: list[dict[str, Any]], keep: list[str], namespace: str) -> str | None:
     """The protocol.yaml of the kept ConfigMaps (None when none holds one); a DeployError
     when they disagree."""
-    texts = {
+    texts: dict[str, str] = {
         verify._name(cm): (cm.get("data") or {})[verify.PROTOCOL_KEY]
         for cm in live
         if verify._name(cm) in keep and verify.PROTOCOL_KEY in (cm.get("data") or {})
@@ -134,8 +134,7 @@ def _live_protocol_text(live: list[dict[str, Any]], keep: list[str], namespace: 
             f" protocols; fix: give them the same {verify.PROTOCOL_KEY}"
             f" (kubectl -n {namespace} edit configmap ...), or deploy with --overwrite-config"
         )
-    text: str = next(iter(texts.values()))
-    return text
+    return next(iter(texts.values()))
 
 
 def cmd_render(args: argparse.Namespace) -> int:

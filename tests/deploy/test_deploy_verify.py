@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from lj_runtimekit.deploy import verify
-from lj_runtimekit.deploy.components import BY_NAME, COMPONENTS
-from lj_runtimekit.deploy.manifests import config_checksum
-from lj_runtimekit.proto.pkg.protocol import DEFAULTS, load_protocol
+import yaml
 
+from lj_runtimekit.deploy import verify
+from lj_runtimekit.deploy.components import BY_NAME, CHECKSUM_ANNOTATION, COMPONENTS, Component
+from lj_runtimekit.deploy.manifests import config_checksum
+from lj_runtimekit.proto.pkg import protocolinfo
+from lj_runtimekit.proto.pkg.protocol import DEFAULTS, Protocol, load_protocol
+from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
+
+ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL = load_protocol()
+
+
+def load_protocol_text(text: str) -> Protocol:
+    return parse_protocol(yaml.safe_load(text), "test")
+
+
 GPU, CORE, MEM = DEFAULTS["resources.gpu"], DEFAULTS["resources.core"], DEFAULTS["resources.memory"]
 
 
@@ -106,7 +118,7 @@ def test_configmaps_that_agree_pass() -> None:
     assert report.problems == []
 
 
-def test_configmap_drift_is_reported_key_by_key() -> None:
+def test_configmaps_that_disagree_are_reported_key_by_key() -> None:
     dp, sched, exp = (BY_NAME[n] for n in ("device-plugin", "scheduler-framework", "exporter"))
     cms = [
         configmap(dp.configmap, ""),
@@ -117,15 +129,33 @@ def test_configmap_drift_is_reported_key_by_key() -> None:
         cms, PROTOCOL, "deploy/protocol.yaml", PROTOCOL_COMPONENTS, "ns"
     ).problems
     assert problems == [
-        "protocol drift: labels.enable: device-plugin=lj_runtimekit_enable,"
-        " scheduler-framework=lj_runtimekit_enable, exporter=gpu_enable"
-        " (deploy/protocol.yaml: lj_runtimekit_enable)",
-        "protocol drift: resources.gpu: device-plugin=alibabacloud.com/gpu,"
-        " scheduler-framework=example.com/gpu, exporter=example.com/gpu"
-        " (deploy/protocol.yaml: alibabacloud.com/gpu)",
-        "2 protocol key(s) drift; fix: deploy-all.sh deploy"
-        " --components=device-plugin,scheduler-framework,exporter"
-        " (renders every ConfigMap from deploy/protocol.yaml)",
+        "protocol ConfigMaps disagree: labels.enable: device-plugin=lj_runtimekit_enable,"
+        " scheduler-framework=lj_runtimekit_enable, exporter=gpu_enable",
+        "protocol ConfigMaps disagree: resources.gpu: device-plugin=alibabacloud.com/gpu,"
+        " scheduler-framework=example.com/gpu, exporter=example.com/gpu",
+        "2 protocol key(s) differ between the ConfigMaps; fix: give them the same protocol.yaml"
+        " (kubectl -n ns edit configmap lj-runtimekit-device-plugin-config"
+        " lj-runtimekit-scheduler-framework-config lj-runtimekit-exporter-config), then"
+        " kubectl -n ns rollout restart ds/lj-runtimekit-device-plugin-ds"
+        " deploy/lj-runtimekit-scheduler-framework ds/lj-runtimekit-exporter-ds",
+    ]
+
+
+def test_configmaps_edited_alike_pass_and_the_source_difference_is_information() -> None:
+    text = "annotations.gpu_policy: example.com/gpu-policy\n"
+    cms = [configmap(c.configmap, text) for c in PROTOCOL_COMPONENTS]
+    report = verify.check_configmaps(
+        cms, PROTOCOL, "deploy/protocol.yaml", PROTOCOL_COMPONENTS, "ns"
+    )
+    assert report.problems == []
+    assert report.ok[0].startswith(
+        "protocol ConfigMaps agree: device-plugin, scheduler-framework, exporter (sha256 "
+    )
+    assert report.info == [
+        "the live protocol differs from deploy/protocol.yaml:"
+        " annotations.gpu_policy=example.com/gpu-policy"
+        " (deploy/protocol.yaml: lingjun.com/gpu-policy)"
+        " (the ConfigMaps are what runs; deploy asks before replacing them)"
     ]
 
 
@@ -192,26 +222,211 @@ def test_metrics_answer_needs_help_and_type_lines() -> None:
     assert verify.check_metrics("a 1\n", "pod").problems
 
 
-def test_configmap_edited_around_deploy_is_reported_until_rolled() -> None:
-    exp = BY_NAME["exporter"]
-    data = {"protocol.yaml": "", "log-level": "INFO"}
-    workload = {
-        "kind": "DaemonSet",
-        "metadata": {"name": exp.workload},
+EDITED = "annotations.gpu_policy: example.com/gpu-policy\n"
+EDITED_SHA = protocolinfo.protocol_sha256(
+    load_protocol_text(EDITED)  # the hash the components compute from the same file
+)
+DEFAULT_SHA = protocolinfo.protocol_sha256(PROTOCOL)
+
+
+def workload(component: Component, data: dict[str, str], **spec: Any) -> Any:
+    return {
+        "kind": component.kind,
+        "metadata": {"name": component.workload},
         "spec": {
             "template": {
                 "metadata": {
-                    "annotations": {"lj-runtimekit.io/config-checksum": config_checksum(data)}
-                }
+                    "labels": {"app": component.app},
+                    "annotations": {CHECKSUM_ANNOTATION: config_checksum(data)},
+                },
+                "spec": spec,
             }
         },
     }
-    cm = {"metadata": {"name": exp.configmap}, "data": data}
-    assert verify.check_rolled_config([exp], [workload], [cm]).problems == []
-    edited = {"metadata": {"name": exp.configmap}, "data": {**data, "log-level": "DEBUG"}}
-    problems = verify.check_rolled_config([exp], [workload], [edited]).problems
-    assert problems == [
-        "exporter: ConfigMap lj-runtimekit-exporter-config changed after its pods started"
-        " (lj-runtimekit.io/config-checksum differs); fix: deploy-all.sh deploy"
-        " --components=exporter (renders it from the source and rolls the pods)"
+
+
+def running(app: str, name: str, node_name: str, started: str = "2026-01-01T00:00:10Z") -> Any:
+    return {
+        "metadata": {"name": name, "labels": {"app": app}},
+        "spec": {"nodeName": node_name},
+        "status": {"phase": "Running", "startTime": started},
+    }
+
+
+def metrics_text(sha: str) -> str:
+    return (
+        f"# HELP {protocolinfo.METRIC} x\n# TYPE {protocolinfo.METRIC} gauge\n"
+        f'{protocolinfo.METRIC}{{sha256="{sha}"}} 1.0\n'
+    )
+
+
+def test_pods_running_another_protocol_than_their_configmap_are_named() -> None:
+    dp, sched, exp = (BY_NAME[n] for n in ("device-plugin", "scheduler-framework", "exporter"))
+    old = {"protocol.yaml": ""}  # what deploy rendered: the pod templates' checksum
+    cms = [configmap(c.configmap, EDITED) for c in (dp, sched, exp)]
+    workloads = [workload(c, old) for c in (dp, sched, exp)]
+    pods = [
+        running(dp.app, "dp-a", "n1"),
+        running(dp.app, "dp-b", "n2"),
+        running(sched.app, "sched", "n1"),
+        running(exp.app, "exp-a", "n1"),
+        running(exp.app, "exp-b", "n2"),
     ]
+    nodes = [
+        {"metadata": {"name": "n1", "annotations": {protocolinfo.NODE_ANNOTATION: EDITED_SHA}}},
+        {"metadata": {"name": "n2", "annotations": {protocolinfo.NODE_ANNOTATION: DEFAULT_SHA}}},
+    ]
+    metrics = {"sched": metrics_text(EDITED_SHA), "exp-a": metrics_text(DEFAULT_SHA)}
+    report, named = verify.check_running_protocol(
+        [dp, sched, exp], workloads, cms, pods, nodes, metrics, "ns"
+    )
+    assert named == {"dp-b", "exp-a", "exp-b"}
+    assert report.problems == [
+        f"device-plugin: pod(s) ns/dp-b (sha256 {DEFAULT_SHA[:12]}) run another protocol than"
+        f" ConfigMap lj-runtimekit-device-plugin-config (sha256 {EDITED_SHA[:12]});"
+        " fix: kubectl -n ns rollout restart ds/lj-runtimekit-device-plugin-ds",
+        f"exporter: pod(s) ns/exp-a (sha256 {DEFAULT_SHA[:12]}) run another protocol than"
+        f" ConfigMap lj-runtimekit-exporter-config (sha256 {EDITED_SHA[:12]});"
+        " fix: kubectl -n ns rollout restart ds/lj-runtimekit-exporter-ds",
+        "exporter: pod ns/exp-b reports no protocol (metrics not read) and"
+        " lj-runtimekit-exporter-config changed after its pod template was rendered, so what it"
+        " runs is unknown; fix: kubectl -n ns rollout restart ds/lj-runtimekit-exporter-ds",
+    ]
+    assert report.ok == [
+        f"device-plugin: 1 pod(s) run the protocol of ConfigMap lj-runtimekit-device-plugin-config"
+        f" (sha256 {EDITED_SHA[:12]}): dp-a",
+        "scheduler-framework: 1 pod(s) run the protocol of ConfigMap"
+        f" lj-runtimekit-scheduler-framework-config (sha256 {EDITED_SHA[:12]}): sched",
+    ]
+    # Restarted (rollout restart keeps the template): every pod reports the edit; passes.
+    nodes[1]["metadata"]["annotations"][protocolinfo.NODE_ANNOTATION] = EDITED_SHA
+    metrics = {p: metrics_text(EDITED_SHA) for p in ("sched", "exp-a", "exp-b")}
+    report, named = verify.check_running_protocol(
+        [dp, sched, exp], workloads, cms, pods, nodes, metrics, "ns"
+    )
+    assert (report.problems, named) == ([], set())
+
+
+def test_a_silent_pod_of_an_unchanged_configmap_is_information() -> None:
+    exp = BY_NAME["exporter"]
+    data = {"protocol.yaml": EDITED}
+    report, _ = verify.check_running_protocol(
+        [exp],
+        [workload(exp, data)],
+        [configmap(exp.configmap, EDITED)],
+        [running(exp.app, "exp-a", "n1")],
+        [],
+        {"exp-a": "# HELP a x\n"},
+        "ns",
+    )
+    assert report.problems == []
+    assert report.info == [
+        f"exporter: pod ns/exp-a reports no protocol (no {protocolinfo.METRIC} in its metrics);"
+        " its pod template was rendered with the live ConfigMap"
+    ]
+
+
+def test_configmap_edited_around_deploy_is_reported_until_the_pods_restart() -> None:
+    ctrl = BY_NAME["controller"]
+    data = {"log-level": "INFO"}
+    wl = workload(ctrl, data)
+    edited = {
+        "metadata": {
+            "name": ctrl.configmap,
+            "managedFields": [
+                {
+                    "manager": "kubectl-edit",
+                    "time": "2026-01-01T00:01:00Z",
+                    "fieldsV1": {"f:data": {}},
+                },
+                {
+                    "manager": "history",
+                    "time": "2026-01-01T00:05:00Z",
+                    "fieldsV1": {"f:metadata": {}},
+                },
+            ],
+        },
+        "data": {**data, "log-level": "DEBUG"},
+    }
+    before = running(ctrl.app, "ctrl-a", "n1", "2026-01-01T00:00:10Z")
+    after = running(ctrl.app, "ctrl-b", "n1", "2026-01-01T00:02:00Z")
+    cm = {"metadata": {"name": ctrl.configmap}, "data": data}
+    assert verify.check_rolled_config([ctrl], [wl], [cm], [before], "ns").problems == []
+    problems = verify.check_rolled_config([ctrl], [wl], [edited], [before, after], "ns").problems
+    assert problems == [
+        "controller: ConfigMap lj-runtimekit-controller-config changed (2026-01-01T00:01:00Z)"
+        " after pod(s) ctrl-a started; fix: kubectl -n ns rollout restart"
+        " deploy/lj-runtimekit-controller"
+    ]
+    assert verify.check_rolled_config([ctrl], [wl], [edited], [after], "ns").problems == []
+    assert verify.check_rolled_config([ctrl], [wl], [edited], [before], "ns", {"ctrl-a"}) == (
+        verify.Report()
+    )
+
+
+def test_values_rendered_from_another_protocol_are_named_with_the_redeploy() -> None:
+    dp, ctrl = BY_NAME["device-plugin"], BY_NAME["controller"]
+    protocol = load_protocol_text("labels.enable: gpu_on\nresources.ppu: example.com/ppu\n")
+    tolerations = [
+        {"key": DEFAULTS[k], "operator": "Exists"}
+        for k in ("resources.gpu", "resources.ppu", "resources.amd")
+    ]
+    workloads = [
+        workload(dp, {}, nodeSelector={"lj_runtimekit_enable": "true"}, tolerations=tolerations),
+        workload(ctrl, {}, containers=[{"args": ["--label-key=lj_runtimekit_enable"]}]),
+    ]
+    problems = verify.check_baked([dp, ctrl], workloads, protocol, "ns").problems
+    fix = "fix: deploy-all.sh deploy --keep-live-config --namespace=ns"
+    said = "rendered at deploy time from another protocol, a ConfigMap edit cannot change it"
+    assert problems == [
+        "device-plugin: DaemonSet ns/lj-runtimekit-device-plugin-ds nodeSelector"
+        f" lj_runtimekit_enable=true (labels.enable is gpu_on): {said}; {fix}",
+        "device-plugin: DaemonSet ns/lj-runtimekit-device-plugin-ds no toleration of"
+        f" example.com/ppu (resources.ppu): {said}; {fix}",
+        "controller: Deployment ns/lj-runtimekit-controller --label-key=lj_runtimekit_enable"
+        f" (labels.enable is gpu_on): {said}; {fix}",
+    ]
+    assert verify.check_baked([dp, ctrl], workloads, PROTOCOL, "ns").problems == []
+
+
+def test_deploy_finds_the_configmaps_edited_since_it_rendered_them_and_keeps_them() -> None:
+    dp, exp = BY_NAME["device-plugin"], BY_NAME["exporter"]
+    source = (ROOT / "deploy/protocol.yaml").read_text()
+    data = {"protocol.yaml": source, "log-level": "INFO"}
+    rendered = [
+        {
+            "kind": "ConfigMap",
+            "metadata": {"name": c.configmap, "labels": {"app": c.app}},
+            "data": data,
+        }
+        for c in (dp, exp)
+    ] + [workload(c, data) for c in (dp, exp)]
+    edited = {**data, "protocol.yaml": source + EDITED}
+    live = [
+        configmap(dp.configmap, "") | {"data": edited},
+        {"metadata": {"name": exp.configmap}, "data": data},
+    ]
+    workloads = [workload(c, data) for c in (dp, exp)]
+    assert verify.edited_configs(live, workloads, rendered, [dp, exp]) == {
+        dp.configmap: ["protocol.yaml (annotations.gpu_policy)"]
+    }
+    # A ConfigMap the last deploy did not render (a new release's protocol.yaml) is no edit.
+    assert verify.edited_configs(live, [workload(dp, edited)], rendered, [dp]) == {}
+    kept = verify.keep_live_config(rendered, live, [dp.configmap])
+    assert kept[0]["data"] == edited
+    assert kept[0]["metadata"]["annotations"] == {verify.KEPT_ANNOTATION: "true"}
+    assert kept[1]["data"] == data
+    template = kept[2]["spec"]["template"]["metadata"]["annotations"]
+    assert template[CHECKSUM_ANNOTATION] == config_checksum(edited)
+    assert kept[3] == rendered[3]
+    # Kept once, asked again while the source differs.
+    assert verify.edited_configs([kept[0]], [kept[2]], rendered, [dp]) == {
+        dp.configmap: ["protocol.yaml (annotations.gpu_policy)"]
+    }
+
+
+def test_metrics_report_the_protocol_hash() -> None:
+    assert protocolinfo.sha256_from_metrics(metrics_text(EDITED_SHA)) == EDITED_SHA
+    assert protocolinfo.sha256_from_metrics("# HELP a x\na 1\n") is None
+    reordered = load_protocol_text("# a comment\n" + EDITED)
+    assert protocolinfo.protocol_sha256(reordered) == EDITED_SHA
