@@ -242,14 +242,11 @@ def cmd_config_save(args: argparse.Namespace) -> int:
             rendered = [d for d in yaml.safe_load_all(Path(args.manifests).read_text()) if d]
         except (OSError, yaml.YAMLError) as exc:
             raise DeployError(f"cannot read {args.manifests}: {exc}") from exc
-    running = verify.running_checksums(parse_components(args.components), _items(args.workloads))
-    patches = verify.save_previous_config(
-        _items(args.configmaps),
-        args.names.split(","),
-        rendered,
-        running,
-        overwritten=(args.overwritten or "").split(","),
-    )
+    components = parse_components(args.components)
+    configmaps = _items(args.configmaps)
+    running = verify.running_checksums(components, _items(args.workloads))
+    ran = verify.running_edits(configmaps, _items(args.pods), components) if args.pods else set()
+    patches = verify.save_previous_config(configmaps, args.names.split(","), rendered, running, ran)
     for name, patch in sorted(patches.items()):
         print(name, json.dumps(patch, separators=(",", ":")))
     return 0
@@ -423,7 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manifests", help="what deploy applies (none: an upgrade)")
     p.add_argument("--workloads", required=True, help="kubectl get daemonsets,deployments -o json")
     p.add_argument("--components", default="")
-    p.add_argument("--overwritten", help="edited ConfigMaps that --overwrite-config replaces")
+    p.add_argument(
+        "--pods",
+        help="kubectl get pods -o json: an edit their start shows they run is recorded too",
+    )
     p.set_defaults(func=cmd_config_save)
 
     p = sub.add_parser("config-edits", help=(cmd_config_edits.__doc__ or "").splitlines()[0])

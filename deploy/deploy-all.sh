@@ -60,7 +60,7 @@
 #                       since the last deploy (kubectl edit) and render the workloads
 #                       (nodeSelector, tolerations, label key) from their protocol.yaml
 #   --overwrite-config  deploy: replace such edited ConfigMaps with deploy/protocol.yaml
-#                       and the defaults (rollback restores the edit)
+#                       and the defaults (rollback restores an edit the pods ran)
 #
 # Environment: KUBECTL (kubectl binary), LJ_DEPLOY_PYTHON (Python with the
 # lj-runtimekit-deploy helper installed), LJ_DEPLOY_LOG_DIR (log directory).
@@ -323,18 +323,21 @@ configmap_names() { # the selected components' ConfigMaps, comma-separated
   (IFS=,; echo "${cms[*]}")
 }
 
-# fetch_live: the live ConfigMaps and workloads into $work/cm-live.json, workloads-live.json.
+# fetch_live: the live ConfigMaps (with their managed fields' times), workloads and pods into
+# $work/cm-live.json, workloads-live.json, pods-live.json.
 fetch_live() {
-  "${kcn[@]}" get configmaps -l app.kubernetes.io/part-of=lj-runtimekit -o json >"$work/cm-live.json" \
-    || die "cannot list the ConfigMaps in namespace $namespace"
+  "${kcn[@]}" get configmaps -l app.kubernetes.io/part-of=lj-runtimekit -o json --show-managed-fields \
+    >"$work/cm-live.json" || die "cannot list the ConfigMaps in namespace $namespace"
   "${kcn[@]}" get daemonsets,deployments -l app.kubernetes.io/part-of=lj-runtimekit -o json >"$work/workloads-live.json" \
     || die "cannot list the workloads in namespace $namespace"
+  "${kcn[@]}" get pods -l app.kubernetes.io/part-of=lj-runtimekit -o json >"$work/pods-live.json" \
+    || die "cannot list the pods in namespace $namespace"
 }
 
 # save_config: records the live data of the selected ConfigMaps that a deploy changes (when
-# their pods run it, or it is an edit --overwrite-config replaces) on each (annotation
+# their pods run it: rolled by deploy, or restarted after an edit) on each (annotation
 # lj-runtimekit.io/previous-data), for rollback.
-save_config() { # [--manifests=FILE] (deploy: what it applies) [--overwritten=NAMES]
+save_config() { # [--manifests=FILE] (deploy: what it applies)
   local name patch
   fetch_live
   while read -r name patch; do
@@ -342,6 +345,7 @@ save_config() { # [--manifests=FILE] (deploy: what it applies) [--overwritten=NA
     "${kcn[@]}" patch configmap "$name" --type=merge --field-manager=lj-runtimekit-history \
       -p "$patch" >>"$log_file" 2>&1 || die "cannot record the configuration of ConfigMap $namespace/$name (needs configmaps patch rights)"
   done < <(helper config-save --configmaps="$work/cm-live.json" --workloads="$work/workloads-live.json" \
+    --pods="$work/pods-live.json" \
     --components="$components" --names="$(configmap_names)" "$@")
   log "recorded the current configuration for rollback"
 }
@@ -513,7 +517,7 @@ cmd_deploy() {
       || die "cannot create namespace $namespace"
   fi
   # A ConfigMap edited since the last deploy (kubectl edit) is replaced only by choice.
-  local edits edited="" overwritten=()
+  local edits edited=""
   fetch_live
   edits=$(helper config-edits --configmaps="$work/cm-live.json" --workloads="$work/workloads-live.json" \
     --manifests="$work/manifests.yaml" --components="$components" --namespace="$namespace" 2>&1) \
@@ -521,18 +525,17 @@ cmd_deploy() {
   if [[ -n $edits ]]; then
     edited=${edits%%$'\n'*}
     case $live_config in
-      ask) die "${edits#*$'\n'} edited since the last deploy, which would replace them with $protocol and the defaults; choose: --keep-live-config (keep the live data, render the workloads from it) or --overwrite-config (replace it; rollback restores the edit)" ;;
+      ask) die "${edits#*$'\n'} edited since the last deploy, which would replace them with $protocol and the defaults; choose: --keep-live-config (keep the live data, render the workloads from it) or --overwrite-config (replace it; rollback restores an edit the pods ran)" ;;
       keep)
         render ${leave_out[@]+"${leave_out[@]}"} --keep-live-config="$work/cm-live.json" --keep="$edited" \
           -o "$work/manifests.yaml" 2>"$work/render.err" || die "$(sed 's/^error: //' "$work/render.err")"
         cp "$work/manifests.yaml" "$log_file.manifests.yaml"
         log "--keep-live-config: keeping the live data of ${edits#*$'\n'}; the workloads are rendered from it" ;;
       overwrite)
-        overwritten=("--overwritten=$edited")
-        log "--overwrite-config: replacing ${edits#*$'\n'} (rollback restores the edit)" ;;
+        log "--overwrite-config: replacing ${edits#*$'\n'} (rollback restores the edit its pods ran)" ;;
     esac
   fi
-  $dry_run || save_config --manifests="$work/manifests.yaml" ${overwritten[@]+"${overwritten[@]}"}
+  $dry_run || save_config --manifests="$work/manifests.yaml"
   local diff_status=0
   "${kc[@]}" diff --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \
     -f "$work/manifests.yaml" >"$work/diff.txt" 2>&1 || diff_status=$?

@@ -489,6 +489,27 @@ def _data_changed_at(cm: Obj) -> str | None:
     return max(times) if times else None
 
 
+def running_edits(
+    configmaps: Iterable[Obj], pods: Iterable[Obj], components: Iterable[Component]
+) -> set[str]:
+    """The ConfigMaps whose data every running pod of their component started after (so the
+    pods run it, whatever their pod template's checksum says)."""
+    by_cm = {_name(cm): cm for cm in configmaps}
+    pods = [p for p in pods if _pod_running(p)]
+    out: set[str] = set()
+    for component in components:
+        cm = by_cm.get(component.configmap)
+        changed = _data_changed_at(cm) if cm is not None else None
+        starts = [
+            str((p.get("status") or {}).get("startTime", ""))
+            for p in pods
+            if _labels(p).get("app") == component.app
+        ]
+        if changed is not None and starts and min(starts) >= changed:
+            out.add(component.configmap)
+    return out
+
+
 def check_rolled_config(
     components: Iterable[Component],
     workloads: Iterable[Obj],
@@ -626,13 +647,13 @@ def save_previous_config(
     names: Iterable[str],
     rendered: Iterable[Obj] = (),
     running: Mapping[str, str] | None = None,
-    overwritten: Iterable[str] = (),
+    ran: Iterable[str] = (),
 ) -> dict[str, Obj]:
     """Merge patches recording the live data of the ConfigMaps `names` before a deploy
     (`rendered`: what it applies) or an upgrade (which keeps the data): a ConfigMap the
     change alters records its data when its pods run it (`running`: ConfigMap -> the
-    workload's pod template checksum; a hand edit that never ran is not recorded) or when
-    it is an edit that `--overwrite-config` replaces (`overwritten`); one it keeps but that
+    workload's pod template checksum, or `ran`: ConfigMaps whose pods started after their
+    last edit; a hand edit that never ran is not recorded); one it keeps but that
     recorded older data records its own (a rollback of an image-only change keeps the
     configuration)."""
     by_name = {_name(cm): cm for cm in live}
@@ -644,9 +665,8 @@ def save_previous_config(
             continue
         data = dict(cm.get("data") or {})
         recorded = (cm.get("metadata", {}).get("annotations") or {}).get(PREVIOUS_DATA_ANNOTATION)
-        ran = (running or {}).get(name, config_checksum(data)) == config_checksum(data)
-        ran = ran or name in set(overwritten)
-        changes = name in new and new[name] != data and ran
+        runs = (running or {}).get(name, config_checksum(data)) == config_checksum(data)
+        changes = name in new and new[name] != data and (runs or name in set(ran))
         if changes or (recorded is not None and recorded != _json(data)):
             annotations = {PREVIOUS_DATA_ANNOTATION: _json(data)}
             patches[name] = {"metadata": {"annotations": annotations}}
