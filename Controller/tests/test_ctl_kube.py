@@ -4,10 +4,14 @@ shared client's requests stubbed), and no import of the official client."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import subprocess
 import sys
+import threading
+import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pytest_mock import MockerFixture
@@ -145,3 +149,23 @@ async def test_node_metadata_keeps_labels_and_annotations_of_every_page(
         assert set(meta) <= {"labels", "annotations"}, (name, sorted(meta))
         assert meta["labels"][GROUP_LABEL] == node_factory.group
     assert listed[names[0]]["annotations"]["x"] == "1"
+
+
+async def test_a_queued_event_keeps_the_nodes_name_and_uid_not_the_node(stubbed: Kube) -> None:
+    class Node(dict[str, Any]):  # a dict that can be weakly referenced
+        pass
+
+    node = Node(metadata={"name": "n1", "uid": "u1", "managedFields": [{"big": "x" * 1000}]})
+    gone = weakref.ref(node)
+    sent = threading.Event()
+    stubbed.client.request.side_effect = lambda *a, **k: sent.wait(10) and {}  # type: ignore[attr-defined]
+    stubbed.node_event("default", node, "Normal", "FeaturesEnabled", "done")
+    del node
+    gc.collect()
+    assert gone() is None  # while the post waits for its thread
+    sent.set()
+    await stubbed.drain_events()
+    method, path, body = stubbed.client.request.call_args.args[:3]  # type: ignore[attr-defined]
+    assert (method, path) == ("POST", "/api/v1/namespaces/default/events")
+    assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "u1"}
+    assert (body["reason"], body["message"], body["type"]) == ("FeaturesEnabled", "done", "Normal")

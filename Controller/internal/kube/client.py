@@ -204,29 +204,20 @@ class Kube:
 
     def node_event(self, namespace: str, node: Obj, kind: str, reason: str, message: str) -> None:
         """Post a core/v1 Event about the Node (in `namespace`) in the background, off the
-        reconcile's critical path; failures are only logged."""
-        task = asyncio.create_task(self._post_event(namespace, node, kind, reason, message))
-        self._events.add(task)
-        task.add_done_callback(self._events.discard)
-
-    async def drain_events(self, timeout_s: float = 5.0) -> None:
-        """Wait (bounded) for events still being posted."""
-        if self._events:
-            await asyncio.wait(list(self._events), timeout=timeout_s)
-
-    async def _post_event(
-        self, namespace: str, node: Obj, kind: str, reason: str, message: str
-    ) -> None:
+        reconcile's critical path; failures are only logged. The event is built now: a
+        queued post keeps the Node's name and uid, not the whole Node (at a burst of
+        transitions the posts wait for the API threads, and whole Nodes added up)."""
         meta = node["metadata"]
+        name = str(meta["name"])
         stamp = api_time()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
             "involvedObject": {
                 "apiVersion": "v1",
                 "kind": "Node",
-                "name": meta["name"],
+                "name": name,
                 "uid": meta.get("uid", ""),
             },
             "type": kind,
@@ -239,15 +230,24 @@ class Kube:
             "lastTimestamp": stamp,
             "count": 1,
         }
+        task = asyncio.create_task(self._post_event(namespace, name, reason, body))
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
+
+    async def drain_events(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) for events still being posted."""
+        if self._events:
+            await asyncio.wait(list(self._events), timeout=timeout_s)
+
+    async def _post_event(self, namespace: str, node: str, reason: str, body: Obj) -> None:
         try:
             await self.request(
-                f"create event for node {meta['name']}",
+                f"create event for node {node}",
                 "POST",
                 f"/api/v1/namespaces/{quote(namespace)}/events",
                 body=body,
             )
         except KubeError as exc:
             _log.warning(
-                "event not posted",
-                extra={"node": meta["name"], "reason": reason, "error": str(exc)},
+                "event not posted", extra={"node": node, "reason": reason, "error": str(exc)}
             )
