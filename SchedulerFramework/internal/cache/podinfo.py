@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from typing import Any
-
-from kubernetes.utils import parse_quantity
 
 KubeObject = dict[str, Any]
 """A Kubernetes object as decoded from the API server's JSON."""
@@ -43,8 +41,34 @@ _SUFFIX: Mapping[str, int] = {
 }
 
 
+_DECIMAL_SUFFIX: Mapping[str, Decimal] = {
+    **{k: Decimal(v) for k, v in _SUFFIX.items() if k},
+    "K": Decimal(10**3),
+    "m": Decimal("0.001"),
+    "u": Decimal("0.000001"),
+    "n": Decimal("0.000000001"),
+}
+
+
 class QuantityError(ValueError):
     """A resource quantity that does not parse."""
+
+
+def _decimal(text: str) -> Decimal:
+    """A quantity with a fraction or an exponent ("1.5Gi", "2e3", "0.5"). Written here, not
+    taken from the official client: importing it took seconds of every start."""
+    number, factor = text, Decimal(1)
+    for suffix in (text[-2:], text[-1:]):
+        if suffix and suffix in _DECIMAL_SUFFIX and len(suffix) < len(text):
+            number, factor = text[: -len(suffix)], _DECIMAL_SUFFIX[suffix]
+            break
+    try:
+        dec = Decimal(number)
+    except InvalidOperation:
+        raise QuantityError(f"invalid quantity {text!r}") from None
+    if not dec.is_finite():
+        raise QuantityError(f"invalid quantity {text!r}")
+    return dec * factor
 
 
 def quantity(value: object, milli: bool = False) -> int:
@@ -60,10 +84,7 @@ def quantity(value: object, milli: bool = False) -> int:
     if suffix == "m" and num.isdigit():
         whole = int(num)
         return whole if milli else -(-whole // 1000)
-    try:
-        dec: Decimal = parse_quantity(text)
-    except ValueError as exc:
-        raise QuantityError(f"invalid quantity {text!r}") from exc
+    dec = _decimal(text)
     if milli:
         dec *= 1000
     return int(-(-dec // 1))
