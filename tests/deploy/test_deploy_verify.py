@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -430,3 +431,31 @@ def test_metrics_report_the_protocol_hash() -> None:
     assert protocolinfo.sha256_from_metrics("# HELP a x\na 1\n") is None
     reordered = load_protocol_text("# a comment\n" + EDITED)
     assert protocolinfo.protocol_sha256(reordered) == EDITED_SHA
+
+
+def test_an_edit_the_pods_started_on_is_recorded_for_rollback() -> None:
+    exp = BY_NAME["exporter"]
+    edited = {
+        "metadata": {
+            "name": exp.configmap,
+            "managedFields": [
+                {"time": "2026-01-01T00:01:00Z", "fieldsV1": {"f:data": {}}},
+            ],
+        },
+        "data": {"protocol.yaml": EDITED},
+    }
+    rendered = [{"kind": "ConfigMap", "metadata": {"name": exp.configmap}, "data": {}}]
+    running_checksums = {exp.configmap: config_checksum({})}  # the template: never rolled
+    before = running(exp.app, "a", "n1", "2026-01-01T00:00:10Z")
+    after = running(exp.app, "b", "n2", "2026-01-01T00:02:00Z")
+    assert verify.running_edits([edited], [before, after], [exp]) == set()
+    assert verify.running_edits([edited], [after], [exp]) == {exp.configmap}
+    names = [exp.configmap]
+    assert verify.save_previous_config([edited], names, rendered, running_checksums) == {}
+    patch = verify.save_previous_config(
+        [edited], names, rendered, running_checksums, {exp.configmap}
+    )
+    recorded = json.loads(
+        patch[exp.configmap]["metadata"]["annotations"][verify.PREVIOUS_DATA_ANNOTATION]
+    )
+    assert recorded == {"protocol.yaml": EDITED}
