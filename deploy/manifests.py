@@ -37,6 +37,7 @@ from lj_runtimekit.deploy.components import (
 )
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
+from lj_runtimekit.proto.pkg.protocolinfo import NODE_ANNOTATION
 
 Obj = dict[str, Any]
 
@@ -596,7 +597,8 @@ def writable_keys(component: Component, protocol: Protocol) -> dict[str, list[st
             labels_.device_mode,
             labels_.runtime_version,
         ]
-        keys["node-annotations"] = [ann.node_devices, ann.node_admission]
+        # The hash of the protocol it loaded (protocolinfo; deploy-all.sh verify reads it).
+        keys["node-annotations"] = [ann.node_devices, ann.node_admission, NODE_ANNOTATION]
         keys["pod-annotations"] = [ann.allocated_devices, ann.bind_phase]
     return keys
 
