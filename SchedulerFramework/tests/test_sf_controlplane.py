@@ -342,7 +342,6 @@ def test_an_unschedulable_pod_shows_pod_scheduled_false_until_it_is_bound(
     assert (c.status, c.reason) == ("False", "Unschedulable")
     assert "nodes are available" in c.message
     assert "node(s) didn't match Pod's node affinity/selector" in c.message
-    version = core.read_namespaced_pod("waits", namespace).metadata.resource_version
 
     def failures() -> int:
         return sum(
@@ -351,10 +350,13 @@ def test_an_unschedulable_pod_shows_pod_scheduled_false_until_it_is_bound(
             if e.involved_object.name == "waits" and e.reason == "FailedScheduling"
         )
 
-    # a node change that does not help: tried again, same reason, the condition is not written
-    core.patch_node(node, {"metadata": {"labels": {"unrelated": "x"}}})
+    # a change of the pod itself that does not help: tried again at once (a node change that
+    # cannot help, such as an unrelated label, does not move it: per-plugin queueing hints);
+    # same reason, so the condition is not written again
+    core.patch_namespaced_pod("waits", namespace, {"metadata": {"labels": {"unrelated": "x"}}})
+    version = core.read_namespaced_pod("waits", namespace).metadata.resource_version
     wait_for(lambda: failures() >= 2, 60, "a second attempt", describe=scheduler.text)
-    time.sleep(1.0)
+    time.sleep(1.0)  # a write would follow the attempt at once: give it the chance to show
     assert core.read_namespaced_pod("waits", namespace).metadata.resource_version == version
     assert condition().last_transition_time == c.last_transition_time
     core.patch_node(node, {"metadata": {"labels": {"gpu-ready": "yes"}}})
