@@ -459,11 +459,18 @@ def check_running_protocol(
             )
         checksum = config_checksum(by_cm[component.configmap].get("data") or {})
         rolled = _template_checksum(by_key.get((component.kind, component.workload))) == checksum
+        changed = _data_changed_at(by_cm[component.configmap])
+        started = {_name(p): str((p.get("status") or {}).get("startTime", "")) for p in mine}
         for name, why in silent:
             if rolled:
                 report.info.append(
                     f"{component.name}: pod {namespace}/{name} reports no protocol ({why});"
                     " its pod template was rendered with the live ConfigMap"
+                )
+            elif changed is not None and started[name] >= changed:
+                report.info.append(
+                    f"{component.name}: pod {namespace}/{name} reports no protocol ({why});"
+                    f" it started after {component.configmap} last changed ({changed})"
                 )
             else:
                 named.add(name)

@@ -325,6 +325,22 @@ def test_a_silent_pod_of_an_unchanged_configmap_is_information() -> None:
         f"exporter: pod ns/exp-a reports no protocol (no {protocolinfo.METRIC} in its metrics);"
         " its pod template was rendered with the live ConfigMap"
     ]
+    # Edited, then restarted: a silent pod that started after the edit runs it.
+    edited = configmap(exp.configmap, EDITED)
+    edited["metadata"]["managedFields"] = [
+        {"time": "2026-01-01T00:01:00Z", "fieldsV1": {"f:data": {}}}
+    ]
+    pods = [running(exp.app, "exp-a", "n1", "2026-01-01T00:02:00Z")]
+    old = [workload(exp, {})]
+    report, _ = verify.check_running_protocol([exp], old, [edited], pods, [], {}, "ns")
+    assert report.problems == []
+    assert report.info == [
+        "exporter: pod ns/exp-a reports no protocol (metrics not read); it started after"
+        " lj-runtimekit-exporter-config last changed (2026-01-01T00:01:00Z)"
+    ]
+    pods = [running(exp.app, "exp-a", "n1", "2026-01-01T00:00:30Z")]
+    report, _ = verify.check_running_protocol([exp], old, [edited], pods, [], {}, "ns")
+    assert "what it runs is unknown" in report.problems[0]
 
 
 def test_configmap_edited_around_deploy_is_reported_until_the_pods_restart() -> None:
