@@ -32,6 +32,7 @@ from lj_runtimekit.deploy.manifests import (
     GENERATED_HEADER,
     KUBELET_PODS_URL,
     METRICS_PORT,
+    OLDEST_MINOR,
     SCHEDULER_CONFIG_KEY,
     SCHEDULER_METRICS_PORT,
     SETTINGS,
@@ -755,7 +756,7 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
         "type": "application",
         "version": opts.version.removeprefix("v"),
         "appVersion": opts.version,
-        "kubeVersion": ">=1.18.0-0",
+        "kubeVersion": f">=1.{OLDEST_MINOR}.0-0",
     }
     out[chart / "Chart.yaml"] = "# Generated from VERSION by `make -C deploy manifests`.\n" + (
         to_yaml(chart_doc)

@@ -459,6 +459,8 @@ def rbac(component: Component, opts: Options) -> list[Obj]:
 
 # -- admission policies (Kubernetes >= 1.30) ---------------------------------------------------
 
+OLDEST_MINOR = 28
+"""The oldest Kubernetes 1.x minor the manifests support (docs/compatibility.md)."""
 ADMISSION_POLICIES_MINOR = 30
 """The Kubernetes 1.x minor from which the policies below can be installed."""
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"

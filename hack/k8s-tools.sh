@@ -71,6 +71,15 @@ done
 hollow_src="$root/hack/hollow-node"
 hollow_hash=$(cat "$hollow_src"/*.go | sha256sum | cut -c1-16)
 
+# Helm's link-time values, as its release build sets them: the Kubernetes
+# version that `helm template` and `helm lint` assume without a cluster
+# (without them a source build assumes 1.20, below the chart's kubeVersion)
+# is the pinned one. Stored next to the binary so that a change rebuilds it.
+helm_ld="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+  helm_ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$k8s_minor"
+done
+
 # version_ok NAME: the binary exists and reports the pinned version.
 version_ok() {
   local name=$1 path="$bin/$1" out want
@@ -81,7 +90,9 @@ version_ok() {
       out=$("$path" --version 2>&1) || return 1; want="Kubernetes $K8S_VERSION" ;;
     kubectl) out=$("$path" version --client 2>&1) || return 1; want="Client Version: $K8S_VERSION" ;;
     kwok) out=$("$path" --version 2>&1) || return 1; want="$KWOK_VERSION" ;;
-    helm) out=$("$path" version --short 2>&1) || return 1; want="$HELM_VERSION" ;;
+    helm)
+      [[ $(cat "$path.ldflags" 2>/dev/null) == "$helm_ld" ]] || return 1
+      out=$("$path" version --short 2>&1) || return 1; want="$HELM_VERSION" ;;
     lj-hollow-node)
       [[ $(cat "$path.source-sha256" 2>/dev/null) == "$hollow_hash" ]] || return 1
       out=$("$path" --version 2>&1) || return 1; want="Kubernetes $K8S_VERSION" ;;
@@ -192,8 +203,8 @@ if need kwok; then
     "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=$K8S_VERSION"
 fi
 if need helm; then
-  build_one helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
-    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  build_one helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm "$helm_ld"
+  echo "$helm_ld" >"$bin/helm.ldflags"
 fi
 
 if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then

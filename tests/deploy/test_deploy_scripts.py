@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client as k8s_client
 
 from lj_runtimekit.deploy.components import COMPONENTS
+from lj_runtimekit.deploy.manifests import OLDEST_MINOR
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.versions import find_tools, load_versions
 from lj_runtimekit.runtimesim.process import SimulatorProcess
@@ -168,6 +169,9 @@ def test_below_the_oldest_supported_release_every_command_is_refused(
     )
     assert oldest is not None
     minor = int(oldest.group(1))
+    assert minor == OLDEST_MINOR  # the chart's kubeVersion says the same
+    chart = ROOT / "deploy" / "helm" / "lj-runtimekit" / "Chart.yaml"
+    assert f"kubeVersion: '>=1.{minor}.0-0'" in chart.read_text()
     env = old_cluster_env(log_env, tmp_path, f"v1.{minor - 1}.9")
     for command in ("precheck", "deploy"):
         result = run_script(command, env=env)
