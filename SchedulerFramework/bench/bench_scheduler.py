@@ -135,8 +135,14 @@ class BindWatch:
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    records = True
+    """Play the Device Plugins' records (`--no-plugin-records`: a diagnostic run without
+    them, the scheduler's own cost against the kube-scheduler's; not the protocol's work)."""
+
     def _allocate(self, obj: dict[str, Any]) -> None:
         """What a node's Device Plugin records after serving the pod's Allocate calls."""
+        if not self.records:
+            return
         a = P.annotations
         annotations = obj["metadata"].get("annotations") or {}
         name = obj["metadata"]["name"]
@@ -278,10 +284,86 @@ def overcommit_violations(kube: KubeClient) -> int:
     return len(sharing_violations("scheduler", assignment_holdings(pods, P)))
 
 
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class ApiServerMeter:
+    """The API server's CPU seconds and requests ("VERB resource/subresource") over one run,
+    from its /metrics: what each scheduler's pods cost the API server, whatever else the
+    machine runs (on a shared machine the rates swing with the load, these per-pod costs
+    less)."""
+
+    IDLE_S = 3.0
+    """How long the API server's CPU use without a scheduler is sampled before a run: that
+    rate (node heartbeats, leases) times the run's length is not the pods' cost."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+        idle_cpu_s, _ = self._read()
+        time.sleep(self.IDLE_S)
+        self.cpu_s, self.requests = self._read()
+        self.idle_rate = (self.cpu_s - idle_cpu_s) / self.IDLE_S
+        self.began = time.monotonic()
+
+    def _read(self) -> tuple[float, dict[str, float]]:
+        text = self.kube.request_bytes("GET", "/metrics", accept="text/plain").decode()
+        cpu = 0.0
+        requests: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("process_cpu_seconds_total "):
+                cpu = float(line.split()[-1])
+            elif line.startswith("apiserver_request_total{"):
+                labels = dict(
+                    part.split("=", 1)
+                    for part in line[line.index("{") + 1 : line.rindex("}")].split(",")
+                )
+                verb = labels.get("verb", "").strip('"')
+                what = labels.get("resource", "").strip('"')
+                sub = labels.get("subresource", "").strip('"')
+                key = f"{verb} {what}/{sub}" if sub else f"{verb} {what}"
+                requests[key] = requests.get(key, 0.0) + float(line.split()[-1])
+        return cpu, requests
+
+    def per_pod(self, n: int) -> tuple[float, dict[str, float]]:
+        """(API server CPU ms per pod above its idle use, requests per pod by verb and
+        resource) since creation."""
+        cpu_s, requests = self._read()
+        idle_s = self.idle_rate * (time.monotonic() - self.began)
+        diff = {k: (v - self.requests.get(k, 0.0)) / n for k, v in requests.items()}
+        return max(0.0, cpu_s - self.cpu_s - idle_s) * 1000 / n, {
+            k: round(v, 2) for k, v in diff.items() if v >= 0.01
+        }
+
+
 def process_cpu_s(pid: int) -> float:
     """user + system CPU seconds of a process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+PROFILED = """
+import atexit, cProfile, runpy, sys, threading, time
+out, profiles = sys.argv.pop(1), []
+def start(*_):
+    p = cProfile.Profile(time.thread_time)
+    profiles.append(p)
+    p.enable()
+def dump():
+    for p in profiles:
+        p.disable()
+    import pstats
+    pstats.Stats(*profiles).dump_stats(out)
+threading.setprofile(start)
+atexit.register(dump)
+start()
+sys.argv[0] = "lj-scheduler"
+runpy.run_module("lj_runtimekit.schedulerframework.cmd.scheduler.main", run_name="__main__")
+"""
+"""Runs lj-scheduler with every thread under cProfile timed in that thread's CPU time
+(`--profile`); the merged stats go to the file named first."""
+
+PROFILE_DIR: Path | None = None
+"""Where `--profile` writes lj-scheduler's stats (one file per run)."""
 
 
 def start_lj(
@@ -289,12 +371,14 @@ def start_lj(
 ) -> tuple[subprocess.Popen[bytes], int]:
     """lj-scheduler with `config`; (process, its metrics port)."""
     port = free_port()
+    if PROFILE_DIR is None:
+        command = [sys.executable, "-m", "lj_runtimekit.schedulerframework.cmd.scheduler.main"]
+    else:
+        command = [sys.executable, "-c", PROFILED, str(PROFILE_DIR / f"lj-scheduler-{ns}.prof")]
     with (work / f"lj-scheduler-{ns}.log").open("wb") as out:
         lj = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "lj_runtimekit.schedulerframework.cmd.scheduler.main",
+                *command,
                 f"--config={config}",
                 f"--kubeconfig={cp.kubeconfig_path}",
                 f"--metrics-port={port}",
@@ -316,26 +400,40 @@ def run_lj(
     ns: str,
     n: int,
     limits: dict[str, str],
-) -> tuple[float, str, float]:
+) -> tuple[float, str, float, tuple[float, dict[str, float]]]:
     """Creates `n` pods, starts lj-scheduler, waits for all binds.
 
-    Returns (pods/s, the scheduler's /metrics text, its CPU seconds).
+    Returns (pods/s, the scheduler's /metrics text, its CPU seconds, what the pods cost the
+    API server: `ApiServerMeter.per_pod`).
     """
     make_namespace(kube, ns)
     create_pods(kube, ns, "lj-bench", n, limits)
     watch = BindWatch(kube, ns, KubeClient.connect(str(cp.kubeconfig_path), pool_size=64))
+    meter = ApiServerMeter(kube)
     lj, port = start_lj(cp, work, config, ns)
     try:
         log(f"lj-scheduler run ({ns}, {limits})")
         rate = watch.wait(n, 600)
-        log(f"lj-scheduler: {rate:.1f} pods/s")
+        cost = meter.per_pod(n)
+        log(f"lj-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
         cpu_s = process_cpu_s(lj.pid)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
             text = r.read().decode()
     finally:
         lj.terminate()
         lj.wait(30)
-    return rate, text, cpu_s
+    return rate, text, cpu_s, cost
+
+
+def writes(requests: dict[str, float]) -> float:
+    """Write requests among `ApiServerMeter.per_pod`'s."""
+    return sum(v for k, v in requests.items() if k.split()[0] in WRITE_VERBS)
+
+
+def api_cost_text(cost: tuple[float, dict[str, float]]) -> str:
+    cpu_ms, requests = cost
+    shown = ", ".join(f"{k} {v:g}" for k, v in sorted(requests.items()))
+    return f"API server {cpu_ms:.1f} CPU ms and {writes(requests):.2f} writes per pod ({shown})"
 
 
 def _rounded(v: Any) -> Any:
@@ -403,24 +501,26 @@ def run_kube_scheduler(
     ns: str,
     n: int,
     matched_percentage: int | None = None,
-) -> tuple[float, float, str]:
+) -> tuple[float, float, str, tuple[float, dict[str, float]]]:
     """The stock kube-scheduler places `n` whole-GPU pods; (pods/s, CPU ms per pod, its
-    /metrics text)."""
+    /metrics text, what the pods cost the API server)."""
     make_namespace(kube, ns)
     create_pods(kube, ns, ns, n, {P.resources.gpu: "1"})
     watch = BindWatch(kube, ns)
     shown = f", matched work {matched_percentage}% of nodes" if matched_percentage else ""
     log(f"kube-scheduler run ({ns}{shown})")
+    meter = ApiServerMeter(kube)
     ks, port = start_kube_scheduler(cp, work, ns, matched_percentage)
     try:
         rate = watch.wait(n, 600)
+        cost = meter.per_pod(n)
         assert ks.pid is not None
         cpu_ms = process_cpu_s(ks.pid) * 1000 / n
         text = kube_scheduler_metrics(cp, port)
     finally:
         ks.stop()
-    log(f"kube-scheduler: {rate:.1f} pods/s")
-    return rate, cpu_ms, text
+    log(f"kube-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
+    return rate, cpu_ms, text, cost
 
 
 def matched_percentage(nodes: int) -> int:
@@ -447,6 +547,7 @@ def run_whole_rounds(
     texts: list[str] = []
     kube_texts: list[str] = []
     matched_texts: list[str] = []
+    costs: dict[str, list[tuple[float, dict[str, float]]]] = {"lj": [], "kube": [], "matched": []}
     pct = matched_percentage(nodes)
     violations = 0
     for r in range(rounds):
@@ -454,22 +555,25 @@ def run_whole_rounds(
         for which in order:
             if which == "kube":
                 ns = f"bench-kube-{r}"
-                rate, cpu_ms, text = run_kube_scheduler(kube, cp, work, ns, n)
+                rate, cpu_ms, text, cost = run_kube_scheduler(kube, cp, work, ns, n)
                 theirs.append(rate)
                 theirs_cpu.append(cpu_ms)
                 kube_texts.append(text)
             elif which == "matched":
                 ns = f"bench-kube-matched-{r}"
-                rate, _, text = run_kube_scheduler(kube, cp, work, ns, n, pct)
+                rate, _, text, cost = run_kube_scheduler(kube, cp, work, ns, n, pct)
                 matched.append(rate)
                 matched_texts.append(text)
             else:
                 ns = f"bench-lj-{r}"
-                rate, text, cpu_s = run_lj(kube, cp, work, lj_cfg, ns, n, {P.resources.gpu: "1"})
+                rate, text, cpu_s, cost = run_lj(
+                    kube, cp, work, lj_cfg, ns, n, {P.resources.gpu: "1"}
+                )
                 ours.append(rate)
                 ours_cpu.append(cpu_s * 1000 / n)
                 texts.append(text)
                 violations += overcommit_violations(kube)
+            costs[which].append(cost)
             delete_pods(kube, ns)
         log(
             f"round {r + 1}/{rounds}: ratio {ours[-1] / theirs[-1]:.2f}, "
@@ -500,6 +604,17 @@ def run_whole_rounds(
         "kube_scheduler_cpu_ms_per_whole_gpu_pod": statistics.median(theirs_cpu),
         "whole_gpu_rounds": rounds,
     }
+    for prefix, which in (
+        ("", "lj"),
+        ("kube_scheduler_", "kube"),
+        ("kube_scheduler_matched_", "matched"),
+    ):
+        out[f"{prefix}apiserver_cpu_ms_per_whole_gpu_pod"] = statistics.median(
+            c[0] for c in costs[which]
+        )
+        out[f"{prefix}apiserver_writes_per_whole_gpu_pod"] = statistics.median(
+            writes(c[1]) for c in costs[which]
+        )
     for key, metric in (
         ("filter_score", "lj_scheduler_filter_score_duration_seconds"),
         ("filter_score_cpu", "lj_scheduler_filter_score_cpu_seconds"),
@@ -594,7 +709,23 @@ def main() -> int:
         "--whole-only", action="store_true", help="only the whole-GPU rounds (a scale run)"
     )
     ap.add_argument("--key-prefix", default="", help="before every result key, e.g. n5000_")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="directory: run lj-scheduler under cProfile (thread CPU time), stats per run there",
+    )
+    ap.add_argument(
+        "--no-plugin-records",
+        action="store_true",
+        help="diagnostic: no Device Plugin records (the API server does the schedulers' work only)",
+    )
     args = ap.parse_args()
+    BindWatch.records = not args.no_plugin_records
+    global PROFILE_DIR
+    PROFILE_DIR = args.profile
+    if PROFILE_DIR is not None:
+        PROFILE_DIR.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     load_at_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="ljbench"))
@@ -657,8 +788,12 @@ def main() -> int:
     out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 1)
     out["cpus"] = os.cpu_count() or 0
     out_doc = {f"{args.key_prefix}{k}": v for k, v in out.items()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out_doc, indent=2) + "\n")
+    out_file = Path(args.out)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    # this run's keys replace the file's; the others (a scale run's, the preemption
+    # part's) stay
+    part = (json.loads(out_file.read_text()) if out_file.exists() else {}) | out_doc
+    out_file.write_text(json.dumps(dict(sorted(part.items())), indent=2) + "\n")
     print(f"{'key':40} value")
     for k, v in out_doc.items():
         if isinstance(v, list):
@@ -687,7 +822,7 @@ def run_other_parts(
     violations = overcommit_violations(kube)
 
     # 3. lj-scheduler, slices (a fresh process, pods created before it starts)
-    rate, text, cpu_s = run_lj(
+    rate, text, cpu_s, _ = run_lj(
         kube,
         cp,
         work,
