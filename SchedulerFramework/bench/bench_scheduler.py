@@ -293,17 +293,9 @@ class ApiServerMeter:
     machine runs (on a shared machine the rates swing with the load, these per-pod costs
     less)."""
 
-    IDLE_S = 3.0
-    """How long the API server's CPU use without a scheduler is sampled before a run: that
-    rate (node heartbeats, leases) times the run's length is not the pods' cost."""
-
     def __init__(self, kube: KubeClient) -> None:
         self.kube = kube
-        idle_cpu_s, _ = self._read()
-        time.sleep(self.IDLE_S)
         self.cpu_s, self.requests = self._read()
-        self.idle_rate = (self.cpu_s - idle_cpu_s) / self.IDLE_S
-        self.began = time.monotonic()
 
     def _read(self) -> tuple[float, dict[str, float]]:
         text = self.kube.request_bytes("GET", "/metrics", accept="text/plain").decode()
@@ -325,12 +317,12 @@ class ApiServerMeter:
         return cpu, requests
 
     def per_pod(self, n: int) -> tuple[float, dict[str, float]]:
-        """(API server CPU ms per pod above its idle use, requests per pod by verb and
-        resource) since creation."""
+        """(API server CPU ms per pod, requests per pod by verb and resource) since creation.
+        The CPU includes what the API server does meanwhile for others (node heartbeats,
+        leases): more per pod for the slower run."""
         cpu_s, requests = self._read()
-        idle_s = self.idle_rate * (time.monotonic() - self.began)
         diff = {k: (v - self.requests.get(k, 0.0)) / n for k, v in requests.items()}
-        return max(0.0, cpu_s - self.cpu_s - idle_s) * 1000 / n, {
+        return (cpu_s - self.cpu_s) * 1000 / n, {
             k: round(v, 2) for k, v in diff.items() if v >= 0.01
         }
 
