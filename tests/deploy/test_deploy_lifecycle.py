@@ -390,13 +390,18 @@ def test_verify_reports_configmap_drift_key_by_key_and_deploy_heals_it(
     )
     result = env.run("verify", f"--metrics-url={metrics_url}")
     assert result.returncode == 1
-    assert "protocol drift: resources.gpu:" in result.stdout
+    assert "protocol ConfigMaps disagree: resources.gpu:" in result.stdout
     assert "exporter=example.com/gpu" in result.stdout
     assert "device-plugin=alibabacloud.com/gpu" in result.stdout
     assert (
-        "exporter: ConfigMap lj-runtimekit-exporter-config changed after its pods" in result.stdout
-    )
-    env.ok("deploy", "--components=exporter")
+        "reports no protocol (metrics not read) and lj-runtimekit-exporter-config changed after"
+        " its pod template was rendered"
+    ) in result.stdout
+    # deploy replaces an edit only when told to (test_deploy_configmap_flow: the choices).
+    refused = env.run("deploy", "--components=exporter")
+    assert refused.returncode == 1
+    assert "--overwrite-config" in refused.stderr
+    env.ok("deploy", "--components=exporter", "--overwrite-config")
     healed = env.get("configmap", "lj-runtimekit-exporter-config")
     assert healed is not None
     assert healed["data"]["protocol.yaml"] == (ROOT / "deploy/protocol.yaml").read_text()
