@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s_client
 
+from lj_runtimekit.proto.pkg import protocolinfo
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, decode_assignment, encode_assignment
 from lj_runtimekit.testkit.kubelet.bed import ANN, GPU, PROTOCOL, node_bed
 
@@ -55,6 +56,9 @@ async def test_labels_records_and_api_fallback(
         assert {k: got.get(k) for k in want} == want
         inventory = core.read_node(node).metadata.annotations[ANN.node_devices]
         assert all(d.id in inventory for d in bed.devices)
+        # Written before the sockets serve: the protocol it loaded (deploy-all.sh verify).
+        reported = core.read_node(node).metadata.annotations[protocolinfo.NODE_ANNOTATION]
+        assert reported == protocolinfo.protocol_sha256(PROTOCOL)
 
         assignment = {"main": (DeviceShare(bed.gpu(4)),)}
         manifest = {

@@ -27,6 +27,7 @@ from lj_runtimekit.deploy.components import BY_NAME, RUNTIME_SOCKET_DIR, Compone
 from lj_runtimekit.deviceplugin.internal.nodelabels.labels import node_labels
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory
+from lj_runtimekit.proto.pkg import protocolinfo
 from lj_runtimekit.testkit.waits import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -247,7 +248,11 @@ def test_the_device_plugin_writes_only_its_own_node_and_pods_and_its_own_keys(
         "metadata": {
             # Every label the Device Plugin's own code writes.
             "labels": {key: "x" for key in node_labels([], "v1.15.0", PROTOCOL)},
-            "annotations": {ann.node_devices: "[]", ann.node_admission: "serial"},
+            "annotations": {
+                ann.node_devices: "[]",
+                ann.node_admission: "serial",
+                protocolinfo.NODE_ANNOTATION: "0" * 64,
+            },
         }
     }
     taint = {"spec": {"taints": [{"key": "evil", "effect": "NoSchedule"}]}}
