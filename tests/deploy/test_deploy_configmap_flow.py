@@ -305,3 +305,57 @@ def test_edit_refused_deploy_restart_verify(env: Env, pods: Pods) -> None:
     pods.start()
     out = env.ok("verify", *pods.metrics_args())
     assert f"(sha256 {edited[:12]})" in out
+
+
+def test_rendered_values_are_named_until_a_deploy_and_overwrite_goes_back(
+    env: Env, pods: Pods
+) -> None:
+    amd_old = "resources.amd: alibabacloud.com/amd-gpu"
+    amd_new = "resources.amd: example.com/amd-gpu"
+    for component in PROTOCOL_WORKLOADS:
+        text = configmap_text(env, component).replace(amd_old, amd_new)
+        patch = json.dumps({"data": {"protocol.yaml": text}})
+        cm = f"lj-runtimekit-{component}-config"
+        env.k("patch", "configmap", cm, f"--namespace={env.namespace}", "-p", patch)
+    for kind, name in PROTOCOL_WORKLOADS.values():
+        env.k("rollout", "restart", f"{kind}/{name}", f"--namespace={env.namespace}")
+    for kind, name in PROTOCOL_WORKLOADS.values():
+        env.k("rollout", "status", f"{kind}/{name}", f"--namespace={env.namespace}")
+    pods.start()
+
+    # The pods run the edit, but the DaemonSets' tolerations were rendered before it.
+    result = env.run("verify", *pods.metrics_args())
+    assert result.returncode == 1
+    problems = [line for line in result.stdout.splitlines() if "PROBLEM" in line]
+    fix = f"fix: deploy-all.sh deploy --keep-live-config --namespace={env.namespace}"
+    assert problems == [
+        f"PROBLEM {c}: DaemonSet {env.namespace}/{WORKLOADS[c][1]} no toleration of"
+        " example.com/amd-gpu (resources.amd): rendered at deploy time from another protocol,"
+        f" a ConfigMap edit cannot change it; {fix}"
+        for c in ("device-plugin", "exporter")
+    ], result.stdout
+
+    env.ok("deploy", "--keep-live-config")
+    daemonset = env.get("daemonset", WORKLOADS["exporter"][1])
+    assert daemonset is not None
+    tolerated = {t["key"] for t in daemonset["spec"]["template"]["spec"]["tolerations"]}
+    assert "example.com/amd-gpu" in tolerated
+    pods.start()
+    assert "verify passed" in env.ok("verify", *pods.metrics_args())
+
+    # Kept once, asked again; --overwrite-config goes back to deploy/protocol.yaml.
+    refused = env.run("deploy")
+    assert refused.returncode == 1
+    assert "--keep-live-config" in refused.stderr
+    env.ok("deploy", "--overwrite-config")
+    source = (ROOT / "deploy/protocol.yaml").read_text()
+    for component in PROTOCOL_WORKLOADS:
+        assert configmap_text(env, component) == source
+    pods.start()
+    out = env.ok("verify", *pods.metrics_args())
+    assert f"(sha256 {sha_of(source)[:12]})" in out
+    assert "the live protocol differs" not in out
+    # The edit ran in the pods: rollback puts it back (the Controller never changed).
+    env.ok("rollback", f"--components={','.join(PROTOCOL_WORKLOADS)}")
+    for component in PROTOCOL_WORKLOADS:
+        assert amd_new in configmap_text(env, component)
