@@ -685,6 +685,57 @@ def run_open_loop(
     return out
 
 
+def run_in_memory(nodes: int, pods: int) -> dict[str, Any]:
+    """The scheduling cycle alone, on the in-memory API server double (no control plane,
+    no other process): `pods` one-GPU pods on `nodes` 8-GPU nodes, one cycle at a time;
+    each filter+score (the span of lj_scheduler_filter_score_duration_seconds) timed in wall
+    clock and in the thread's CPU time. Quantiles are nearest-rank, in ms."""
+    from lj_runtimekit.testkit.scheduler.fake import FakeCluster
+
+    cluster = FakeCluster()
+    for i in range(nodes):
+        cluster.add_node(f"gpu-{i:04d}")
+    for i in range(pods):
+        cluster.add_pod(f"p{i}", {P.resources.gpu: "1"})
+    scheduler = cluster.scheduler
+    wall: list[float] = []
+    cpu: list[float] = []
+    find = scheduler._find_node
+
+    def timed(*args: Any) -> Any:
+        began, began_cpu = time.perf_counter(), time.thread_time()
+        try:
+            return find(*args)
+        finally:
+            wall.append((time.perf_counter() - began) * 1000)
+            cpu.append((time.thread_time() - began_cpu) * 1000)
+
+    scheduler._find_node = timed  # type: ignore[method-assign,assignment]
+    cluster.schedule(max_cycles=pods)
+    bound = scheduler.bound
+    scheduler.stop()
+    out: dict[str, Any] = {"in_memory_nodes": nodes, "in_memory_pods_bound": bound}
+    for key, values in (("filter_score", wall), ("filter_score_cpu", cpu)):
+        ordered = sorted(values)
+        for q in (50, 99):
+            rank = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
+            out[f"in_memory_{key}_p{q}_ms"] = ordered[rank]
+    return out
+
+
+def write_part(path: Path, doc: dict[str, Any]) -> None:
+    """Merges `doc` into the part file: its keys replace the file's, the others (a scale
+    run's, the preemption part's) stay."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = (json.loads(path.read_text()) if path.exists() else {}) | doc
+    path.write_text(json.dumps(dict(sorted(part.items())), indent=2) + "\n")
+    print(f"{'key':40} value")
+    for k, v in doc.items():
+        if isinstance(v, list):
+            v = " ".join(str(x) for x in v)
+        print(f"{'scheduler.' + k:40} {v}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/parts/scheduler.json")
@@ -712,7 +763,18 @@ def main() -> int:
         action="store_true",
         help="diagnostic: no Device Plugin records (the API server does the schedulers' work only)",
     )
+    ap.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="only the scheduling cycle's latencies on the in-memory double (no control plane)",
+    )
     args = ap.parse_args()
+    if args.in_memory:
+        load = os.getloadavg()[0]
+        doc = {k: _rounded(v) for k, v in run_in_memory(args.nodes, args.pods).items()}
+        doc["in_memory_load_avg_1m"] = round(max(load, os.getloadavg()[0]), 1)
+        write_part(Path(args.out), {f"{args.key_prefix}{k}": v for k, v in doc.items()})
+        return 0
     BindWatch.records = not args.no_plugin_records
     global PROFILE_DIR
     PROFILE_DIR = args.profile
@@ -780,17 +842,7 @@ def main() -> int:
     out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 1)
     out["cpus"] = os.cpu_count() or 0
     out_doc = {f"{args.key_prefix}{k}": v for k, v in out.items()}
-    out_file = Path(args.out)
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    # this run's keys replace the file's; the others (a scale run's, the preemption
-    # part's) stay
-    part = (json.loads(out_file.read_text()) if out_file.exists() else {}) | out_doc
-    out_file.write_text(json.dumps(dict(sorted(part.items())), indent=2) + "\n")
-    print(f"{'key':40} value")
-    for k, v in out_doc.items():
-        if isinstance(v, list):
-            v = " ".join(str(x) for x in v)
-        print(f"{'scheduler.' + k:40} {v}")
+    write_part(Path(args.out), out_doc)
     return 0
 
 
