@@ -14,7 +14,7 @@
 #   verify                   pods Running+ready, node capacity = device count, exporter
 #                            metrics, protocol ConfigMaps agree, no stale resources
 #   upgrade --version=V      set the images to V, wait for the rollout, report old -> new
-#   rollback                 return each workload to its previous revision
+#   rollback                 undo the last deploy or upgrade: configuration and workloads
 #   delete                   disable the Runtime features of the enabled nodes (the
 #                            Controller's disable Jobs), remove every object deploy
 #                            created, the Leases and the Runtime Kit's node labels
@@ -351,6 +351,61 @@ save_config() { # [--manifests=FILE] (deploy: what it applies)
 }
 
 # wait_rollouts NAME...: waits for the rollouts in parallel; returns the names that failed.
+# The revision of each workload that the last deploy or upgrade started from, recorded on
+# its component's ConfigMap (an annotation on a Deployment would bump its generation and be
+# copied to its ReplicaSets): rollback returns there, and leaves alone a workload the change
+# did not touch (`kubectl rollout undo` alone goes one revision back from wherever it is).
+# Its own field manager, so that the time of a data change stays readable (verify).
+rollback_key='lj-runtimekit.io/rollback-revision'
+
+configmap_of() { # NAME -> its component's ConfigMap
+  local line
+  for line in "${selected[@]}"; do
+    if [[ ${line%% *} == "$1" ]]; then read -r _ _ _ _ cm _ <<<"$line"; echo "$cm"; return; fi
+  done
+}
+
+revision_of() { # RESOURCE -> its current rollout revision (0: none)
+  { "${kcn[@]}" rollout history "$1" 2>/dev/null || true; } \
+    | awk '$1 ~ /^[0-9]+$/ && $1 + 0 > r { r = $1 + 0 } END { print r + 0 }'
+}
+
+rollback_point_of() { # NAME -> the revision recorded for it ('' none)
+  "${kcn[@]}" get configmap "$(configmap_of "$1")" \
+    -o "jsonpath={.metadata.annotations.${rollback_key//./\\.}}" 2>/dev/null || true
+}
+
+set_rollback_point() { # NAME REVISION
+  "${kcn[@]}" annotate --overwrite --field-manager=lj-runtimekit-rollback-point \
+    configmap "$(configmap_of "$1")" "$rollback_key=$2" >>"$log_file" 2>&1 \
+    || die "cannot record on ConfigMap $(configmap_of "$1") the revision $2 of $1 that rollback returns to (see $log_file)"
+}
+
+# note_revisions (before deploy or upgrade applies) and record_rollback_points (after its
+# rollouts, finished or not): a workload whose revision moved records the one it left; one
+# that did not move drops an older record (rollback undoes the last change only), as a
+# ConfigMap records its data only when a deploy changes it.
+revisions_before=()
+note_revisions() {
+  local name
+  revisions_before=()
+  for name in "${names[@]}"; do revisions_before+=("$(revision_of "$(resource_of "$name")")"); done
+}
+record_rollback_points() {
+  local name rev i=0
+  for name in "${names[@]}"; do
+    rev=${revisions_before[$i]}
+    i=$((i + 1))
+    if [[ $rev -gt 0 && $(revision_of "$(resource_of "$name")") != "$rev" ]]; then
+      set_rollback_point "$name" "$rev"
+    elif [[ -n $(rollback_point_of "$name") ]]; then
+      "${kcn[@]}" annotate --field-manager=lj-runtimekit-rollback-point \
+        configmap "$(configmap_of "$name")" "$rollback_key-" >>"$log_file" 2>&1 \
+        || die "cannot drop the older rollback revision of $name from ConfigMap $(configmap_of "$name") (see $log_file)"
+    fi
+  done
+}
+
 wait_rollouts() {
   local name res pids=() failed=() i=0
   for name in "$@"; do
@@ -536,6 +591,7 @@ cmd_deploy() {
     esac
   fi
   $dry_run || save_config --manifests="$work/manifests.yaml"
+  note_revisions
   local diff_status=0
   "${kc[@]}" diff --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \
     -f "$work/manifests.yaml" >"$work/diff.txt" 2>&1 || diff_status=$?
@@ -562,7 +618,10 @@ cmd_deploy() {
   if [[ $labelled -eq 0 ]]; then
     log "warning: no node is labelled $enable_label=true, so the DaemonSets run nowhere; label GPU nodes: kubectl label node <gpu-node> $enable_label=true"
   fi
-  if ! wait_rollouts "${names[@]}"; then
+  local rolled=0
+  wait_rollouts "${names[@]}" || rolled=1
+  record_rollback_points
+  if [[ $rolled -ne 0 ]]; then
     die "not rolled out within $timeout: ${rollout_failed[*]}; fix: see '$0 status --components=$(IFS=,; echo "${rollout_failed[*]}") --namespace=$namespace' and kubectl -n $namespace describe pods -l app=lj-runtimekit-<component>"
   fi
   cmd_status
@@ -745,11 +804,13 @@ cmd_upgrade() {
   render --workloads-only -o "$work/workloads.yaml" 2>"$work/render.err" \
     || die "$(sed 's/^error: //' "$work/render.err")"
   $dry_run || save_config
+  note_revisions
   run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \
     ${dry_flags[@]+"${dry_flags[@]}"} -f "$work/workloads.yaml" \
     || die "setting the images failed (see above); nothing else was changed"
   if $dry_run; then log "dry run: the API server accepted the new images"; return; fi
   wait_rollouts "${names[@]}" || true
+  record_rollback_points
   local i=0
   for name in "${names[@]}"; do
     res=$(resource_of "$name")
@@ -765,35 +826,48 @@ cmd_upgrade() {
 }
 
 cmd_rollback() {
-  local name res before=()
+  local name res rev current targets=() revs=() currents=() before=()
   for name in "${names[@]}"; do
     res=$(resource_of "$name")
-    before+=("$(images_of "$res")")
-    [[ -n ${before[-1]} ]] || die "$name is not deployed in namespace $namespace ($res)"
+    [[ -n $(images_of "$res") ]] || die "$name is not deployed in namespace $namespace ($res)"
+    rev=$(rollback_point_of "$name")
+    current=$(revision_of "$res")
+    if [[ -z $rev || $rev == "$current" ]]; then
+      log "$name: the last deploy or upgrade did not change it (revision $current): left as it is"
+    else
+      targets+=("$name"); revs+=("$rev"); currents+=("$current"); before+=("$(images_of "$res")")
+    fi
   done
   # The configuration first (recorded by the last deploy or upgrade), then the pods.
   "${kcn[@]}" get configmaps -l app.kubernetes.io/part-of=lj-runtimekit -o json >"$work/cm-live.json" \
     || die "cannot list the ConfigMaps in namespace $namespace"
   helper config-restore --configmaps="$work/cm-live.json" --names="$(configmap_names)" \
     >"$work/restore.txt" 2>"$work/restore.err" || die "$(sed 's/^error: //' "$work/restore.err")"
-  local cm current previous patch
-  while read -r cm current previous patch; do
+  if [[ ${#targets[@]} -eq 0 && ! -s $work/restore.txt ]]; then
+    die "nothing to roll back: no selected workload or ConfigMap was changed by the last deploy or upgrade"
+  fi
+  local cm current_sum previous patch
+  while read -r cm current_sum previous patch; do
     [[ -n $cm ]] || continue
     "${kcn[@]}" patch configmap "$cm" --type=merge --field-manager=lj-runtimekit-deploy \
       ${dry_flags[@]+"${dry_flags[@]}"} -p "$patch" >>"$log_file" 2>&1 \
       || die "cannot restore ConfigMap $namespace/$cm (see the kubectl message in $log_file)"
-    log "rolled back ConfigMap $cm: data checksum $current -> $previous"
+    log "rolled back ConfigMap $cm: data checksum $current_sum -> $previous"
   done <"$work/restore.txt"
-  for name in "${names[@]}"; do
+  [[ ${#targets[@]} -gt 0 ]] || { log "rollback done"; return; }
+  local i=0
+  for name in "${targets[@]}"; do
     res=$(resource_of "$name")
-    if ! run "${kcn[@]}" rollout undo "$res" ${dry_flags[@]+"${dry_flags[@]}"}; then
-      die "cannot roll back $name ($res): see the kubectl message above (no previous revision after a first deploy)"
+    if ! run "${kcn[@]}" rollout undo "$res" --to-revision="${revs[$i]}" ${dry_flags[@]+"${dry_flags[@]}"}; then
+      die "cannot roll back $name ($res) to revision ${revs[$i]}: see the kubectl message above (kubectl rollout history $res lists the revisions)"
     fi
+    $dry_run || set_rollback_point "$name" "${currents[$i]}" # a second rollback undoes this one
+    i=$((i + 1))
   done
   if $dry_run; then log "dry run: the API server accepted the rollbacks"; return; fi
-  wait_rollouts "${names[@]}" || true
-  local i=0
-  for name in "${names[@]}"; do
+  wait_rollouts "${targets[@]}" || true
+  i=0
+  for name in "${targets[@]}"; do
     res=$(resource_of "$name")
     if [[ " ${rollout_failed[*]} " != *" $name "* ]]; then
       log "rolled back $name: ${before[$i]% } -> $(images_of "$res" | sed 's/ $//')"

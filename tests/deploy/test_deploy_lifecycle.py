@@ -447,6 +447,11 @@ def test_upgrade_sets_the_images_and_rollback_restores_them(env: Env) -> None:
     out = env.ok("rollback")
     assert {c: env.images(c) for c in WORKLOADS} == before
     assert "rolled back exporter:" in out
+    # a second rollback undoes the first (as for the ConfigMaps), a third the second
+    env.ok("rollback")
+    assert all(i.endswith(":v9.9.9") for i in env.images("exporter"))
+    env.ok("rollback")
+    assert {c: env.images(c) for c in WORKLOADS} == before
 
 
 def test_rollback_restores_the_configuration_of_the_release_before(
@@ -471,8 +476,13 @@ def test_rollback_restores_the_configuration_of_the_release_before(
     cm = env.get("configmap", "lj-runtimekit-exporter-config")
     assert cm is not None
     assert cm["data"]["protocol.yaml"].endswith("# next release\n")
+    controller_images = env.images("controller")
     out = env.ok("rollback")
     assert "rolled back ConfigMap lj-runtimekit-exporter-config: data checksum" in out
+    # the newer release did not change the Controller: it stays (one revision back would be
+    # the upgrade's v9.9.9 of the test before)
+    assert "controller: the last deploy or upgrade did not change it" in out
+    assert env.images("controller") == controller_images
     for component, (kind, name) in WORKLOADS.items():
         cm = env.get("configmap", f"lj-runtimekit-{component}-config")
         workload = env.get(kind, name)
