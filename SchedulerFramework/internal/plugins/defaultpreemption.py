@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lj_runtimekit.proto.pkg.kube import KubeError
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo, Requirement
@@ -53,6 +53,9 @@ from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.plugin impor
     gang_key,
 )
 from lj_runtimekit.schedulerframework.internal.plugins.nodeaffinity import requirement_matches
+
+if TYPE_CHECKING:
+    from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +148,34 @@ def split_by_budgets(units: list[Unit], budgets: list[Budget]) -> tuple[list[Uni
                     breaks = breaks or allowed[i] < 0
         (violating if breaks else fine).append(unit)
     return violating, fine
+
+
+class RemovedPods:
+    """The pods of some units taken out of the cache while victims are chosen (as a
+    context manager: those still out go back into the cache on exit)."""
+
+    def __init__(self, cache: Cache, units: Iterable[Unit]) -> None:
+        self.cache = cache
+        self.out: dict[str, PodInfo] = {}
+        self.take(p for u in units for p in u.pods)
+
+    def take(self, pods: Iterable[PodInfo]) -> None:
+        for p in pods:
+            if p.uid not in self.out:
+                self.out[p.uid] = p
+                self.cache.remove_pod(p.uid)
+
+    def put_back(self, pods: Iterable[PodInfo]) -> None:
+        for p in pods:
+            self.cache.update_pod(p)
+            del self.out[p.uid]
+
+    def __enter__(self) -> RemovedPods:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.out.values():
+            self.cache.update_pod(p)
 
 
 @dataclass(frozen=True)
@@ -275,14 +306,7 @@ class DefaultPreemption(PostFilterPlugin):
     ) -> tuple[GangPlacement, list[PodInfo]] | None:
         """The fewest units whose eviction lets the whole gang fit, and where it then goes;
         None when even all of them are not enough."""
-        cache = self.handle.cache
-        out: dict[str, PodInfo] = {}
-        try:
-            for unit in units:
-                for p in unit.pods:
-                    if p.uid not in out:
-                        out[p.uid] = p
-                        cache.remove_pod(p.uid)
+        with RemovedPods(self.handle.cache, units) as removed:
             if need.place() is None:
                 return None
             if self._cycle_budgets is None:
@@ -295,14 +319,10 @@ class DefaultPreemption(PostFilterPlugin):
                 batch that fits back at once is reprieved with one plan (fitting only
                 gets harder as pods come back)."""
                 pods = [p for u in batch for p in u.pods]
-                for p in pods:
-                    cache.update_pod(p)
-                    del out[p.uid]
+                removed.put_back(pods)
                 if need.place() is not None:
                     return
-                for p in pods:
-                    out[p.uid] = p
-                    cache.remove_pod(p.uid)
+                removed.take(pods)
                 if len(batch) == 1:
                     victims.extend(pods)
                     return
@@ -316,9 +336,6 @@ class DefaultPreemption(PostFilterPlugin):
             if not victims or placement is None:
                 return None  # fits as it is (what turned it away was not these pods)
             return placement, victims
-        finally:
-            for p in out.values():
-                cache.update_pod(p)
 
     def _units(self, pod: PodInfo) -> dict[str, list[Unit]]:
         """Node -> the victim units with a pod on it: bound, lower-priority pods, not being
@@ -371,14 +388,7 @@ class DefaultPreemption(PostFilterPlugin):
     def _select_victims(self, pod: PodInfo, node: str, units: list[Unit]) -> Candidate | None:
         """The fewest units to evict from `node` for `pod` to fit (upstream's
         selectVictimsOnNode), or None when even all of them are not enough."""
-        cache = self.handle.cache
-        out: dict[str, PodInfo] = {}
-        try:
-            for unit in units:
-                for p in unit.pods:
-                    if p.uid not in out:
-                        out[p.uid] = p
-                        cache.remove_pod(p.uid)
+        with RemovedPods(self.handle.cache, units) as removed:
             if not self._fits(pod, node):
                 return None
             if self._cycle_budgets is None:
@@ -387,22 +397,15 @@ class DefaultPreemption(PostFilterPlugin):
             victims: list[Unit] = []
             violations = 0
             for unit in violating + fine:  # each part highest priority first
-                for p in unit.pods:
-                    cache.update_pod(p)
-                    del out[p.uid]
+                removed.put_back(unit.pods)
                 if self._fits(pod, node):
                     continue  # reprieved
-                for p in unit.pods:
-                    out[p.uid] = p
-                    cache.remove_pod(p.uid)
+                removed.take(unit.pods)
                 victims.append(unit)
                 violations += int(unit in violating)
             if not victims:
                 return None  # fits as it is (what turned it away was not these pods)
             return Candidate(node, tuple(victims), violations)
-        finally:
-            for p in out.values():
-                cache.update_pod(p)
 
 
 def new(args: Args, handle: Handle) -> DefaultPreemption:
