@@ -77,7 +77,9 @@ def test_free_index_follows_binds_deletes_and_node_removal(cluster: FakeCluster)
         ("1.5", True, 1500),
         ("250M", False, 250 * 10**6),
         ("1.5k", False, 1500),
-        ("12n", True, 0),
+        ("12n", True, 1),  # rounded up, as Quantity.MilliValue
+        ("0.5", False, 1),
+        ("1500m", False, 2),
         ("1e-3", True, 1),
     ],
 )

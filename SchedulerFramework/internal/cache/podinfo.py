@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 KubeObject = dict[str, Any]
@@ -87,7 +87,8 @@ def quantity(value: object, milli: bool = False) -> int:
     dec = _decimal(text)
     if milli:
         dec *= 1000
-    return int(-(-dec // 1))
+    # up, as Quantity.Value/MilliValue do (Decimal's // truncates toward zero)
+    return int(dec.to_integral_value(rounding=ROUND_CEILING))
 
 
 def resource_amount(name: str, value: object) -> int:
