@@ -193,9 +193,11 @@ def test_the_informer_lists_watches_and_lists_again_when_its_version_expired(
         kube.request("DELETE", f"{path}/gone")
         _compact(control_plane, kube, namespace)
         del seen[:]
+        assert kube.lists == 1
         kube.hold.set()
         wait_for(lambda: ("DELETED", "gone") in seen, 30, "the list's DELETED", describe=seen.copy)
-        assert kube.lists == 2
+        # listed again (a list that fails on a loaded API server is retried: one or more)
+        assert kube.lists >= 2
         assert sorted(seen) == [("DELETED", "gone"), ("MODIFIED", "before"), ("MODIFIED", "live")]
     finally:
         kube.hold.set()
