@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from pytest_mock import MockerFixture
 
 from lj_runtimekit.proto.pkg.protocol import decode_assignment
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
@@ -13,6 +16,7 @@ from lj_runtimekit.schedulerframework.internal.plugins.gpushare.assign import co
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import (
     parse_device_request,
 )
+from lj_runtimekit.schedulerframework.internal.plugins.tainttoleration import TaintToleration
 from lj_runtimekit.testkit.scheduler.fake import (
     CORE,
     GPU,
@@ -313,6 +317,38 @@ def test_failed_scheduling_aggregates_reasons(cluster: FakeCluster) -> None:
         "0/10 nodes are available: 4 node(s) had untolerated taint {k: v}, "
         "6 Insufficient alibabacloud.com/gpu."
     ]
+
+
+def test_nodes_sharing_an_untolerated_taint_are_ruled_out_as_a_group(
+    make_cluster: MakeCluster, mocker: MockerFixture
+) -> None:
+    cluster = make_cluster(NO_BACKOFF)
+    unreachable = "node.kubernetes.io/unreachable"
+    for i in range(20):  # empty and first by name: first in the free-device index
+        cluster.add_node(f"a{i:02}", taints=[{"key": unreachable, "effect": "NoSchedule"}])
+    cluster.add_node("z", gpus=1)
+    judged = mocker.spy(TaintToleration, "filter")
+    p = cluster.add_pod("p", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.node_of(p) == "z"
+    assert [c.args[3].name for c in judged.call_args_list] == ["z"]  # no tainted node filtered
+    q = cluster.add_pod("q", {GPU: "1"})
+    cluster.schedule()
+    assert cluster.node_of(q) == ""
+    assert cluster.events(q, "FailedScheduling") == [
+        "0/21 nodes are available: 1 Insufficient alibabacloud.com/gpu, "
+        f"20 node(s) had untolerated taint {{{unreachable}}}."
+    ]
+    tolerant = cluster.add_pod(
+        "t", {GPU: "1"}, tolerations=[{"key": unreachable, "operator": "Exists"}]
+    )
+    cluster.schedule()
+    assert cluster.node_of(tolerant).startswith("a")
+    healed = cluster.nodes["a05"]
+    healed["spec"]["taints"] = []
+    cluster.scheduler.on_node("MODIFIED", copy.deepcopy(healed))
+    cluster.schedule()
+    assert cluster.node_of(q) == "a05"  # the node left its group when its taint went
 
 
 def test_missing_runtime_class_warns_once(cluster: FakeCluster) -> None:

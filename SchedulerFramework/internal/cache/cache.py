@@ -32,6 +32,7 @@ from lj_runtimekit.proto.pkg.protocol import (
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import (
     NodeInfo,
     NodeOwnership,
+    Taint,
     whole_kinds,
 )
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
@@ -114,6 +115,10 @@ class Cache:
         self.slice_nodes: set[str] = set()
         self.soft_tainted: set[str] = set()
         """Nodes with a PreferNoSchedule taint (TaintToleration scores only when there are)."""
+        self.hard_tainted: dict[tuple[Taint, ...], set[str]] = {}
+        """Nodes with NoSchedule or NoExecute taints, grouped by those taints: TaintToleration
+        judges a group once per cycle (a zone's unreachable nodes share one group)."""
+        self._hard_taints_of: dict[str, tuple[Taint, ...]] = {}
         # node names by the most free core % on one sliceable GPU of the node
         self.slice_room = RankedBuckets()
         self._slice_room_of: dict[str, int] = {}
@@ -169,6 +174,7 @@ class Cache:
             self.soft_tainted.add(name)
         else:
             self.soft_tainted.discard(name)
+        self._group_hard_taints(name, node.taints if present else ())
         if present and any(
             d.mode == "tdm" and (d.healthy or foreign is not None) for d in node.devices.devices
         ):
@@ -211,10 +217,26 @@ class Cache:
                     del self._capacity_count[kind][old_cap]
         self.slice_nodes.discard(name)
         self.soft_tainted.discard(name)
+        self._group_hard_taints(name, ())
         self._foreign.discard(name)
         self.slice_room.move(name, self._slice_room_of.pop(name, None), None)
         for prof in self._mig_of.pop(name, {}):
             self.mig_nodes.get(prof, set()).discard(name)
+
+    def _group_hard_taints(self, name: str, taints: tuple[Taint, ...]) -> None:
+        old = self._hard_taints_of.get(name, ())
+        if taints == old:
+            return
+        if old:
+            group = self.hard_tainted[old]
+            group.discard(name)
+            if not group:
+                del self.hard_tainted[old]
+        if taints:
+            self.hard_tainted.setdefault(taints, set()).add(name)
+            self._hard_taints_of[name] = taints
+        else:
+            del self._hard_taints_of[name]
 
     def max_whole_capacity(self, kind: str) -> int:
         """The most whole devices of `kind` any node has (healthy, not in MIG mode)."""

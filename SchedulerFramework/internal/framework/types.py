@@ -7,6 +7,7 @@ The parsed pod (`PodInfo`) and Kubernetes quantities are the cache's object mode
 from __future__ import annotations
 
 import enum
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 
@@ -68,7 +69,7 @@ def error(*reasons: str) -> Status:
 class CycleState:
     """Per-pod scratch space shared by the plugins of one scheduling cycle."""
 
-    __slots__ = ("_data", "binding_annotations", "skip_filter", "skip_score")
+    __slots__ = ("_data", "binding_annotations", "ruled_out", "skip_filter", "skip_score")
 
     def __init__(self) -> None:
         self._data: dict[str, object] = {}
@@ -76,6 +77,9 @@ class CycleState:
         """Annotations the Bind step writes with the Binding (one write per pod)."""
         self.skip_filter: set[str] = set()
         self.skip_score: set[str] = set()
+        self.ruled_out: list[tuple[AbstractSet[str], Status]] = []
+        """Groups of nodes a PreFilter already judged, with the status its Filter would give
+        each of them: the search records it for those nodes without running the Filters."""
 
     def write(self, key: str, value: object) -> None:
         self._data[key] = value

@@ -72,12 +72,24 @@ class TaintToleration(
         return passes_now(self, pod, old, new)
 
     def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
-        if not self.handle.cache.soft_tainted:
+        cache = self.handle.cache
+        if not cache.soft_tainted:
             state.skip_score.add(NAME)  # no PreferNoSchedule taint anywhere: nothing to score
+        # Nodes sharing their taints are judged once: the search skips a whole rejected group
+        # (say a zone's unreachable nodes, still in the free-device index) without filtering
+        # each node of it.
+        for taints, names in cache.hard_tainted.items():
+            status = self._judge(taints, pod)
+            if not status.ok:
+                state.ruled_out.append((names, status.with_plugin(NAME)))
         return None, SUCCESS
 
     def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
-        taint = next(untolerated(node.taints, pod.tolerations), None) if node.taints else None
+        return self._judge(node.taints, pod) if node.taints else SUCCESS
+
+    @staticmethod
+    def _judge(taints: tuple[Taint, ...], pod: PodInfo) -> Status:
+        taint = next(untolerated(taints, pod.tolerations), None)
         if taint is None:
             return SUCCESS
         shown = f"{taint.key}: {taint.value}" if taint.value else taint.key
