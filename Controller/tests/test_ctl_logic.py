@@ -37,6 +37,7 @@ from lj_runtimekit.controller.internal.controller.node_controller import (
 from lj_runtimekit.controller.internal.health.server import HealthServer
 from lj_runtimekit.controller.internal.jobspec import jobspec
 from lj_runtimekit.controller.internal.kube.client import Kube
+from lj_runtimekit.controller.internal.memory import arenas
 from lj_runtimekit.controller.internal.nodestate.state import (
     NodeState,
     desired_action,
@@ -689,7 +690,7 @@ def test_a_bad_environment_value_is_a_flag_mistake(
 
 _ARENAS = """
 import ctypes, os, sys, tempfile, threading
-from lj_runtimekit.controller.cmd.controller.main import cap_malloc_arenas
+from lj_runtimekit.controller.internal.memory.arenas import cap_malloc_arenas
 capped = cap_malloc_arenas()
 def work():
     kept = [bytearray(20_000) for _ in range(50)]  # malloc in this thread
@@ -724,6 +725,6 @@ def test_malloc_arenas_are_capped_unless_set(env: dict[str, str], capped: bool) 
     was_capped, heaps = done.stdout.split()
     assert was_capped == str(capped)
     if capped:
-        assert int(heaps) <= controller_main.MALLOC_ARENAS
+        assert int(heaps) <= arenas.MALLOC_ARENAS
     else:
-        assert int(heaps) > controller_main.MALLOC_ARENAS
+        assert int(heaps) > arenas.MALLOC_ARENAS

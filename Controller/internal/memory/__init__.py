@@ -1,0 +1,1 @@
+"""The process's memory settings (glibc malloc arenas)."""
