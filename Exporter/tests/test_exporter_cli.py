@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from lj_runtimekit.proto.pkg import protocolinfo
+from lj_runtimekit.proto.pkg.protocol import load_protocol
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 
 
@@ -89,7 +91,8 @@ def test_version(lj: Any) -> None:
 
 
 def test_custom_protocol_names_are_used(lj: Any, tmp_path: Path) -> None:
-    """A protocol file renaming the annotation and the resource: the exporter uses the new names."""
+    """A protocol file renaming the annotation and the resource: the exporter uses the new names
+    and reports that file's hash."""
     protocol = tmp_path / "protocol.yaml"
     protocol.write_text(
         "annotations.allocated_devices: example.com/given-devices\n"
@@ -124,6 +127,8 @@ def test_custom_protocol_names_are_used(lj: Any, tmp_path: Path) -> None:
             assert scrape.value("lj_runtimekit_device_memory_allocated_ratio", device="3") == 0.2
             info = scrape.select("lj_runtimekit_device_info", device="3")[0][0]
             assert info["resource"] == "example.com/accelerator"
+            sha = protocolinfo.protocol_sha256(load_protocol(protocol))
+            assert scrape.select(protocolinfo.METRIC) == [({"sha256": sha}, 1.0)]
         finally:
             assert exporter.stop() == 0
             kubelet.stop()

@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics
 from lj_runtimekit.exporter.internal.server.http import MetricsServer, make_app
+from lj_runtimekit.proto.pkg import protocolinfo
 
 OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 
@@ -84,3 +85,17 @@ def test_healthz_follows_the_loop(served: tuple[ExporterMetrics, Health, str]) -
     assert "no collection finished" in body
     assert _get(base + "/")[0] == 200
     assert _get(base + "/other")[0] == 404
+
+
+def test_protocol_info_is_served_as_verify_reads_it(
+    served: tuple[ExporterMetrics, Health, str],
+) -> None:
+    """The loaded protocol's hash is one of the Exporter's own metrics, in every format,
+    under the name, help and label `deploy-all.sh verify` reads."""
+    metrics, _, base = served
+    sha = "ab" * 32
+    metrics.protocol.labels(sha).set(1)
+    for headers in ({}, {"Accept": OPENMETRICS}):
+        _, _, body = _get(base + "/metrics", headers)
+        assert protocolinfo.sha256_from_metrics(body) == sha
+        assert f"# HELP {protocolinfo.METRIC} {protocolinfo.METRIC_HELP}\n" in body

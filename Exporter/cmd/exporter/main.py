@@ -14,7 +14,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from prometheus_client import Gauge, disable_created_metrics
+from prometheus_client import disable_created_metrics
 
 from lj_runtimekit.exporter.internal.collector.loop import CollectionLoop
 from lj_runtimekit.exporter.internal.metrics.labels import LabelConfig, pod_label_allowlist
@@ -197,9 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `_created` series double the counter output and help no dashboard (process-wide switch).
     disable_created_metrics()  # type: ignore[no-untyped-call]
     metrics = ExporterMetrics()
-    Gauge(
-        protocolinfo.METRIC, protocolinfo.METRIC_HELP, ["sha256"], registry=metrics.registry
-    ).labels(protocolinfo.protocol_sha256(protocol)).set(1)
+    metrics.protocol.labels(protocolinfo.protocol_sha256(protocol)).set(1)
     version = str(component_version(DISTRIBUTION))
     client = RuntimeClient(
         args.runtime_socket_dir,

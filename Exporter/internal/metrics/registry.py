@@ -10,6 +10,7 @@ from typing import Literal
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     ProcessCollector,
     generate_latest,
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from lj_runtimekit.exporter.internal.metrics.families import PREFIX
 from lj_runtimekit.exporter.internal.metrics.labels import LabelConfig
+from lj_runtimekit.proto.pkg import protocolinfo
 from lj_runtimekit.proto.pkg.featuregate import FEATURE_MINIMUMS, GateReport
 
 ErrorSource = Literal["runtime", "kubelet", "apiserver", "annotations"]
@@ -175,6 +177,10 @@ class ExporterMetrics:
         )
         for source in ERROR_SOURCES:
             self.collection_errors.labels(source)
+        self.protocol = Gauge(
+            protocolinfo.METRIC, protocolinfo.METRIC_HELP, ["sha256"], registry=self.registry
+        )
+        """1 labelled with the loaded protocol's hash (`deploy-all.sh verify` reads it)."""
         _, plain = choose_encoder("")
         self._encoders[plain] = generate_latest
 
