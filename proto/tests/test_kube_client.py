@@ -14,7 +14,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -350,3 +350,41 @@ def test_close_closes_the_pooled_connections() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _Recording(http.server.BaseHTTPRequestHandler):
+    """Answers {} and records each request's target."""
+
+    protocol_version = "HTTP/1.1"
+    targets: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.targets.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_a_server_url_with_a_path_prefixes_every_request_also_after_close() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    port = server.server_address[1]
+    kube = KubeClient(ApiAccess(server=f"http://127.0.0.1:{port}/k8s/clusters/c1/"))
+    try:
+        kube.request("GET", "/api/v1/nodes", query={"limit": 1})
+        kube.close()  # the client stays usable: it opens a new connection
+        kube.request("GET", "/api/v1/pods")
+    finally:
+        kube.close()
+        server.shutdown()
+        server.server_close()
+    assert _Recording.targets == [
+        "/k8s/clusters/c1/api/v1/nodes?limit=1",
+        "/k8s/clusters/c1/api/v1/pods",
+    ]
