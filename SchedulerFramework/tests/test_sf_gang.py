@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator, Mapping
 
 import pytest
+from pytest_mock import MockerFixture
 
 from lj_runtimekit.proto.pkg.protocol import decode_assignment
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
@@ -16,6 +17,7 @@ from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import 
     JOB_KEY,
     JOBSET_NAME,
 )
+from lj_runtimekit.schedulerframework.internal.plugins.tainttoleration import TaintToleration
 from lj_runtimekit.testkit.scheduler.fake import CORE, GPU, MEM, PROTOCOL, FakeCluster
 from lj_runtimekit.testkit.waits import wait_for
 
@@ -101,6 +103,23 @@ def test_gang_placed_whole_in_the_smallest_domain() -> None:
     assert len({n[:2] for n in placed}) == 1
     events = c.events(big[0], "GangWaiting")
     assert events[0].startswith("1/6 members reserved, waiting up to 60s")
+
+
+def test_a_gang_plan_skips_nodes_with_an_untolerated_taint_unfiltered(
+    mocker: MockerFixture,
+) -> None:
+    c = FakeCluster()
+    MADE.append(c)
+    for i in range(6):
+        taints = [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]
+        c.add_node(f"a{i}", taints=taints)  # first by name, none usable
+    for i in range(2):
+        c.add_node(f"z{i}")
+    judged = mocker.spy(TaintToleration, "filter")
+    members = gang(c, "g", 2)
+    c.schedule()
+    assert sorted(nodes_of(c, members)) == ["z0", "z1"]
+    assert {call.args[3].name for call in judged.call_args_list} <= {"z0", "z1"}
 
 
 def test_jobset_jobs_each_on_one_switch() -> None:

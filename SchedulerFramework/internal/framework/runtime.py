@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import cast
 
@@ -53,13 +52,6 @@ def num_feasible_nodes_to_find(percentage: int, num_all_nodes: int) -> int:
     if adaptive >= 100:
         return num_all_nodes
     return max(num_all_nodes * adaptive // 100, MIN_FEASIBLE_NODES_TO_FIND)
-
-
-def _ruled_out(groups: list[tuple[AbstractSet[str], Status]], name: str) -> Status | None:
-    for names, status in groups:
-        if name in names:
-            return status
-    return None
 
 
 @dataclass(frozen=True)
@@ -232,7 +224,7 @@ class Framework:
         for node in candidates:
             processed += 1
             if ruled_out:
-                status = _ruled_out(ruled_out, node.name)
+                status = state.ruled_out_status(node.name)
                 if status is not None:
                     diagnosis.statuses[node.name] = status
                     continue

@@ -81,6 +81,13 @@ class CycleState:
         """Groups of nodes a PreFilter already judged, with the status its Filter would give
         each of them: the search records it for those nodes without running the Filters."""
 
+    def ruled_out_status(self, name: str) -> Status | None:
+        """The status a PreFilter already gave node `name` (`ruled_out`), else None."""
+        for names, status in self.ruled_out:
+            if name in names:
+                return status
+        return None
+
     def write(self, key: str, value: object) -> None:
         self._data[key] = value
 

@@ -340,7 +340,11 @@ class Scheduler:
             names: Iterable[str] = nodes if pre is None else pre.node_names
             if only is not None:
                 names = [x for x in names if x in only]
-            candidates = [n for n in (nodes.get(x) for x in names) if n is not None and n.present]
+            candidates = [
+                n
+                for n in (nodes.get(x) for x in names)
+                if n is not None and n.present and state.ruled_out_status(n.name) is None
+            ]
             nominated = self.nominator.by_node
             return [
                 n
