@@ -36,7 +36,8 @@ Throughput is (N-1) / (last bind - first bind), from a watch. The
 filter+score latencies come from lj-scheduler's histogram
 (`lj_scheduler_filter_score_duration_seconds`, interpolated within buckets)
 of the round with the median rate. CPU per pod is the scheduler process's
-user+system time (start-up included) over N. overcommit_violations
+user+system time (start-up included) over N; `rss_mb` is its peak resident memory
+(VmHWM), the largest over the rounds, the kube-scheduler's beside it. overcommit_violations
 re-checks every device of every node from the pods' assignment annotations,
 after each lj-scheduler whole-GPU round and after the slice and gang runs.
 """
@@ -327,6 +328,14 @@ class ApiServerMeter:
         }
 
 
+def peak_rss_mb(pid: int) -> float:
+    """A process's peak resident memory so far, in MB (Linux /proc VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise ValueError(f"no VmHWM in /proc/{pid}/status")
+
+
 def process_cpu_s(pid: int) -> float:
     """user + system CPU seconds of a process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -392,11 +401,11 @@ def run_lj(
     ns: str,
     n: int,
     limits: dict[str, str],
-) -> tuple[float, str, float, tuple[float, dict[str, float]]]:
+) -> tuple[float, str, float, tuple[float, dict[str, float]], float]:
     """Creates `n` pods, starts lj-scheduler, waits for all binds.
 
     Returns (pods/s, the scheduler's /metrics text, its CPU seconds, what the pods cost the
-    API server: `ApiServerMeter.per_pod`).
+    API server: `ApiServerMeter.per_pod`, its peak RSS in MB).
     """
     make_namespace(kube, ns)
     create_pods(kube, ns, "lj-bench", n, limits)
@@ -409,12 +418,13 @@ def run_lj(
         cost = meter.per_pod(n)
         log(f"lj-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
         cpu_s = process_cpu_s(lj.pid)
+        rss_mb = peak_rss_mb(lj.pid)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
             text = r.read().decode()
     finally:
         lj.terminate()
         lj.wait(30)
-    return rate, text, cpu_s, cost
+    return rate, text, cpu_s, cost, rss_mb
 
 
 def writes(requests: dict[str, float]) -> float:
@@ -493,9 +503,9 @@ def run_kube_scheduler(
     ns: str,
     n: int,
     matched_percentage: int | None = None,
-) -> tuple[float, float, str, tuple[float, dict[str, float]]]:
+) -> tuple[float, float, str, tuple[float, dict[str, float]], float]:
     """The stock kube-scheduler places `n` whole-GPU pods; (pods/s, CPU ms per pod, its
-    /metrics text, what the pods cost the API server)."""
+    /metrics text, what the pods cost the API server, its peak RSS in MB)."""
     make_namespace(kube, ns)
     create_pods(kube, ns, ns, n, {P.resources.gpu: "1"})
     watch = BindWatch(kube, ns)
@@ -508,11 +518,12 @@ def run_kube_scheduler(
         cost = meter.per_pod(n)
         assert ks.pid is not None
         cpu_ms = process_cpu_s(ks.pid) * 1000 / n
+        rss_mb = peak_rss_mb(ks.pid)
         text = kube_scheduler_metrics(cp, port)
     finally:
         ks.stop()
     log(f"kube-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
-    return rate, cpu_ms, text, cost
+    return rate, cpu_ms, text, cost, rss_mb
 
 
 def matched_percentage(nodes: int) -> int:
@@ -539,6 +550,8 @@ def run_whole_rounds(
     texts: list[str] = []
     kube_texts: list[str] = []
     matched_texts: list[str] = []
+    ours_rss: list[float] = []
+    theirs_rss: list[float] = []
     costs: dict[str, list[tuple[float, dict[str, float]]]] = {"lj": [], "kube": [], "matched": []}
     pct = matched_percentage(nodes)
     violations = 0
@@ -547,20 +560,22 @@ def run_whole_rounds(
         for which in order:
             if which == "kube":
                 ns = f"bench-kube-{r}"
-                rate, cpu_ms, text, cost = run_kube_scheduler(kube, cp, work, ns, n)
+                rate, cpu_ms, text, cost, rss_mb = run_kube_scheduler(kube, cp, work, ns, n)
+                theirs_rss.append(rss_mb)
                 theirs.append(rate)
                 theirs_cpu.append(cpu_ms)
                 kube_texts.append(text)
             elif which == "matched":
                 ns = f"bench-kube-matched-{r}"
-                rate, _, text, cost = run_kube_scheduler(kube, cp, work, ns, n, pct)
+                rate, _, text, cost, _ = run_kube_scheduler(kube, cp, work, ns, n, pct)
                 matched.append(rate)
                 matched_texts.append(text)
             else:
                 ns = f"bench-lj-{r}"
-                rate, text, cpu_s, cost = run_lj(
+                rate, text, cpu_s, cost, rss_mb = run_lj(
                     kube, cp, work, lj_cfg, ns, n, {P.resources.gpu: "1"}
                 )
+                ours_rss.append(rss_mb)
                 ours.append(rate)
                 ours_cpu.append(cpu_s * 1000 / n)
                 texts.append(text)
@@ -594,6 +609,8 @@ def run_whole_rounds(
         "kube_scheduler_matched_percentage_of_nodes_to_score": pct,
         "cpu_ms_per_whole_gpu_pod": statistics.median(ours_cpu),
         "kube_scheduler_cpu_ms_per_whole_gpu_pod": statistics.median(theirs_cpu),
+        "rss_mb": max(ours_rss),
+        "kube_scheduler_rss_mb": max(theirs_rss),
         "whole_gpu_rounds": rounds,
     }
     for prefix, which in (
@@ -866,7 +883,7 @@ def run_other_parts(
     violations = overcommit_violations(kube)
 
     # 3. lj-scheduler, slices (a fresh process, pods created before it starts)
-    rate, text, cpu_s, _ = run_lj(
+    rate, text, cpu_s, _, _ = run_lj(
         kube,
         cp,
         work,
