@@ -316,13 +316,15 @@ def test_a_request_without_an_answer_ends_at_its_timeout() -> None:
 
 
 class _KeepAlive(http.server.BaseHTTPRequestHandler):
-    """Answers {} on a kept-alive HTTP/1.1 connection; `closed` is set when the client
-    closes it."""
+    """Answers {} on a kept-alive HTTP/1.1 connection and records each request's target;
+    `closed` is set when the client closes it."""
 
     protocol_version = "HTTP/1.1"
     closed = threading.Event()
+    targets: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
+        self.targets.append(self.path)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", "2")
@@ -352,30 +354,13 @@ def test_close_closes_the_pooled_connections() -> None:
         server.server_close()
 
 
-class _Recording(http.server.BaseHTTPRequestHandler):
-    """Answers {} and records each request's target."""
-
-    protocol_version = "HTTP/1.1"
-    targets: ClassVar[list[str]] = []
-
-    def do_GET(self) -> None:
-        self.targets.append(self.path)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 def test_a_server_url_with_a_path_prefixes_every_request_also_after_close() -> None:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _KeepAlive)
     serving = threading.Thread(target=server.serve_forever, daemon=True)
     serving.start()
     port = server.server_address[1]
     kube = KubeClient(ApiAccess(server=f"http://127.0.0.1:{port}/k8s/clusters/c1/"))
+    _KeepAlive.targets.clear()
     try:
         kube.request("GET", "/api/v1/nodes", query={"limit": 1})
         kube.close()  # the client stays usable: it opens a new connection
@@ -384,7 +369,7 @@ def test_a_server_url_with_a_path_prefixes_every_request_also_after_close() -> N
         kube.close()
         server.shutdown()
         server.server_close()
-    assert _Recording.targets == [
+    assert _KeepAlive.targets == [
         "/k8s/clusters/c1/api/v1/nodes?limit=1",
         "/k8s/clusters/c1/api/v1/pods",
     ]
