@@ -15,7 +15,10 @@ created before the scheduler starts:
    scores MostAllocated on the GPU resource (binpack, as GpuShare does) and
    its percentageOfNodesToScore is the share of the nodes lj-scheduler
    scores for a whole-GPU pod (GpuShare's rankedNodesToScore over the node
-   count; the kube-scheduler never scores fewer than 100 nodes). Beside our
+   count; the kube-scheduler never scores fewer than 100 nodes), and its pods
+   get a stand-in of the Device Plugin's record (a merge patch of the same size
+   under keys no component reads), so that the API server does the same writes
+   for both schedulers' pods. Beside our
    filter+score latencies stand the kube-scheduler's own
    `scheduler_scheduling_algorithm_duration_seconds` p50/p99, scraped from
    its /metrics;
@@ -32,7 +35,12 @@ created before the scheduler starts:
 Every pod names the `lj-runtime` RuntimeClass (created first). The machine's
 load average is recorded at the start and at the end.
 
-Throughput is (N-1) / (last bind - first bind), from a watch. The
+Throughput is (N-1) / (last bind - first bind), from a watch. After the last
+bind a run waits for its Device Plugin records and its N Scheduled events
+before the scheduler stops: the API server's CPU and requests per pod and the
+scheduler's CPU per pod then hold all of a run's work (lj-scheduler's event
+thread trails its binds; unwritten events were cut when the process stopped,
+records landed in the next run's minute). The
 filter+score latencies come from lj-scheduler's histogram
 (`lj_scheduler_filter_score_duration_seconds`, interpolated within buckets)
 of the round with the median rate. CPU per pod is the scheduler process's
@@ -113,6 +121,11 @@ def create_pods(kube: KubeClient, ns: str, scheduler: str, n: int, limits: dict[
         list(pool.map(one, range(n)))
 
 
+STAND_IN_RECORD = "bench.lj-runtimekit.io/allocated-devices"
+STAND_IN_PHASE = "bench.lj-runtimekit.io/bind-phase"
+"""Keys of the stand-in record on the kube-scheduler's pods (see BindWatch)."""
+
+
 class BindWatch:
     """Records when each pod of a namespace gets a node (from a watch), and plays the
     nodes' Device Plugins for lj-scheduler's pods: a pod bound with an assignment gets
@@ -120,10 +133,21 @@ class BindWatch:
     assignment, `bind_phase: allocated`), one merge patch per pod, as the plugin does.
     That ends the pod's admission on its node (docs/protocol.md); the nodes announce the
     plugin's default mode, `kubelet-order` (see `announce_admission`), so the scheduler
-    does not wait for it between two pods of one node."""
+    does not wait for it between two pods of one node.
 
-    def __init__(self, kube: KubeClient, ns: str, plugins: KubeClient | None = None) -> None:
+    With `stand_in_records` a pod bound without an assignment (the kube-scheduler's) gets
+    a write of the same shape and size under keys no component reads: the matched-work
+    run, where the API server does the same writes for both schedulers' pods."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        ns: str,
+        plugins: KubeClient | None = None,
+        stand_in_records: bool = False,
+    ) -> None:
         self.kube = kube
+        self.stand_in_records = stand_in_records
         self.plugins = plugins or kube
         """The Device Plugins' own API connections (a pool as large as their writers)."""
         self.path = f"/api/v1/namespaces/{ns}/pods"
@@ -147,19 +171,22 @@ class BindWatch:
         a = P.annotations
         annotations = obj["metadata"].get("annotations") or {}
         name = obj["metadata"]["name"]
-        if a.assigned_devices not in annotations or annotations.get(a.bind_phase) != "allocating":
-            return
         if name in self._allocating:
             return
-        self._allocating.add(name)
-        body = {
-            "metadata": {
-                "annotations": {
-                    a.allocated_devices: annotations[a.assigned_devices],
-                    a.bind_phase: "allocated",
-                }
+        if a.assigned_devices in annotations:
+            if annotations.get(a.bind_phase) != "allocating":
+                return
+            record = {
+                a.allocated_devices: annotations[a.assigned_devices],
+                a.bind_phase: "allocated",
             }
-        }
+        elif self.stand_in_records:
+            device = f'{{"main":[{{"id":"{obj["spec"]["nodeName"]}-gpu0"}}]}}'
+            record = {STAND_IN_RECORD: device, STAND_IN_PHASE: "allocated"}
+        else:
+            return
+        self._allocating.add(name)
+        body = {"metadata": {"annotations": record}}
         self._plugins.submit(
             self.plugins.request,
             "PATCH",
@@ -185,15 +212,30 @@ class BindWatch:
                 log(f"watch of {self.path} broke ({exc}); resuming")
 
     def wait(self, n: int, timeout_s: float) -> float:
+        """Pods/s from the first to the last of `n` binds; returns once the Device Plugins'
+        records of those pods are written too (none left for the next run)."""
         deadline = time.monotonic() + timeout_s
         while len(self.times) < n:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(self.times)}/{n} pods bound in {timeout_s:.0f}s")
             time.sleep(0.1)
         self.stop.set()
-        self._plugins.shutdown(wait=False)
+        self._plugins.shutdown(wait=True)
         ts = sorted(self.times.values())
         return (len(ts) - 1) / (ts[-1] - ts[0])
+
+
+def wait_scheduled_events(kube: KubeClient, ns: str, n: int, timeout_s: float = 300) -> None:
+    """Waits for the `n` Scheduled events of a run: a scheduler writes them behind its binds
+    (lj-scheduler's event thread trails them), and what is still unwritten at the last bind
+    would otherwise be cut when the process stops, or land in the next run's minute."""
+    began = time.monotonic()
+    query = {"fieldSelector": "reason=Scheduled"}
+    while len(kube.list_all(f"/api/v1/namespaces/{ns}/events", query)[0]) < n:
+        if time.monotonic() - began > timeout_s:
+            raise TimeoutError(f"fewer than {n} Scheduled events in {ns} after {timeout_s:.0f}s")
+        time.sleep(0.5)
+    log(f"{ns}: Scheduled events all written {time.monotonic() - began:.1f}s after the binds")
 
 
 def announce_admission(kube: KubeClient, names: list[str]) -> None:
@@ -415,6 +457,7 @@ def run_lj(
     try:
         log(f"lj-scheduler run ({ns}, {limits})")
         rate = watch.wait(n, 600)
+        wait_scheduled_events(kube, ns, n)
         cost = meter.per_pod(n)
         log(f"lj-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
         cpu_s = process_cpu_s(lj.pid)
@@ -508,13 +551,16 @@ def run_kube_scheduler(
     /metrics text, what the pods cost the API server, its peak RSS in MB)."""
     make_namespace(kube, ns)
     create_pods(kube, ns, ns, n, {P.resources.gpu: "1"})
-    watch = BindWatch(kube, ns)
+    matched = matched_percentage is not None
+    plugins = KubeClient.connect(str(cp.kubeconfig_path), pool_size=64) if matched else None
+    watch = BindWatch(kube, ns, plugins, stand_in_records=matched)
     shown = f", matched work {matched_percentage}% of nodes" if matched_percentage else ""
     log(f"kube-scheduler run ({ns}{shown})")
     meter = ApiServerMeter(kube)
     ks, port = start_kube_scheduler(cp, work, ns, matched_percentage)
     try:
         rate = watch.wait(n, 600)
+        wait_scheduled_events(kube, ns, n)
         cost = meter.per_pod(n)
         assert ks.pid is not None
         cpu_ms = process_cpu_s(ks.pid) * 1000 / n
