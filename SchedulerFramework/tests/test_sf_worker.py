@@ -63,7 +63,33 @@ def test_stop_dropping_pending_writes_only_the_item_in_hand() -> None:
     stopper = threading.Thread(target=w.stop, kwargs={"drop_pending": True})
     stopper.start()
     # the three pending items dropped, only the stop mark left
-    wait_for(lambda: w._queue.qsize() == 1, 5, "the pending items dropped")
+    wait_for(lambda: w._queues[0].qsize() == 1, 5, "the pending items dropped")
     release.set()
     stopper.join(5)
     assert written == [0]
+
+
+def test_items_of_one_key_keep_their_order_while_other_keys_go_on() -> None:
+    release = threading.Event()
+    written: list[tuple[str, int]] = []
+
+    def write(item: tuple[str, int]) -> None:
+        if item == ("slow", 0):
+            release.wait(5)  # the API server is slow for this pod
+        written.append(item)
+
+    w: Worker[tuple[str, int]] = Worker(
+        "test-writer", write, lambda i, exc: None, threads=4, key=lambda item: item[0]
+    )
+    slow = [("slow", i) for i in range(3)]
+    others = [(f"pod-{k}", i) for k in range(6) for i in range(2)]
+    for item in (*slow, *others):
+        w.put(item)
+    fast = [item for item in others if hash(item[0]) % 4 != hash("slow") % 4]
+    wait_for(lambda: all(item in written for item in fast), 5, "the other keys written")
+    assert not any(item in written for item in slow)  # held behind its own first item
+    release.set()
+    w.stop()
+    assert [item for item in written if item[0] == "slow"] == slow
+    for k in range(6):
+        assert [i for key, i in written if key == f"pod-{k}"] == [0, 1]

@@ -1,6 +1,7 @@
 """Event recorder: asynchronous, rate limited, repeated events aggregated into a count.
 
-Like client-go's recorder: a bounded queue drained by one thread; an event
+Like client-go's recorder: a bounded queue drained by a few threads (one pod's
+events all by the same one, in order); an event
 equal to one already sent for the same pod (reason and message) bumps that
 event's count instead of creating another object. When the queue is full
 events are dropped (and counted), never blocking scheduling.
@@ -9,6 +10,7 @@ events are dropped (and counted), never blocking scheduling.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -18,6 +20,10 @@ from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 from lj_runtimekit.schedulerframework.internal.scheduler.worker import Worker
 
 log = logging.getLogger(__name__)
+
+SENDERS = 4
+"""Events in flight at once: one sender fell seconds behind the binds in a burst (each
+write waits for the API server); a pod's events keep one sender, so they stay in order."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +46,18 @@ class EventRecorder:
         self._sent: OrderedDict[tuple[str, str, str], tuple[str, int]] = OrderedDict()
         self.recorded: list[EventRecord] = []
         """Kept when there is no API client (unit tests)."""
+        self._sent_lock = threading.Lock()
         self._worker = (
-            Worker("event-recorder", self._send, self._failed, size) if kube is not None else None
+            Worker(
+                "event-recorder",
+                self._send,
+                self._failed,
+                size,
+                threads=SENDERS,
+                key=lambda r: r.uid,
+            )
+            if kube is not None
+            else None
         )
 
     @property
@@ -72,7 +88,8 @@ class EventRecorder:
         assert self.kube is not None
         key = (r.uid, r.reason, r.message)
         now = api_time()
-        previous = self._sent.get(key)
+        with self._sent_lock:
+            previous = self._sent.get(key)
         base = f"/api/v1/namespaces/{r.namespace}/events"
         if previous is not None:
             name, count = previous
@@ -83,8 +100,9 @@ class EventRecorder:
                     body={"count": count + 1, "lastTimestamp": now},
                     content_type=MERGE_PATCH,
                 )
-                self._sent[key] = (name, count + 1)
-                self._sent.move_to_end(key)
+                with self._sent_lock:
+                    self._sent[key] = (name, count + 1)
+                    self._sent.move_to_end(key)
                 return
             except KubeError as exc:
                 if exc.status != 404:
@@ -115,6 +133,7 @@ class EventRecorder:
                 "reportingInstance": self.instance,
             },
         )
-        self._sent[key] = (name, 1)
-        if len(self._sent) > 20000:
-            self._sent.popitem(last=False)
+        with self._sent_lock:  # the senders share it (each key is one sender's)
+            self._sent[key] = (name, 1)
+            if len(self._sent) > 20000:
+                self._sent.popitem(last=False)
