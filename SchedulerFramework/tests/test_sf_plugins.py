@@ -26,6 +26,7 @@ from lj_runtimekit.testkit.scheduler.fake import (
     nvlink_inventory,
     preferred_affinity,
 )
+from lj_runtimekit.testkit.waits import wait_for
 
 POLICY = PROTOCOL.annotations.gpu_policy
 NO_BACKOFF = {"podInitialBackoffSeconds": 0.001, "podMaxBackoffSeconds": 0.001}
@@ -347,8 +348,12 @@ def test_nodes_sharing_an_untolerated_taint_are_ruled_out_as_a_group(
     healed = cluster.nodes["a05"]
     healed["spec"]["taints"] = []
     cluster.scheduler.on_node("MODIFIED", copy.deepcopy(healed))
-    cluster.schedule()
-    assert cluster.node_of(q) == "a05"  # the node left its group when its taint went
+
+    def placed_on_healed_node() -> bool:  # q comes back after its (1 ms) backoff
+        cluster.schedule()
+        return cluster.node_of(q) == "a05"  # the node left its group when its taint went
+
+    wait_for(placed_on_healed_node, 5, "q placed on the node whose taint was lifted")
 
 
 def test_missing_runtime_class_warns_once(cluster: FakeCluster) -> None:
