@@ -350,7 +350,6 @@ save_config() { # [--manifests=FILE] (deploy: what it applies)
   log "recorded the current configuration for rollback"
 }
 
-# wait_rollouts NAME...: waits for the rollouts in parallel; returns the names that failed.
 # The revision of each workload that the last deploy or upgrade started from, recorded on
 # its component's ConfigMap (an annotation on a Deployment would bump its generation and be
 # copied to its ReplicaSets): rollback returns there, and leaves alone a workload the change
@@ -406,6 +405,7 @@ record_rollback_points() {
   done
 }
 
+# wait_rollouts NAME...: waits for the rollouts in parallel; returns the names that failed.
 wait_rollouts() {
   local name res pids=() failed=() i=0
   for name in "$@"; do

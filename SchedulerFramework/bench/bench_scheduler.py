@@ -38,8 +38,8 @@ load average is recorded at the start and at the end.
 Throughput is (N-1) / (last bind - first bind), from a watch. After the last
 bind a run waits for its Device Plugin records and its N Scheduled events
 before the scheduler stops: the API server's CPU and requests per pod and the
-scheduler's CPU per pod then hold all of a run's work (lj-scheduler's event
-thread trails its binds; unwritten events were cut when the process stopped,
+scheduler's CPU per pod then hold all of a run's work (lj-scheduler's events
+trail its binds; before, unwritten events were cut when the process stopped and
 records landed in the next run's minute). The
 filter+score latencies come from lj-scheduler's histogram
 (`lj_scheduler_filter_score_duration_seconds`, interpolated within buckets)
@@ -227,7 +227,7 @@ class BindWatch:
 
 def wait_scheduled_events(kube: KubeClient, ns: str, n: int, timeout_s: float = 300) -> None:
     """Waits for the `n` Scheduled events of a run: a scheduler writes them behind its binds
-    (lj-scheduler's event thread trails them), and what is still unwritten at the last bind
+    (lj-scheduler's event senders trail them), and what is still unwritten at the last bind
     would otherwise be cut when the process stops, or land in the next run's minute."""
     began = time.monotonic()
     query = {"fieldSelector": "reason=Scheduled"}
