@@ -13,8 +13,11 @@ sets it). Pod stages are in `kwok-stages.yaml` beside this module:
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
+
+import yaml
 
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 FAKE_NODE_VALUE = "fake"
@@ -39,6 +42,21 @@ def failure_annotations(exit_code: int, message: str, reason: str = "Error") -> 
 def stages_text() -> str:
     """The Stage documents KWOK is started with."""
     return resources.files("lj_runtimekit.envtest").joinpath("kwok-stages.yaml").read_text()
+
+
+def stages_named(*names: str) -> str:
+    """Only the named Stage documents of `stages_text()`, in the file's order: e.g.
+    `pod-delete` alone leaves pods bound to a fake node Pending, as a cluster with no
+    kubelet does, and still removes deleted ones. ValueError names a stage the file lacks."""
+    docs = {}
+    for doc in re.split(r"^---$", stages_text(), flags=re.MULTILINE):
+        parsed = yaml.safe_load(doc)
+        if parsed:
+            docs[parsed["metadata"]["name"]] = doc.strip("\n")
+    missing = sorted(set(names) - docs.keys())
+    if missing:
+        raise ValueError(f"no KWOK stage {', '.join(missing)} in kwok-stages.yaml")
+    return "\n---\n".join(doc for name, doc in docs.items() if name in names) + "\n"
 
 
 def write_stages(path: Path, text: str | None = None) -> Path:

@@ -97,6 +97,15 @@ def test_failure_annotations() -> None:
         failure_annotations(1, "")
 
 
+def test_kwok_stages_named_keeps_only_those_stages_and_refuses_unknown_names() -> None:
+    only = list(yaml.safe_load_all(kwok_mod.stages_named("pod-delete", "pod-ready")))
+    assert [s["metadata"]["name"] for s in only] == ["pod-ready", "pod-delete"]
+    full = {s["metadata"]["name"]: s for s in yaml.safe_load_all(kwok_mod.stages_text())}
+    assert only == [full["pod-ready"], full["pod-delete"]]
+    with pytest.raises(ValueError, match="pod-sleep"):
+        kwok_mod.stages_named("pod-delete", "pod-sleep")
+
+
 def test_kwok_stages_parse_and_use_the_documented_annotations() -> None:
     stages = list(yaml.safe_load_all(kwok_mod.stages_text()))
     assert [s["metadata"]["name"] for s in stages] == [
