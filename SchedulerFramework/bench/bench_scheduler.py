@@ -259,8 +259,9 @@ def prioritise_node_simulator(cp: ControlPlane) -> None:
     kube-scheduler's runs than in lj-scheduler's, which followed them)."""
     for proc in cp.processes:
         if proc.name == "kwok" and proc.pid is not None:
-            try:
-                os.setpriority(os.PRIO_PROCESS, proc.pid, KWOK_NICE)
+            try:  # a nice value is per thread on Linux: each of KWOK's threads
+                for tid in os.listdir(f"/proc/{proc.pid}/task"):
+                    os.setpriority(os.PRIO_PROCESS, int(tid), KWOK_NICE)
             except PermissionError:
                 log(f"KWOK left at normal priority (nice {KWOK_NICE} needs CAP_SYS_NICE)")
 
