@@ -118,6 +118,21 @@ def pod_body(name: str, scheduler: str, limits: dict[str, str]) -> dict[str, Any
     }
 
 
+def make_runtime_class(kube: KubeClient) -> None:
+    """The RuntimeClass every bench pod names (the RuntimeClass admission plugin refuses
+    pods naming a missing one)."""
+    kube.request(
+        "POST",
+        "/apis/node.k8s.io/v1/runtimeclasses",
+        body={
+            "apiVersion": "node.k8s.io/v1",
+            "kind": "RuntimeClass",
+            "metadata": {"name": RUNTIME_CLASS},
+            "handler": RUNTIME_CLASS,
+        },
+    )
+
+
 def create_pods(kube: KubeClient, ns: str, scheduler: str, n: int, limits: dict[str, str]) -> None:
     def one(i: int) -> None:
         kube.request(
@@ -913,16 +928,7 @@ def main() -> int:
         # the node lifecycle controller lifts the not-ready taint once KWOK reports Ready
         factory.wait_ready([s.name for s in specs], timeout_s=max(600, args.nodes * 0.3))
         announce_admission(kube, [s.name for s in specs])
-        kube.request(  # the RuntimeClass admission plugin refuses pods naming a missing one
-            "POST",
-            "/apis/node.k8s.io/v1/runtimeclasses",
-            body={
-                "apiVersion": "node.k8s.io/v1",
-                "kind": "RuntimeClass",
-                "metadata": {"name": RUNTIME_CLASS},
-                "handler": RUNTIME_CLASS,
-            },
-        )
+        make_runtime_class(kube)
         log("nodes ready")
 
         lj_cfg = work / "lj-scheduler.yaml"
