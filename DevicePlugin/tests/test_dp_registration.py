@@ -159,9 +159,12 @@ async def test_registration_retries_until_the_kubelet_answers(make_bed: BedFacto
         # A kubelet.sock nobody answers on (a kubelet still starting): registration fails.
         dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         dead.bind(str(bed.kubelet.socket_path))
+        failed = f"registration failed, retrying resource={GPU} "
         try:
+            # Each resource registers on its own: wait for the GPU's failure (under load the
+            # other resources' may come first).
             deadline = time.monotonic() + 10
-            while "registration failed, retrying" not in bed.plugin.log():
+            while failed not in bed.plugin.log():
                 assert time.monotonic() < deadline, bed.fail("no failed registration logged")
                 await asyncio.sleep(0.05)
         finally:
@@ -171,4 +174,4 @@ async def test_registration_retries_until_the_kubelet_answers(make_bed: BedFacto
         await bed.kubelet.wait_registered((GPU, CORE, MEMORY), 5, since=start)
         assert time.monotonic() - start <= 2.0
         # Failures back off and are logged once, not every poll.
-        assert bed.plugin.log().count(f"registration failed, retrying resource={GPU} ") == 1
+        assert bed.plugin.log().count(failed) == 1

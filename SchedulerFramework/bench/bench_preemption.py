@@ -47,11 +47,11 @@ from bench_gang import (  # type: ignore[import-not-found]  # a script beside th
     run_slice_gang,
 )
 from bench_scheduler import (  # type: ignore[import-not-found]  # a script beside this one
-    RUNTIME_CLASS,
     BindWatch,
     announce_admission,
     log,
     make_namespace,
+    make_runtime_class,
     pod_body,
 )
 
@@ -88,16 +88,7 @@ def main() -> int:
         factory.create_many([GpuNodeSpec(name=n) for n in [*names, slice_node]])
         factory.wait_ready([*names, slice_node], timeout_s=300)
         announce_admission(kube, [*names, slice_node])
-        kube.request(
-            "POST",
-            "/apis/node.k8s.io/v1/runtimeclasses",
-            body={
-                "apiVersion": "node.k8s.io/v1",
-                "kind": "RuntimeClass",
-                "metadata": {"name": RUNTIME_CLASS},
-                "handler": RUNTIME_CLASS,
-            },
-        )
+        make_runtime_class(kube)
         for name, value in PRIORITIES.items():
             kube.request(
                 "POST",
