@@ -7,8 +7,9 @@ its pod-delete stage: a bound pod stays Pending, as in upstream's
 scheduler_perf): on these two shared cores it wrote each pod's Running status
 whenever it got CPU, which left those writes outside the window of a
 scheduler that used more CPU and inside the window of one that used less.
-A run's pods are deleted after it, and the next run waits until KWOK's own
-DELETE requests for them have stopped.
+KWOK runs at nice -5 (`prioritise_node_simulator`). A run's pods are deleted
+after it, and the next run waits until KWOK's own DELETE requests for them
+have stopped.
 
 1. whole-GPU rounds (`--rounds`, default 5): in each round the stock
    kube-scheduler (pinned version, profile `bench-kube`) and lj-scheduler
@@ -268,10 +269,9 @@ def prioritise_node_simulator(cp: ControlPlane) -> None:
 
     KWOK stands in for the kubelets, which in a cluster run on their own machines: their
     node heartbeats and lease renewals reach the API server at a steady rate whatever the
-    scheduler does. Here KWOK shares two cores with both schedulers; at equal priority a
-    scheduler that took more CPU delayed the heartbeats of its own run into the next one
-    (node status patches and lease renewals per pod 3 to 4 times lower in the
-    kube-scheduler's runs than in lj-scheduler's, which followed them)."""
+    scheduler does. Here KWOK shares two cores with both schedulers, and at equal priority
+    it got less CPU while the scheduler under test took more (0.06 to 0.17 of a core
+    during the kube-scheduler's runs, 0.2 to 0.3 during lj-scheduler's)."""
     for proc in cp.processes:
         if proc.name == "kwok" and proc.pid is not None:
             try:  # a nice value is per thread on Linux: each of KWOK's threads
