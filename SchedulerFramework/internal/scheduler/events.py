@@ -14,6 +14,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from lj_runtimekit.proto.pkg.kube import MERGE_PATCH, KubeClient, KubeError, api_time
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
@@ -34,6 +35,33 @@ class EventRecord:
     kind: str
     reason: str
     message: str
+
+
+def event_body(
+    r: EventRecord, name: str, now: str, component: str, instance: str
+) -> dict[str, Any]:
+    """The core/v1 Event object `name` for `r`, first seen `now` (an API time)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": r.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": r.namespace,
+            "name": r.name,
+            "uid": r.uid,
+        },
+        "reason": r.reason,
+        "message": r.message[:1024],
+        "type": r.kind,
+        "count": 1,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": instance,
+    }
 
 
 class EventRecorder:
@@ -109,29 +137,7 @@ class EventRecorder:
                     raise
         name = f"{r.name}.{time.time_ns():x}"
         self.kube.request(
-            "POST",
-            base,
-            body={
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": name, "namespace": r.namespace},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "namespace": r.namespace,
-                    "name": r.name,
-                    "uid": r.uid,
-                },
-                "reason": r.reason,
-                "message": r.message[:1024],
-                "type": r.kind,
-                "count": 1,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "source": {"component": self.component},
-                "reportingComponent": self.component,
-                "reportingInstance": self.instance,
-            },
+            "POST", base, body=event_body(r, name, now, self.component, self.instance)
         )
         with self._sent_lock:  # the senders share it (each key is one sender's)
             self._sent[key] = (name, 1)

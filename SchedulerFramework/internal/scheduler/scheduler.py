@@ -76,6 +76,22 @@ UNKNOWN_OUTCOME_STATUSES = frozenset({0, 504})
 """No answer, or the server's own timeout: the Binding may still have been written."""
 
 
+def binding_body(
+    namespace: str, name: str, uid: str, node_name: str, annotations: Mapping[str, str]
+) -> dict[str, object]:
+    """The Binding of pod `namespace/name` (`uid`) to `node_name`, carrying `annotations`
+    onto the pod (the API server copies a Binding's annotations)."""
+    meta: dict[str, object] = {"name": name, "namespace": namespace, "uid": uid}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": meta,
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node_name},
+    }
+
+
 def failure_message(total_nodes: int, diagnosis: Diagnosis) -> str:
     """Upstream's FitError text: "0/N nodes are available: 3 reason, 5 reason."."""
     post = diagnosis.postfilter
@@ -384,15 +400,7 @@ class Scheduler:
     def bind_pod(self, pod: PodInfo, node_name: str, annotations: Mapping[str, str]) -> Status:
         if self.kube is None:
             return error("no API client")
-        meta: dict[str, object] = {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid}
-        if annotations:
-            meta["annotations"] = dict(annotations)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": meta,
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node_name},
-        }
+        body = binding_body(pod.namespace, pod.name, pod.uid, node_name, annotations)
         try:
             self.kube.request(
                 "POST", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding", body=body
