@@ -11,13 +11,16 @@ KWOK runs at nice -5 (`prioritise_node_simulator`). A run's pods are deleted
 after it, and the next run waits until KWOK's own DELETE requests for them
 have stopped.
 
-1. whole-GPU rounds (`--rounds`, default 5): in each round the stock
+1. whole-GPU rounds (`--rounds`, default 11): in each round the stock
    kube-scheduler (pinned version, profile `bench-kube`) and lj-scheduler
    each place N whole-GPU pods, both with client QPS/burst 5000/10000; the
    order alternates between rounds so neither always runs on a warmer API
    server. Each round gives one ratio (ours / theirs, in the same minute);
    the reported rates and ratio are the medians over rounds, the per-round
-   values are kept beside them. Each round also runs the kube-scheduler on
+   values are kept beside them, and each median ratio has a distribution-free
+   interval (`median_interval`; its coverage is
+   `whole_gpu_ratio_interval_coverage`, 0.93 with 11 rounds): a single round
+   swings by about 20 % on these two cores. Each round also runs the kube-scheduler on
    matched work (`whole_gpu_ratio_matched_work`): its NodeResourcesFit
    scores MostAllocated on the GPU resource (binpack, as GpuShare does) and
    its percentageOfNodesToScore is the share of the nodes lj-scheduler
@@ -646,6 +649,31 @@ def quantiles_ms(text: str, metric: str) -> tuple[float, float]:
     return p50, p99
 
 
+MEDIAN_CONFIDENCE = 0.9
+
+
+def median_interval(
+    values: list[float], confidence: float = MEDIAN_CONFIDENCE
+) -> tuple[float, float, float]:
+    """A distribution-free interval that holds the true median of what `values` sample
+    with at least `confidence` probability: the k-th smallest and k-th largest value, k
+    the largest with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2. With too few
+    values for that (fewer than 5 at 90 %), the smallest and the largest.
+    (low, high, the interval's exact coverage)."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    below = 0.0  # P(Binomial(n, 1/2) < k)
+    k = 0
+    while k < (n + 1) // 2 and below + math.comb(n, k) / 2**n <= (1 - confidence) / 2:
+        below += math.comb(n, k) / 2**n
+        k += 1
+    k = max(k, 1)
+    coverage = 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+    return ordered[k - 1], ordered[n - k], coverage
+
+
 def run_whole_rounds(
     kube: KubeClient, cp: ControlPlane, work: Path, lj_cfg: Path, n: int, rounds: int, nodes: int
 ) -> tuple[dict[str, Any], int]:
@@ -712,7 +740,10 @@ def run_whole_rounds(
         "whole_gpu_ratio_per_round": ratios,
         "whole_gpu_pods_per_s_per_round": ours,
         "kube_scheduler_whole_gpu_pods_per_s_per_round": theirs,
+        "whole_gpu_ratio_interval": list(median_interval(ratios)[:2]),
         "whole_gpu_ratio_matched_work": statistics.median(matched_ratios),
+        "whole_gpu_ratio_matched_work_interval": list(median_interval(matched_ratios)[:2]),
+        "whole_gpu_ratio_interval_coverage": round(median_interval(ratios)[2], 3),
         "whole_gpu_ratio_matched_work_per_round": matched_ratios,
         "kube_scheduler_matched_whole_gpu_pods_per_s": statistics.median(matched),
         "kube_scheduler_matched_whole_gpu_pods_per_s_per_round": matched,
@@ -869,7 +900,7 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--pods", type=int, default=2000)
     ap.add_argument("--share-pods", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=5, help="whole-GPU rounds of both schedulers")
+    ap.add_argument("--rounds", type=int, default=11, help="whole-GPU rounds of both schedulers")
     ap.add_argument(
         "--bind-workers", type=int, default=None, help="lj-scheduler's bindWorkers (its default)"
     )

@@ -1,0 +1,50 @@
+"""The scheduler benchmark's interval for a median ratio (bench/bench_scheduler.py)."""
+
+from __future__ import annotations
+
+import importlib
+import random
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCH))
+    return importlib.import_module("bench_scheduler")
+
+
+def test_eleven_rounds_give_the_third_smallest_and_third_largest(bench: ModuleType) -> None:
+    values = [float(v) for v in (9, 1, 7, 3, 11, 5, 2, 10, 4, 8, 6)]
+    low, high, coverage = bench.median_interval(values, 0.9)
+    # P(Binomial(11, 1/2) <= 2) = 67/2048: the interval misses the median 2 x 3.3 % of runs
+    assert (low, high) == (3.0, 9.0)
+    assert coverage == pytest.approx(1 - 2 * 67 / 2048)
+
+
+def test_too_few_rounds_give_the_whole_range_with_its_true_coverage(
+    bench: ModuleType,
+) -> None:
+    low, high, coverage = bench.median_interval([1.2, 0.8, 1.0, 0.9], 0.9)
+    assert (low, high) == (0.8, 1.2)
+    assert coverage == pytest.approx(1 - 2 / 16)  # below the 90 % asked for: said, not hidden
+    with pytest.raises(ValueError, match="no values"):
+        bench.median_interval([], 0.9)
+
+
+def test_the_interval_holds_the_median_at_least_as_often_as_it_claims(
+    bench: ModuleType,
+) -> None:
+    rng = random.Random(7)
+    held = 0
+    trials = 4000
+    for _ in range(trials):  # rounds drawn from a skewed distribution with median 1.0
+        rounds = [rng.lognormvariate(0.0, 0.2) for _ in range(11)]
+        low, high, coverage = bench.median_interval(rounds, 0.9)
+        held += low <= 1.0 <= high
+    assert held / trials >= coverage - 0.02
+    assert coverage >= 0.9
