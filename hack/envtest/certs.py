@@ -2,9 +2,17 @@
 
 ECDSA P-256 everywhere (fast to generate, accepted by every component): a CA,
 one serving certificate for all components on loopback, an admin client
-certificate in `system:masters`, a front-proxy client certificate (request
-header authentication, as kubeadm sets it up) and the service-account signing
-key pair.
+certificate in `system:masters`, a front-proxy client certificate signed by a
+CA of its own (request header authentication, as kubeadm sets it up) and the
+service-account signing key pair.
+
+The front proxy's CA is not the client CA: the API server checks every
+client certificate against the request-header CA before its x509
+authenticator does, and with one CA for both that first check verified the
+signature too (then refused the name). That doubled the ECDSA verification of
+every request, 12 to 16 % of the API server's CPU in a CPU profile of a
+scheduler benchmark run. With a CA of its own, a client certificate has no
+parent there and is turned away before any signature is checked.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ class Pki:
     admin_key: Path
     sa_key: Path
     sa_pub: Path
+    front_proxy_ca_cert: Path
     front_proxy_cert: Path
     front_proxy_key: Path
 
@@ -64,7 +73,30 @@ def _ec_key(path: Path, cwd: Path) -> None:
     path.chmod(0o600)
 
 
-def _signed(name: str, subject: str, extensions: str, directory: Path) -> None:
+def _ca(name: str, subject: str, directory: Path) -> None:
+    _ec_key(directory / f"{name}.key", directory)
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        f"{name}.key",
+        "-subj",
+        subject,
+        "-days",
+        _DAYS,
+        "-sha256",
+        "-out",
+        f"{name}.crt",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        cwd=directory,
+    )
+
+
+def _signed(name: str, subject: str, extensions: str, directory: Path, ca: str = "ca") -> None:
     _ec_key(directory / f"{name}.key", directory)
     _openssl(
         "req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr", cwd=directory
@@ -76,9 +108,9 @@ def _signed(name: str, subject: str, extensions: str, directory: Path) -> None:
         "-in",
         f"{name}.csr",
         "-CA",
-        "ca.crt",
+        f"{ca}.crt",
         "-CAkey",
-        "ca.key",
+        f"{ca}.key",
         "-CAcreateserial",
         "-days",
         _DAYS,
@@ -94,26 +126,8 @@ def _signed(name: str, subject: str, extensions: str, directory: Path) -> None:
 def generate(directory: Path) -> Pki:
     """Writes a fresh PKI into `directory` (created if needed)."""
     directory.mkdir(parents=True, exist_ok=True)
-    _ec_key(directory / "ca.key", directory)
-    _openssl(
-        "req",
-        "-x509",
-        "-new",
-        "-key",
-        "ca.key",
-        "-subj",
-        "/CN=lj-runtimekit-envtest-ca",
-        "-days",
-        _DAYS,
-        "-sha256",
-        "-out",
-        "ca.crt",
-        "-addext",
-        "basicConstraints=critical,CA:TRUE",
-        "-addext",
-        "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
-        cwd=directory,
-    )
+    _ca("ca", "/CN=lj-runtimekit-envtest-ca", directory)
+    _ca("front-proxy-ca", "/CN=lj-runtimekit-envtest-front-proxy-ca", directory)
     sans = ",".join(
         [
             "IP:127.0.0.1",
@@ -145,6 +159,7 @@ def generate(directory: Path) -> Pki:
         "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
         "extendedKeyUsage=clientAuth\n",
         directory,
+        ca="front-proxy-ca",
     )
     _ec_key(directory / "sa.key", directory)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
@@ -158,6 +173,7 @@ def generate(directory: Path) -> Pki:
         admin_key=directory / "admin.key",
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
+        front_proxy_ca_cert=directory / "front-proxy-ca.crt",
         front_proxy_cert=directory / "front-proxy.crt",
         front_proxy_key=directory / "front-proxy.key",
     )

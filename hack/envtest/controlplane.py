@@ -250,7 +250,7 @@ class ControlPlane:
                 f"--tls-cert-file={pki.serving_cert}",
                 f"--tls-private-key-file={pki.serving_key}",
                 f"--client-ca-file={pki.ca_cert}",
-                f"--requestheader-client-ca-file={pki.ca_cert}",
+                f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
                 f"--requestheader-allowed-names={certs.FRONT_PROXY_CN}",
                 "--requestheader-username-headers=X-Remote-User",
                 "--requestheader-group-headers=X-Remote-Group",

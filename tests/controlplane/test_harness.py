@@ -3,10 +3,13 @@ nothing outlives a killed test runner."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +120,51 @@ def test_components_die_with_a_killed_runner(k8s_tools: dict[str, Path]) -> None
         finally:
             runner.kill()  # no teardown runs
     wait_for(lambda: not any(_alive(p) for p in pids), 15, "components of a killed runner to die")
+
+
+def _who(cp: ControlPlane, cert: Path, key: Path, user_header: str) -> str:
+    """The user name the API server makes of a request with this client certificate that
+    also names `user_header` in X-Remote-User (a SelfSubjectReview)."""
+    assert cp.pki is not None
+    context = ssl.create_default_context(cafile=str(cp.pki.ca_cert))
+    context.load_cert_chain(str(cert), str(key))
+    request = urllib.request.Request(
+        f"{cp.server}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        data=json.dumps(
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        ).encode(),
+        headers={
+            "Content-Type": "application/json",
+            "X-Remote-User": user_header,
+            "X-Remote-Group": "system:masters",
+        },
+        method="POST",
+    )
+    with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+        review = json.load(answer)
+    return str(review["status"]["userInfo"]["username"])
+
+
+def test_only_the_front_proxy_ca_vouches_for_request_headers(
+    k8s_tools: dict[str, Path],
+) -> None:
+    """The front proxy's client certificate has a CA of its own (as kubeadm sets it up):
+    its request headers name the user, and a client certificate of the client CA, which
+    the request-header check no longer verifies, is its own user whatever it sends."""
+    with ControlPlane(minimal()) as cp:
+        pki = cp.pki
+        assert pki is not None
+        assert pki.front_proxy_ca_cert != pki.ca_cert
+        assert _who(cp, pki.front_proxy_cert, pki.front_proxy_key, "alice") == "alice"
+        assert _who(cp, pki.admin_cert, pki.admin_key, "mallory") == "lj-runtimekit-admin"
+        for cert, issuer, signed in (
+            (pki.front_proxy_cert, pki.ca_cert, False),
+            (pki.front_proxy_cert, pki.front_proxy_ca_cert, True),
+            (pki.admin_cert, pki.front_proxy_ca_cert, False),
+        ):
+            verified = subprocess.run(
+                ["openssl", "verify", "-CAfile", str(issuer), str(cert)],
+                capture_output=True,
+                check=False,
+            )
+            assert (verified.returncode == 0) == signed, (cert.name, issuer.name)
