@@ -669,9 +669,9 @@ def median_interval(
     while k < (n + 1) // 2 and below + math.comb(n, k) / 2**n <= (1 - confidence) / 2:
         below += math.comb(n, k) / 2**n
         k += 1
-    k = max(k, 1)
-    coverage = 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
-    return ordered[k - 1], ordered[n - k], coverage
+    if k == 0:  # too few values: the whole range, P(Binomial(n, 1/2) < 1) outside each end
+        k, below = 1, 1 / 2**n
+    return ordered[k - 1], ordered[n - k], 1 - 2 * below
 
 
 def run_whole_rounds(
@@ -731,6 +731,8 @@ def run_whole_rounds(
         return sorted(range(rounds), key=lambda i: rates[i])[rounds // 2]
 
     text = texts[median_round(ours)]
+    # the coverage follows from the number of rounds alone: the same for both ratios
+    low, high, coverage = median_interval(ratios)
     out: dict[str, Any] = {
         "whole_gpu_pods_per_s": statistics.median(ours),
         "kube_scheduler_whole_gpu_pods_per_s": statistics.median(theirs),
@@ -740,10 +742,10 @@ def run_whole_rounds(
         "whole_gpu_ratio_per_round": ratios,
         "whole_gpu_pods_per_s_per_round": ours,
         "kube_scheduler_whole_gpu_pods_per_s_per_round": theirs,
-        "whole_gpu_ratio_interval": list(median_interval(ratios)[:2]),
+        "whole_gpu_ratio_interval": [low, high],
         "whole_gpu_ratio_matched_work": statistics.median(matched_ratios),
         "whole_gpu_ratio_matched_work_interval": list(median_interval(matched_ratios)[:2]),
-        "whole_gpu_ratio_interval_coverage": round(median_interval(ratios)[2], 3),
+        "whole_gpu_ratio_interval_coverage": round(coverage, 3),
         "whole_gpu_ratio_matched_work_per_round": matched_ratios,
         "kube_scheduler_matched_whole_gpu_pods_per_s": statistics.median(matched),
         "kube_scheduler_matched_whole_gpu_pods_per_s_per_round": matched,
