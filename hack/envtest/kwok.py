@@ -1,7 +1,10 @@
 """KWOK against the envtest API server: argv, pod lifecycle stages, failure annotations.
 
 KWOK manages only nodes annotated `kwok.x-k8s.io/node=fake` (the node factory
-sets it). Pod stages are in `kwok-stages.yaml` beside this module:
+sets it). Its stages are in `kwok-stages.yaml` beside this module: KWOK's own
+node stages (a node becomes Ready; its lease is renewed every 10 s and its
+status every 10 min, see the file for why they are not left to KWOK), and these
+pod stages:
 
 - a pod bound to a fake node becomes Running;
 - a Running pod owned by a Job becomes Succeeded (exit code 0);
@@ -44,10 +47,16 @@ def stages_text() -> str:
     return resources.files("lj_runtimekit.envtest").joinpath("kwok-stages.yaml").read_text()
 
 
+NODE_STAGES = ("node-initialize", "node-heartbeat-with-lease")
+"""Node stages every stage set keeps: without a node stage KWOK falls back to its own
+defaults, with the lease-less heartbeat (see kwok-stages.yaml)."""
+
+
 def stages_named(*names: str) -> str:
-    """Only the named Stage documents of `stages_text()`, in the file's order: e.g.
-    `pod-delete` alone leaves pods bound to a fake node Pending, as a cluster with no
-    kubelet does, and still removes deleted ones. ValueError names a stage the file lacks."""
+    """The node stages and only the named pod stages of `stages_text()`, in the file's
+    order: e.g. `pod-delete` alone leaves pods bound to a fake node Pending, as a cluster
+    with no kubelet does, and still removes deleted ones. ValueError names a stage the
+    file lacks."""
     docs = {}
     for doc in re.split(r"^---$", stages_text(), flags=re.MULTILINE):
         parsed = yaml.safe_load(doc)
@@ -56,7 +65,8 @@ def stages_named(*names: str) -> str:
     missing = sorted(set(names) - docs.keys())
     if missing:
         raise ValueError(f"no KWOK stage {', '.join(missing)} in kwok-stages.yaml")
-    return "\n---\n".join(doc for name, doc in docs.items() if name in names) + "\n"
+    kept = {*NODE_STAGES, *names}
+    return "\n---\n".join(doc for name, doc in docs.items() if name in kept) + "\n"
 
 
 def write_stages(path: Path, text: str | None = None) -> Path:

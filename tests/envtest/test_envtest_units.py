@@ -97,11 +97,16 @@ def test_failure_annotations() -> None:
         failure_annotations(1, "")
 
 
-def test_kwok_stages_named_keeps_only_those_stages_and_refuses_unknown_names() -> None:
+def test_kwok_stages_named_keeps_the_node_stages_and_only_the_named_pod_stages() -> None:
     only = list(yaml.safe_load_all(kwok_mod.stages_named("pod-delete", "pod-ready")))
-    assert [s["metadata"]["name"] for s in only] == ["pod-ready", "pod-delete"]
+    assert [s["metadata"]["name"] for s in only] == [
+        "node-initialize",
+        "node-heartbeat-with-lease",
+        "pod-ready",
+        "pod-delete",
+    ]
     full = {s["metadata"]["name"]: s for s in yaml.safe_load_all(kwok_mod.stages_text())}
-    assert only == [full["pod-ready"], full["pod-delete"]]
+    assert only == [full[s["metadata"]["name"]] for s in only]
     with pytest.raises(ValueError, match="pod-sleep"):
         kwok_mod.stages_named("pod-delete", "pod-sleep")
 
@@ -109,12 +114,15 @@ def test_kwok_stages_named_keeps_only_those_stages_and_refuses_unknown_names() -
 def test_kwok_stages_parse_and_use_the_documented_annotations() -> None:
     stages = list(yaml.safe_load_all(kwok_mod.stages_text()))
     assert [s["metadata"]["name"] for s in stages] == [
+        "node-initialize",
+        "node-heartbeat-with-lease",
         "pod-ready",
         "pod-complete",
         "pod-fail",
         "pod-delete",
     ]
     assert all(s["kind"] == "Stage" for s in stages)
+    assert [s["spec"]["resourceRef"]["kind"] for s in stages[:2]] == ["Node", "Node"]
     text = kwok_mod.stages_text()
     for key in (
         kwok_mod.FAIL_EXIT_CODE_ANNOTATION,
