@@ -55,7 +55,13 @@ filter+score latencies come from lj-scheduler's histogram
 (`lj_scheduler_filter_score_duration_seconds`, interpolated within buckets)
 of the round with the median rate. CPU per pod is the scheduler process's
 user+system time (start-up included) over N; `rss_mb` is its peak resident memory
-(VmHWM), the largest over the rounds, the kube-scheduler's beside it. overcommit_violations
+(VmHWM), the largest over the rounds, the kube-scheduler's beside it. The bind
+window (first to last bind) is also accounted process by process (`window_cost`,
+from /proc): each process's CPU ms per pod in it (the API server, the scheduler,
+etcd, the controller manager, KWOK, this bench) and the cores they kept busy;
+the `window_*` keys are their medians over rounds. On these two cores the
+window is saturated, so the rate is the cores over the CPU per pod, and the
+split shows whose CPU a ratio comes from. overcommit_violations
 re-checks every device of every node from the pods' assignment annotations,
 after each lj-scheduler whole-GPU round and after the slice and gang runs.
 """
@@ -74,6 +80,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -181,6 +188,9 @@ class BindWatch:
         self.path = f"/api/v1/namespaces/{ns}/pods"
         self.times: dict[str, float] = {}
         self.stop = threading.Event()
+        self._snapshot: Callable[[], dict[str, float]] | None = None
+        self._window_n = 0
+        self._window: list[tuple[float, dict[str, float]]] = []
         self._allocating: set[str] = set()
         # One Device Plugin per node writes its own records: many writers at once.
         self._plugins = ThreadPoolExecutor(64, thread_name_prefix="device-plugin")
@@ -230,7 +240,7 @@ class BindWatch:
                 for _, obj in self.kube.watch(self.path, rv, timeout_s=60):
                     rv = obj["metadata"].get("resourceVersion", rv)
                     if obj.get("spec", {}).get("nodeName"):
-                        self.times.setdefault(obj["metadata"]["name"], time.monotonic())
+                        self._bound(obj["metadata"]["name"])
                         self._allocate(obj)
                     if self.stop.is_set():
                         return
@@ -238,6 +248,25 @@ class BindWatch:
                 if self.stop.is_set():
                     return
                 log(f"watch of {self.path} broke ({exc}); resuming")
+
+    def measure_window(self, snapshot: Callable[[], dict[str, float]], n: int) -> None:
+        """Take `snapshot()` (CPU seconds by process) at the first bind and at the `n`-th:
+        `window_cost` of the run's bind window."""
+        self._snapshot, self._window_n = snapshot, n
+
+    def _bound(self, name: str) -> None:
+        if name in self.times:
+            return
+        now = time.monotonic()
+        # the snapshot first: `wait` returns once it sees the n-th bind
+        if self._snapshot is not None and len(self.times) + 1 in (1, self._window_n):
+            self._window.append((now, self._snapshot()))
+        self.times[name] = now
+
+    def window_cost(self) -> dict[str, float]:
+        """`window_cost` between the snapshots of `measure_window`."""
+        (began, first), (ended, last) = self._window
+        return window_cost(first, last, len(self.times) - 1, ended - began)
 
     def wait(self, n: int, timeout_s: float) -> float:
         """Pods/s from the first to the last of `n` binds; returns once the Device Plugins'
@@ -451,6 +480,27 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_snapshot(cp: ControlPlane, scheduler_pid: int) -> Callable[[], dict[str, float]]:
+    """CPU seconds so far of every process a bind window shares the machine among: the
+    control plane's (etcd, API server, controller manager, KWOK), the scheduler under test
+    and this bench (the nodes' Device Plugins and the watch)."""
+    pids = {p.name: p.pid for p in cp.processes if p.pid is not None}
+    pids |= {"scheduler": scheduler_pid, "bench": os.getpid()}
+    return lambda: {name: process_cpu_s(pid) for name, pid in pids.items()}
+
+
+def window_cost(
+    first: Mapping[str, float], last: Mapping[str, float], binds: int, seconds: float
+) -> dict[str, float]:
+    """CPU ms per bind of each process between two snapshots (`cpu_snapshot`) taken at the
+    first bind and `binds` binds and `seconds` later, with their `total` and the `cores`
+    they kept busy. On a saturated machine the rate is `cores` / `total`: which process
+    spends what per pod explains a ratio, whatever the machine's speed at that minute."""
+    out = {name: (last[name] - first[name]) * 1000 / binds for name in first}
+    total = sum(out.values())
+    return out | {"total": total, "cores": total * binds / 1000 / seconds}
+
+
 PROFILED = """
 import atexit, cProfile, runpy, sys, threading, time
 out, profiles = sys.argv.pop(1), []
@@ -510,23 +560,26 @@ def run_lj(
     ns: str,
     n: int,
     limits: dict[str, str],
-) -> tuple[float, str, float, tuple[float, dict[str, float]], float]:
+) -> tuple[float, str, float, tuple[float, dict[str, float]], float, dict[str, float]]:
     """Creates `n` pods, starts lj-scheduler, waits for all binds.
 
     Returns (pods/s, the scheduler's /metrics text, its CPU seconds, what the pods cost the
-    API server: `ApiServerMeter.per_pod`, its peak RSS in MB).
+    API server: `ApiServerMeter.per_pod`, its peak RSS in MB, the bind window's
+    `window_cost`).
     """
     make_namespace(kube, ns)
     create_pods(kube, ns, "lj-bench", n, limits)
     watch = BindWatch(kube, ns, KubeClient.connect(str(cp.kubeconfig_path), pool_size=64))
     meter = ApiServerMeter(kube)
     lj, port = start_lj(cp, work, config, ns)
+    watch.measure_window(cpu_snapshot(cp, lj.pid), n)
     try:
         log(f"lj-scheduler run ({ns}, {limits})")
         rate = watch.wait(n, 600)
         wait_scheduled_events(kube, ns, n)
         cost = meter.per_pod(n)
         log(f"lj-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
+        log(f"lj-scheduler bind window: {window_text(watch.window_cost())}")
         cpu_s = process_cpu_s(lj.pid)
         rss_mb = peak_rss_mb(lj.pid)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
@@ -534,7 +587,7 @@ def run_lj(
     finally:
         lj.terminate()
         lj.wait(30)
-    return rate, text, cpu_s, cost, rss_mb
+    return rate, text, cpu_s, cost, rss_mb, watch.window_cost()
 
 
 def writes(requests: dict[str, float]) -> float:
@@ -546,6 +599,13 @@ def api_cost_text(cost: tuple[float, dict[str, float]]) -> str:
     cpu_ms, requests = cost
     shown = ", ".join(f"{k} {v:g}" for k, v in sorted(requests.items()))
     return f"API server {cpu_ms:.1f} CPU ms and {writes(requests):.2f} writes per pod ({shown})"
+
+
+def window_text(cost: dict[str, float]) -> str:
+    shown = ", ".join(
+        f"{k} {v:.2f}" for k, v in sorted(cost.items(), key=lambda kv: -kv[1]) if k != "cores"
+    )
+    return f"{cost['cores']:.2f} cores; CPU ms per pod: {shown}"
 
 
 def _rounded(v: Any) -> Any:
@@ -613,9 +673,10 @@ def run_kube_scheduler(
     ns: str,
     n: int,
     matched_percentage: int | None = None,
-) -> tuple[float, float, str, tuple[float, dict[str, float]], float]:
+) -> tuple[float, float, str, tuple[float, dict[str, float]], float, dict[str, float]]:
     """The stock kube-scheduler places `n` whole-GPU pods; (pods/s, CPU ms per pod, its
-    /metrics text, what the pods cost the API server, its peak RSS in MB)."""
+    /metrics text, what the pods cost the API server, its peak RSS in MB, the bind window's
+    `window_cost`)."""
     make_namespace(kube, ns)
     create_pods(kube, ns, ns, n, {P.resources.gpu: "1"})
     matched = matched_percentage is not None
@@ -625,18 +686,20 @@ def run_kube_scheduler(
     log(f"kube-scheduler run ({ns}{shown})")
     meter = ApiServerMeter(kube)
     ks, port = start_kube_scheduler(cp, work, ns, matched_percentage)
+    assert ks.pid is not None
+    watch.measure_window(cpu_snapshot(cp, ks.pid), n)
     try:
         rate = watch.wait(n, 600)
         wait_scheduled_events(kube, ns, n)
         cost = meter.per_pod(n)
-        assert ks.pid is not None
         cpu_ms = process_cpu_s(ks.pid) * 1000 / n
         rss_mb = peak_rss_mb(ks.pid)
         text = kube_scheduler_metrics(cp, port)
     finally:
         ks.stop()
     log(f"kube-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
-    return rate, cpu_ms, text, cost, rss_mb
+    log(f"kube-scheduler bind window: {window_text(watch.window_cost())}")
+    return rate, cpu_ms, text, cost, rss_mb, watch.window_cost()
 
 
 def matched_percentage(nodes: int) -> int:
@@ -648,6 +711,15 @@ def quantiles_ms(text: str, metric: str) -> tuple[float, float]:
     p50, p99 = histogram_quantiles(text, metric, (0.5, 0.99))
     return p50, p99
 
+
+WINDOW_KEYS = {
+    "window_cpu_ms_per_whole_gpu_pod": "total",
+    "window_apiserver_cpu_ms_per_whole_gpu_pod": "kube-apiserver",
+    "window_scheduler_cpu_ms_per_whole_gpu_pod": "scheduler",
+    "window_cores": "cores",
+}
+"""Result keys (after a scheduler's prefix) from each run's bind window (`window_cost`),
+medians over rounds."""
 
 MEDIAN_CONFIDENCE = 0.9
 
@@ -691,6 +763,7 @@ def run_whole_rounds(
     ours_rss: list[float] = []
     theirs_rss: list[float] = []
     costs: dict[str, list[tuple[float, dict[str, float]]]] = {"lj": [], "kube": [], "matched": []}
+    windows: dict[str, list[dict[str, float]]] = {"lj": [], "kube": [], "matched": []}
     pct = matched_percentage(nodes)
     violations = 0
     for r in range(rounds):
@@ -698,19 +771,19 @@ def run_whole_rounds(
         for which in order:
             if which == "kube":
                 ns = f"bench-kube-{r}"
-                rate, cpu_ms, text, cost, rss_mb = run_kube_scheduler(kube, cp, work, ns, n)
+                rate, cpu_ms, text, cost, rss_mb, window = run_kube_scheduler(kube, cp, work, ns, n)
                 theirs_rss.append(rss_mb)
                 theirs.append(rate)
                 theirs_cpu.append(cpu_ms)
                 kube_texts.append(text)
             elif which == "matched":
                 ns = f"bench-kube-matched-{r}"
-                rate, _, text, cost, _ = run_kube_scheduler(kube, cp, work, ns, n, pct)
+                rate, _, text, cost, _, window = run_kube_scheduler(kube, cp, work, ns, n, pct)
                 matched.append(rate)
                 matched_texts.append(text)
             else:
                 ns = f"bench-lj-{r}"
-                rate, text, cpu_s, cost, rss_mb = run_lj(
+                rate, text, cpu_s, cost, rss_mb, window = run_lj(
                     kube, cp, work, lj_cfg, ns, n, {P.resources.gpu: "1"}
                 )
                 ours_rss.append(rss_mb)
@@ -719,6 +792,7 @@ def run_whole_rounds(
                 texts.append(text)
                 violations += overcommit_violations(kube)
             costs[which].append(cost)
+            windows[which].append(window)
             delete_pods(kube, ns)
         log(
             f"round {r + 1}/{rounds}: ratio {ours[-1] / theirs[-1]:.2f}, "
@@ -767,6 +841,8 @@ def run_whole_rounds(
         out[f"{prefix}apiserver_writes_per_whole_gpu_pod"] = statistics.median(
             writes(c[1]) for c in costs[which]
         )
+        for key, part in WINDOW_KEYS.items():
+            out[f"{prefix}{key}"] = statistics.median(w[part] for w in windows[which])
     for key, metric in (
         ("filter_score", "lj_scheduler_filter_score_duration_seconds"),
         ("filter_score_cpu", "lj_scheduler_filter_score_cpu_seconds"),
@@ -1025,7 +1101,7 @@ def run_other_parts(
     violations = overcommit_violations(kube)
 
     # 3. lj-scheduler, slices (a fresh process, pods created before it starts)
-    rate, text, cpu_s, _, _ = run_lj(
+    rate, text, cpu_s, _, _, _ = run_lj(
         kube,
         cp,
         work,

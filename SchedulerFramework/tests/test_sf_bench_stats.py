@@ -1,4 +1,5 @@
-"""The scheduler benchmark's interval for a median ratio (bench/bench_scheduler.py)."""
+"""The scheduler benchmark's statistics (bench/bench_scheduler.py): the interval for a median
+ratio, and what a bind window cost each process."""
 
 from __future__ import annotations
 
@@ -48,3 +49,14 @@ def test_the_interval_holds_the_median_at_least_as_often_as_it_claims(
         held += low <= 1.0 <= high
     assert held / trials >= coverage - 0.02
     assert coverage >= 0.9
+
+
+def test_a_bind_window_costs_each_process_its_cpu_over_the_binds(bench: ModuleType) -> None:
+    first = {"kube-apiserver": 10.0, "scheduler": 2.0, "bench": 1.0}
+    last = {"kube-apiserver": 13.0, "scheduler": 3.5, "bench": 1.5}
+    cost = bench.window_cost(first, last, 1000, 2.5)
+    assert cost == pytest.approx(
+        {"kube-apiserver": 3.0, "scheduler": 1.5, "bench": 0.5, "total": 5.0, "cores": 2.0}
+    )
+    # on a saturated machine the rate follows from the two: binds / seconds
+    assert cost["cores"] / cost["total"] * 1000 == pytest.approx(1000 / 2.5)
