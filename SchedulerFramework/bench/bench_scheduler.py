@@ -578,8 +578,9 @@ def run_lj(
         rate = watch.wait(n, 600)
         wait_scheduled_events(kube, ns, n)
         cost = meter.per_pod(n)
+        window = watch.window_cost()
         log(f"lj-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
-        log(f"lj-scheduler bind window: {window_text(watch.window_cost())}")
+        log(f"lj-scheduler bind window: {window_text(window)}")
         cpu_s = process_cpu_s(lj.pid)
         rss_mb = peak_rss_mb(lj.pid)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
@@ -587,7 +588,7 @@ def run_lj(
     finally:
         lj.terminate()
         lj.wait(30)
-    return rate, text, cpu_s, cost, rss_mb, watch.window_cost()
+    return rate, text, cpu_s, cost, rss_mb, window
 
 
 def writes(requests: dict[str, float]) -> float:
@@ -692,14 +693,15 @@ def run_kube_scheduler(
         rate = watch.wait(n, 600)
         wait_scheduled_events(kube, ns, n)
         cost = meter.per_pod(n)
+        window = watch.window_cost()
         cpu_ms = process_cpu_s(ks.pid) * 1000 / n
         rss_mb = peak_rss_mb(ks.pid)
         text = kube_scheduler_metrics(cp, port)
     finally:
         ks.stop()
     log(f"kube-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
-    log(f"kube-scheduler bind window: {window_text(watch.window_cost())}")
-    return rate, cpu_ms, text, cost, rss_mb, watch.window_cost()
+    log(f"kube-scheduler bind window: {window_text(window)}")
+    return rate, cpu_ms, text, cost, rss_mb, window
 
 
 def matched_percentage(nodes: int) -> int:
