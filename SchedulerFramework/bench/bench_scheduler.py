@@ -82,6 +82,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -178,13 +179,16 @@ class BindWatch:
         self,
         kube: KubeClient,
         ns: str,
-        plugins: KubeClient | None = None,
+        plugins_kubeconfig: str | None = None,
         stand_in_records: bool = False,
     ) -> None:
         self.kube = kube
         self.stand_in_records = stand_in_records
-        self.plugins = plugins or kube
-        """The Device Plugins' own API connections (a pool as large as their writers)."""
+        self.plugins = (
+            KubeClient.connect(plugins_kubeconfig, pool_size=64) if plugins_kubeconfig else kube
+        )
+        """The Device Plugins' API connections: their own pool, as large as their writers,
+        from `plugins_kubeconfig` (closed once `wait` returns), else `kube`'s."""
         self.path = f"/api/v1/namespaces/{ns}/pods"
         self.times: dict[str, float] = {}
         self.stop = threading.Event()
@@ -192,6 +196,8 @@ class BindWatch:
         self._window_n = 0
         self._window: list[tuple[float, dict[str, float]]] = []
         self._allocating: set[str] = set()
+        self.recorded: list[float] = []
+        """When each record's write was answered (the Device Plugins' threads append)."""
         # One Device Plugin per node writes its own records: many writers at once.
         self._plugins = ThreadPoolExecutor(64, thread_name_prefix="device-plugin")
         _, self.rv = kube.list_all(self.path)
@@ -224,14 +230,11 @@ class BindWatch:
         else:
             return
         self._allocating.add(name)
-        body = {"metadata": {"annotations": record}}
-        self._plugins.submit(
-            self.plugins.request,
-            "PATCH",
-            f"{self.path}/{name}",
-            body=body,
-            content_type=MERGE_PATCH,
-        )
+        self._plugins.submit(self._record, name, {"metadata": {"annotations": record}})
+
+    def _record(self, name: str, body: dict[str, Any]) -> None:
+        self.plugins.request("PATCH", f"{self.path}/{name}", body=body, content_type=MERGE_PATCH)
+        self.recorded.append(time.monotonic())
 
     def _run(self) -> None:
         rv = self.rv
@@ -278,8 +281,19 @@ class BindWatch:
             time.sleep(0.1)
         self.stop.set()
         self._plugins.shutdown(wait=True)
+        if self.plugins is not self.kube:
+            self.plugins.close()
         ts = sorted(self.times.values())
         return (len(ts) - 1) / (ts[-1] - ts[0])
+
+    def rate_to_records(self) -> float | None:
+        """Pods/s from the first bind to the last record written (once `wait` returned): the
+        rate at which a scheduler's pods are placed with the protocol's work behind each of
+        them done, records included (about half of them are written after the last bind, in
+        the kube-scheduler's runs and in ours). None without records."""
+        if not self.recorded:
+            return None
+        return (len(self.times) - 1) / (max(self.recorded) - min(self.times.values()))
 
 
 def wait_scheduled_events(kube: KubeClient, ns: str, n: int, timeout_s: float = 300) -> None:
@@ -552,6 +566,26 @@ def start_lj(
     return lj, port
 
 
+@dataclass(frozen=True)
+class SchedulerRun:
+    """What one scheduler's run of `n` pods measured."""
+
+    rate: float
+    """Pods/s from the first to the last bind (`BindWatch.wait`)."""
+    rate_to_records: float | None
+    """Pods/s from the first bind to the last record written (`BindWatch.rate_to_records`)."""
+    metrics: str
+    """The scheduler's /metrics text at the end of the run."""
+    cpu_ms_per_pod: float
+    """The scheduler process's CPU, start-up included, over `n`."""
+    cost: tuple[float, dict[str, float]]
+    """What the pods cost the API server (`ApiServerMeter.per_pod`)."""
+    rss_mb: float
+    """The scheduler's peak resident memory."""
+    window: dict[str, float]
+    """The bind window's `window_cost`."""
+
+
 def run_lj(
     kube: KubeClient,
     cp: ControlPlane,
@@ -560,16 +594,11 @@ def run_lj(
     ns: str,
     n: int,
     limits: dict[str, str],
-) -> tuple[float, str, float, tuple[float, dict[str, float]], float, dict[str, float]]:
-    """Creates `n` pods, starts lj-scheduler, waits for all binds.
-
-    Returns (pods/s, the scheduler's /metrics text, its CPU seconds, what the pods cost the
-    API server: `ApiServerMeter.per_pod`, its peak RSS in MB, the bind window's
-    `window_cost`).
-    """
+) -> SchedulerRun:
+    """Creates `n` pods, starts lj-scheduler, waits for all binds, records and events."""
     make_namespace(kube, ns)
     create_pods(kube, ns, "lj-bench", n, limits)
-    watch = BindWatch(kube, ns, KubeClient.connect(str(cp.kubeconfig_path), pool_size=64))
+    watch = BindWatch(kube, ns, str(cp.kubeconfig_path))
     meter = ApiServerMeter(kube)
     lj, port = start_lj(cp, work, config, ns)
     watch.measure_window(cpu_snapshot(cp, lj.pid), n)
@@ -579,7 +608,7 @@ def run_lj(
         wait_scheduled_events(kube, ns, n)
         cost = meter.per_pod(n)
         window = watch.window_cost()
-        log(f"lj-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
+        log(f"lj-scheduler: {rate:.1f} pods/s{records_text(watch)}; {api_cost_text(cost)}")
         log(f"lj-scheduler bind window: {window_text(window)}")
         cpu_s = process_cpu_s(lj.pid)
         rss_mb = peak_rss_mb(lj.pid)
@@ -588,7 +617,7 @@ def run_lj(
     finally:
         lj.terminate()
         lj.wait(30)
-    return rate, text, cpu_s, cost, rss_mb, window
+    return SchedulerRun(rate, watch.rate_to_records(), text, cpu_s * 1000 / n, cost, rss_mb, window)
 
 
 def writes(requests: dict[str, float]) -> float:
@@ -600,6 +629,11 @@ def api_cost_text(cost: tuple[float, dict[str, float]]) -> str:
     cpu_ms, requests = cost
     shown = ", ".join(f"{k} {v:g}" for k, v in sorted(requests.items()))
     return f"API server {cpu_ms:.1f} CPU ms and {writes(requests):.2f} writes per pod ({shown})"
+
+
+def records_text(watch: BindWatch) -> str:
+    rate = watch.rate_to_records()
+    return "" if rate is None else f" ({rate:.1f} to the last record)"
 
 
 def window_text(cost: dict[str, float]) -> str:
@@ -674,15 +708,15 @@ def run_kube_scheduler(
     ns: str,
     n: int,
     matched_percentage: int | None = None,
-) -> tuple[float, float, str, tuple[float, dict[str, float]], float, dict[str, float]]:
-    """The stock kube-scheduler places `n` whole-GPU pods; (pods/s, CPU ms per pod, its
-    /metrics text, what the pods cost the API server, its peak RSS in MB, the bind window's
-    `window_cost`)."""
+) -> SchedulerRun:
+    """The stock kube-scheduler places `n` whole-GPU pods (on matched work with
+    `matched_percentage`: the stand-in records too)."""
     make_namespace(kube, ns)
     create_pods(kube, ns, ns, n, {P.resources.gpu: "1"})
     matched = matched_percentage is not None
-    plugins = KubeClient.connect(str(cp.kubeconfig_path), pool_size=64) if matched else None
-    watch = BindWatch(kube, ns, plugins, stand_in_records=matched)
+    watch = BindWatch(
+        kube, ns, str(cp.kubeconfig_path) if matched else None, stand_in_records=matched
+    )
     shown = f", matched work {matched_percentage}% of nodes" if matched_percentage else ""
     log(f"kube-scheduler run ({ns}{shown})")
     meter = ApiServerMeter(kube)
@@ -699,9 +733,9 @@ def run_kube_scheduler(
         text = kube_scheduler_metrics(cp, port)
     finally:
         ks.stop()
-    log(f"kube-scheduler: {rate:.1f} pods/s; {api_cost_text(cost)}")
+    log(f"kube-scheduler: {rate:.1f} pods/s{records_text(watch)}; {api_cost_text(cost)}")
     log(f"kube-scheduler bind window: {window_text(window)}")
-    return rate, cpu_ms, text, cost, rss_mb, window
+    return SchedulerRun(rate, watch.rate_to_records(), text, cpu_ms, cost, rss_mb, window)
 
 
 def matched_percentage(nodes: int) -> int:
@@ -754,18 +788,7 @@ def run_whole_rounds(
     """Alternating whole-GPU rounds of both schedulers (the kube-scheduler with its default
     profile and on matched work): (medians plus the per-round values, overcommit
     violations found after the lj-scheduler rounds)."""
-    ours: list[float] = []
-    theirs: list[float] = []
-    matched: list[float] = []
-    ours_cpu: list[float] = []
-    theirs_cpu: list[float] = []
-    texts: list[str] = []
-    kube_texts: list[str] = []
-    matched_texts: list[str] = []
-    ours_rss: list[float] = []
-    theirs_rss: list[float] = []
-    costs: dict[str, list[tuple[float, dict[str, float]]]] = {"lj": [], "kube": [], "matched": []}
-    windows: dict[str, list[dict[str, float]]] = {"lj": [], "kube": [], "matched": []}
+    runs: dict[str, list[SchedulerRun]] = {"lj": [], "kube": [], "matched": []}
     pct = matched_percentage(nodes)
     violations = 0
     for r in range(rounds):
@@ -773,40 +796,31 @@ def run_whole_rounds(
         for which in order:
             if which == "kube":
                 ns = f"bench-kube-{r}"
-                rate, cpu_ms, text, cost, rss_mb, window = run_kube_scheduler(kube, cp, work, ns, n)
-                theirs_rss.append(rss_mb)
-                theirs.append(rate)
-                theirs_cpu.append(cpu_ms)
-                kube_texts.append(text)
+                run = run_kube_scheduler(kube, cp, work, ns, n)
             elif which == "matched":
                 ns = f"bench-kube-matched-{r}"
-                rate, _, text, cost, _, window = run_kube_scheduler(kube, cp, work, ns, n, pct)
-                matched.append(rate)
-                matched_texts.append(text)
+                run = run_kube_scheduler(kube, cp, work, ns, n, pct)
             else:
                 ns = f"bench-lj-{r}"
-                rate, text, cpu_s, cost, rss_mb, window = run_lj(
-                    kube, cp, work, lj_cfg, ns, n, {P.resources.gpu: "1"}
-                )
-                ours_rss.append(rss_mb)
-                ours.append(rate)
-                ours_cpu.append(cpu_s * 1000 / n)
-                texts.append(text)
+                run = run_lj(kube, cp, work, lj_cfg, ns, n, {P.resources.gpu: "1"})
                 violations += overcommit_violations(kube)
-            costs[which].append(cost)
-            windows[which].append(window)
+            runs[which].append(run)
             delete_pods(kube, ns)
+        ours_now, kube_now, matched_now = (runs[w][-1] for w in ("lj", "kube", "matched"))
         log(
-            f"round {r + 1}/{rounds}: ratio {ours[-1] / theirs[-1]:.2f}, "
-            f"matched work {ours[-1] / matched[-1]:.2f}"
+            f"round {r + 1}/{rounds}: ratio {ours_now.rate / kube_now.rate:.2f}, "
+            f"matched work {ours_now.rate / matched_now.rate:.2f}"
         )
+    ours = [run.rate for run in runs["lj"]]
+    theirs = [run.rate for run in runs["kube"]]
+    matched = [run.rate for run in runs["matched"]]
     ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
     matched_ratios = [a / b for a, b in zip(ours, matched, strict=True)]
 
     def median_round(rates: list[float]) -> int:
         return sorted(range(rounds), key=lambda i: rates[i])[rounds // 2]
 
-    text = texts[median_round(ours)]
+    text = runs["lj"][median_round(ours)].metrics
     # the coverage follows from the number of rounds alone: the same for both ratios
     low, high, coverage = median_interval(ratios)
     out: dict[str, Any] = {
@@ -826,25 +840,28 @@ def run_whole_rounds(
         "kube_scheduler_matched_whole_gpu_pods_per_s": statistics.median(matched),
         "kube_scheduler_matched_whole_gpu_pods_per_s_per_round": matched,
         "kube_scheduler_matched_percentage_of_nodes_to_score": pct,
-        "cpu_ms_per_whole_gpu_pod": statistics.median(ours_cpu),
-        "kube_scheduler_cpu_ms_per_whole_gpu_pod": statistics.median(theirs_cpu),
-        "rss_mb": max(ours_rss),
-        "kube_scheduler_rss_mb": max(theirs_rss),
+        "cpu_ms_per_whole_gpu_pod": statistics.median(run.cpu_ms_per_pod for run in runs["lj"]),
+        "kube_scheduler_cpu_ms_per_whole_gpu_pod": statistics.median(
+            run.cpu_ms_per_pod for run in runs["kube"]
+        ),
+        "rss_mb": max(run.rss_mb for run in runs["lj"]),
+        "kube_scheduler_rss_mb": max(run.rss_mb for run in runs["kube"]),
         "whole_gpu_rounds": rounds,
     }
+    out.update(to_records_keys(runs["lj"], runs["matched"]))
     for prefix, which in (
         ("", "lj"),
         ("kube_scheduler_", "kube"),
         ("kube_scheduler_matched_", "matched"),
     ):
         out[f"{prefix}apiserver_cpu_ms_per_whole_gpu_pod"] = statistics.median(
-            c[0] for c in costs[which]
+            run.cost[0] for run in runs[which]
         )
         out[f"{prefix}apiserver_writes_per_whole_gpu_pod"] = statistics.median(
-            writes(c[1]) for c in costs[which]
+            writes(run.cost[1]) for run in runs[which]
         )
         for key, part in WINDOW_KEYS.items():
-            out[f"{prefix}{key}"] = statistics.median(w[part] for w in windows[which])
+            out[f"{prefix}{key}"] = statistics.median(run.window[part] for run in runs[which])
     for key, metric in (
         ("filter_score", "lj_scheduler_filter_score_duration_seconds"),
         ("filter_score_cpu", "lj_scheduler_filter_score_cpu_seconds"),
@@ -852,14 +869,34 @@ def run_whole_rounds(
         ("admission", "lj_scheduler_admission_duration_seconds"),
     ):
         out[f"{key}_p50_ms"], out[f"{key}_p99_ms"] = quantiles_ms(text, metric)
-    for key, rates, scraped in (
-        ("kube_scheduler_algorithm", theirs, kube_texts),
-        ("kube_scheduler_matched_algorithm", matched, matched_texts),
+    for key, which, rates in (
+        ("kube_scheduler_algorithm", "kube", theirs),
+        ("kube_scheduler_matched_algorithm", "matched", matched),
     ):
         out[f"{key}_p50_ms"], out[f"{key}_p99_ms"] = quantiles_ms(
-            scraped[median_round(rates)], KUBE_ALGORITHM
+            runs[which][median_round(rates)].metrics, KUBE_ALGORITHM
         )
     return out, violations
+
+
+def to_records_keys(ours: list[SchedulerRun], matched: list[SchedulerRun]) -> dict[str, Any]:
+    """The matched-work comparison to the last record of each run (`rate_to_records`): the
+    medians, the ratio's per-round values and interval; nothing for runs without records
+    (`--no-plugin-records`)."""
+    ours_rates = [run.rate_to_records for run in ours]
+    matched_rates = [run.rate_to_records for run in matched]
+    mine = [rate for rate in ours_rates if rate is not None]
+    theirs = [rate for rate in matched_rates if rate is not None]
+    if len(mine) < len(ours) or len(theirs) < len(matched):
+        return {}
+    ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
+    return {
+        "whole_gpu_ratio_matched_work_to_records": statistics.median(ratios),
+        "whole_gpu_ratio_matched_work_to_records_interval": list(median_interval(ratios)[:2]),
+        "whole_gpu_ratio_matched_work_to_records_per_round": ratios,
+        "whole_gpu_pods_per_s_to_records": statistics.median(mine),
+        "kube_scheduler_matched_whole_gpu_pods_per_s_to_records": statistics.median(theirs),
+    }
 
 
 def run_open_loop(
@@ -876,7 +913,7 @@ def run_open_loop(
     ns = "bench-open"
     kube_name = f"{ns}-kube"
     make_namespace(kube, ns)
-    watch = BindWatch(kube, ns, KubeClient.connect(str(cp.kubeconfig_path), pool_size=64))
+    watch = BindWatch(kube, ns, str(cp.kubeconfig_path))
     lj, _ = start_lj(cp, work, lj_cfg, ns)
     ks, _ = start_kube_scheduler(cp, work, kube_name, matched_percentage(nodes))
     gpu = {P.resources.gpu: "1"}
@@ -1103,7 +1140,7 @@ def run_other_parts(
     violations = overcommit_violations(kube)
 
     # 3. lj-scheduler, slices (a fresh process, pods created before it starts)
-    rate, text, cpu_s, _, _, _ = run_lj(
+    share = run_lj(
         kube,
         cp,
         work,
@@ -1112,10 +1149,10 @@ def run_other_parts(
         args.share_pods,
         {P.resources.core: "25", P.resources.memory: "25"},
     )
-    results["share_pods_per_s"] = rate
-    results["cpu_ms_per_share_pod"] = cpu_s * 1000 / args.share_pods
+    results["share_pods_per_s"] = share.rate
+    results["cpu_ms_per_share_pod"] = share.cpu_ms_per_pod
     results["share_filter_score_p50_ms"], results["share_filter_score_p99_ms"] = quantiles_ms(
-        text, "lj_scheduler_filter_score_duration_seconds"
+        share.metrics, "lj_scheduler_filter_score_duration_seconds"
     )
     # 4. gangs: a 256-pod gang, and four competing gangs (bench_gang.py)
     results.update(

@@ -60,3 +60,20 @@ def test_a_bind_window_costs_each_process_its_cpu_over_the_binds(bench: ModuleTy
     )
     # on a saturated machine the rate follows from the two: binds / seconds
     assert cost["cores"] / cost["total"] * 1000 == pytest.approx(1000 / 2.5)
+
+
+def test_the_matched_work_to_the_last_record_is_compared_round_by_round(
+    bench: ModuleType,
+) -> None:
+    def run(rate: float, to_records: float | None) -> object:
+        return bench.SchedulerRun(rate, to_records, "", 0.0, (0.0, {}), 0.0, {})
+
+    ours = [run(300, 240), run(280, 200), run(310, 250)]
+    matched = [run(290, 200), run(300, 250), run(280, 200)]
+    keys = bench.to_records_keys(ours, matched)
+    assert keys["whole_gpu_ratio_matched_work_to_records_per_round"] == [1.2, 0.8, 1.25]
+    assert keys["whole_gpu_ratio_matched_work_to_records"] == 1.2
+    assert keys["whole_gpu_pods_per_s_to_records"] == 240
+    assert keys["kube_scheduler_matched_whole_gpu_pods_per_s_to_records"] == 200
+    # without the Device Plugin's records (a diagnostic run) there is nothing to compare
+    assert bench.to_records_keys([run(300, None)], [run(290, None)]) == {}
