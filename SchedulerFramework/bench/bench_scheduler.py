@@ -45,7 +45,11 @@ have stopped.
 Every pod names the `lj-runtime` RuntimeClass (created first). The machine's
 load average is recorded at the start and at the end.
 
-Throughput is (N-1) / (last bind - first bind), from a watch. After the last
+Throughput is (N-1) / (last bind - first bind), from a watch. The matched-work
+comparison is also made to the last record (`whole_gpu_ratio_matched_work_to_records`:
+(N-1) / (last record written - first bind)), where both runs have done the same
+work for every pod: about half of the records, ours and the stand-ins alike, are
+written after the last bind, and how many varies from run to run. After the last
 bind a run waits for its Device Plugin records and its N Scheduled events
 before the scheduler stops: the API server's CPU and requests per pod and the
 scheduler's CPU per pod then hold all of a run's work (lj-scheduler's events
