@@ -105,6 +105,26 @@ async def test_kubelet_devices_outside_the_assignment_are_refused(make_bed: BedF
         assert await bed.allocations() == []
 
 
+async def test_units_a_running_slice_holds_are_not_preferred_again(make_bed: BedFactory) -> None:
+    """The kubelet's device manager can offer a running container's slice units as free: a
+    PodResources `List` while another container's Allocate is under way rebuilds the
+    kubelet's allocated set without the IDs in flight. The plugin then prefers the units
+    nobody holds, so no unit is recorded for two containers."""
+    async with make_bed() as bed:
+        first = bed.pod(
+            {"main": {CORE: 20, MEMORY: 20}}, {"main": [DeviceShare(bed.gpu(3), 20, 20)]}
+        )
+        held = (await bed.kubelet.admit(first))["main"].device_ids
+        bed.pod({"main": {CORE: 20, MEMORY: 20}}, {"main": [DeviceShare(bed.gpu(3), 20, 20)]})
+        for resource in (CORE, MEMORY):
+            every_unit = [f"{bed.gpu(3)}::{i}" for i in range(100)]
+            assert set(held[resource]) < set(every_unit)
+            chosen = await bed.kubelet.preferred(resource, every_unit, 20)
+            assert len(chosen) == 20
+            assert unit_devices(chosen) == {bed.gpu(3)}
+            assert not set(chosen) & set(held[resource])
+
+
 async def test_core_only_slice_takes_no_memory(make_bed: BedFactory) -> None:
     """A {core: 30, memory: 0} slice holds 0 % memory: a 100 % memory slice still fits."""
     async with make_bed() as bed:

@@ -108,6 +108,9 @@ class Held:
     """A run-to-completion init container (its devices go to the app containers again)."""
     sidecar: bool = False
     missing_since: float | None = None
+    units: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """The slice unit IDs the kubelet passed to Allocate, per resource (none after a
+    rebuild)."""
 
 
 def container_response(spec: rpb.InjectionSpec) -> api_pb2.ContainerAllocateResponse:
@@ -418,7 +421,9 @@ class Allocator:
             if len(sliced) != 1:
                 return None
             units = self._rm.snapshot.units(info.name, sliced[0])
-            chosen = [*must, *(u for u in units if u not in must and u in available)]
+            held = self._held_units(info.name)
+            free = [u for u in units if u not in must and u in available]
+            chosen = [*must, *sorted(free, key=lambda u: u in held)]
         else:
             pool = self._pool(assignment, info)
             clash = self._clash_set(pod, container)
@@ -426,6 +431,17 @@ class Allocator:
             chosen = [*must, *(d for d in dict.fromkeys(ranked) if d not in must)]
             chosen = [d for d in chosen if d in must or (d in available and d not in clash)]
         return chosen[:size] if len(chosen) >= size else None
+
+    def _held_units(self, resource: str) -> set[str]:
+        """Slice units of `resource` the kubelet passed for containers the plugin holds.
+
+        The kubelet may offer them again: its device manager rebuilds its set of allocated
+        IDs from its per-pod record whenever a PodResources `List` finds a pod to forget,
+        and a container whose Allocate call is under way at that moment is not in that
+        record yet, so its IDs read as free until the next rebuild. Preferring other units
+        keeps two containers from recording the same unit (the Runtime's percentages are
+        right either way; the kubelet's record and what reads it would not be)."""
+        return {u for held in self.ledger.values() for u in held.units.get(resource, ())}
 
     def _fallback(
         self, info: ResourceInfo, available: list[str], must: list[str], size: int
@@ -440,9 +456,10 @@ class Allocator:
             counts: dict[str | None, int] = {}
             for u in available:
                 counts[slice_unit_device(u)] = counts.get(slice_unit_device(u), 0) + 1
+            held = self._held_units(info.name)
             ranked = sorted(
                 (u for u in available if u not in must),
-                key=lambda u: (-counts[slice_unit_device(u)], u),
+                key=lambda u: (-counts[slice_unit_device(u)], u in held, u),
             )
             return [*must, *ranked][:size]
         return [*must, *(d for d in available if d not in must)][:size]
@@ -555,9 +572,12 @@ class Allocator:
                 called,
                 init=container.run_to_completion,
                 sidecar=container.sidecar,
+                units=held.units if held is not None else {},
             )
             self.ledger[held.key] = held
         held.called.add(info.name)
+        if info.kind in (ResourceKind.CORE, ResourceKind.MEMORY):
+            held.units[info.name] = tuple(ids)
         log.info(
             "allocated",
             extra={
