@@ -612,7 +612,8 @@ def run_lj(
         wait_scheduled_events(kube, ns, n)
         cost = meter.per_pod(n)
         window = watch.window_cost()
-        log(f"lj-scheduler: {rate:.1f} pods/s{records_text(watch)}; {api_cost_text(cost)}")
+        to_records = watch.rate_to_records()
+        log(f"lj-scheduler: {rate:.1f} pods/s{records_text(to_records)}; {api_cost_text(cost)}")
         log(f"lj-scheduler bind window: {window_text(window)}")
         cpu_s = process_cpu_s(lj.pid)
         rss_mb = peak_rss_mb(lj.pid)
@@ -621,7 +622,7 @@ def run_lj(
     finally:
         lj.terminate()
         lj.wait(30)
-    return SchedulerRun(rate, watch.rate_to_records(), text, cpu_s * 1000 / n, cost, rss_mb, window)
+    return SchedulerRun(rate, to_records, text, cpu_s * 1000 / n, cost, rss_mb, window)
 
 
 def writes(requests: dict[str, float]) -> float:
@@ -635,8 +636,7 @@ def api_cost_text(cost: tuple[float, dict[str, float]]) -> str:
     return f"API server {cpu_ms:.1f} CPU ms and {writes(requests):.2f} writes per pod ({shown})"
 
 
-def records_text(watch: BindWatch) -> str:
-    rate = watch.rate_to_records()
+def records_text(rate: float | None) -> str:
     return "" if rate is None else f" ({rate:.1f} to the last record)"
 
 
@@ -732,14 +732,15 @@ def run_kube_scheduler(
         wait_scheduled_events(kube, ns, n)
         cost = meter.per_pod(n)
         window = watch.window_cost()
+        to_records = watch.rate_to_records()
         cpu_ms = process_cpu_s(ks.pid) * 1000 / n
         rss_mb = peak_rss_mb(ks.pid)
         text = kube_scheduler_metrics(cp, port)
     finally:
         ks.stop()
-    log(f"kube-scheduler: {rate:.1f} pods/s{records_text(watch)}; {api_cost_text(cost)}")
+    log(f"kube-scheduler: {rate:.1f} pods/s{records_text(to_records)}; {api_cost_text(cost)}")
     log(f"kube-scheduler bind window: {window_text(window)}")
-    return SchedulerRun(rate, watch.rate_to_records(), text, cpu_ms, cost, rss_mb, window)
+    return SchedulerRun(rate, to_records, text, cpu_ms, cost, rss_mb, window)
 
 
 def matched_percentage(nodes: int) -> int:
@@ -887,10 +888,8 @@ def to_records_keys(ours: list[SchedulerRun], matched: list[SchedulerRun]) -> di
     """The matched-work comparison to the last record of each run (`rate_to_records`): the
     medians, the ratio's per-round values and interval; nothing for runs without records
     (`--no-plugin-records`)."""
-    ours_rates = [run.rate_to_records for run in ours]
-    matched_rates = [run.rate_to_records for run in matched]
-    mine = [rate for rate in ours_rates if rate is not None]
-    theirs = [rate for rate in matched_rates if rate is not None]
+    mine = [run.rate_to_records for run in ours if run.rate_to_records is not None]
+    theirs = [run.rate_to_records for run in matched if run.rate_to_records is not None]
     if len(mine) < len(ours) or len(theirs) < len(matched):
         return {}
     ratios = [a / b for a, b in zip(mine, theirs, strict=True)]
