@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lj_runtimekit.proto.pkg.kube import KubeError
+from lj_runtimekit.proto.pkg.protocol import decode_assignment
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
-from lj_runtimekit.schedulerframework.internal.framework.types import Status
+from lj_runtimekit.schedulerframework.internal.framework.types import Status, error
 from lj_runtimekit.schedulerframework.internal.scheduler.conditions import (
     SCHEDULER_ERROR,
     UNSCHEDULABLE,
@@ -206,3 +207,26 @@ def test_pod_scheduled_false_written_as_kube_scheduler_writes_it(
         "Binding rejected: injected bind failure"
         in cluster.scheduler.conditions.written[-1][1]["message"]
     )
+
+
+def test_a_refused_binding_keeps_what_the_watch_confirmed_meanwhile(cluster: FakeCluster) -> None:
+    # The Binding is refused as already assigned, and the watch has shown the pod bound (by
+    # an earlier Binding of it) before the answer: the devices it holds stay held.
+    cluster.add_node("n0")
+    bind = cluster.scheduler.bind_pod
+
+    def landed_before(pod: PodInfo, node_name: str, annotations: Mapping[str, str]) -> Status:
+        bind(pod, node_name, annotations)
+        return error(f"pod {pod.key} is already assigned to node {node_name}")
+
+    cluster.scheduler.bind_pod = landed_before  # type: ignore[method-assign]
+    first = cluster.add_pod("first", {GPU: "4"})
+    cluster.schedule()
+    cluster.scheduler.bind_pod = bind  # type: ignore[method-assign]
+    assert cluster.scheduler.cache.free_whole("gpu", "n0") == 4
+    second = cluster.add_pod("second", {GPU: "4"})
+    cluster.schedule()
+    assert cluster.node_of(second) == "n0"
+    held = [set(decode_assignment(cluster.assignment(u))["c0"]) for u in (first, second)]
+    assert not held[0] & held[1]
+    assert cluster.scheduler.cache.violations() == []

@@ -101,3 +101,15 @@ def test_scheduler_starts_without_the_official_client() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_assume_never_replaces_a_pod_confirmed_bound(cluster: FakeCluster) -> None:
+    cluster.add_node("n0")
+    uid = cluster.add_pod("p", {GPU: "4"})
+    cluster.schedule()
+    cache = cluster.scheduler.cache
+    state = cache.pods[uid]
+    with pytest.raises(ValueError, match="pod default/p is bound to node n0: not assumed again"):
+        cache.assume_pod(state.pod, "n0")
+    assert cache.pods[uid] is state
+    assert cache.free_whole("gpu", "n0") == 4

@@ -420,9 +420,12 @@ class Cache:
                 self.generation += 1
 
     def assume_pod(self, pod: PodInfo, node_name: str) -> None:
-        """Account a pod on a node before its binding is confirmed."""
+        """Account a pod on a node before its binding is confirmed. ValueError when the
+        pod is confirmed bound: replacing that entry would free the devices it holds."""
         with self.lock:
             old = self.pods.get(pod.uid)
+            if old is not None and not old.assumed:
+                raise ValueError(f"pod {pod.key} is bound to node {old.node}: not assumed again")
             if old is not None:
                 self._unplace(old)
             state = PodState(pod, node_name, assumed=True)

@@ -238,7 +238,15 @@ class Extender:
         cache = self.scheduler.cache
         node_name = str(node)
         with cache.lock:
-            if cache.is_assumed(pod.uid):
+            held = cache.pods.get(pod.uid)
+            bound_to = pod.node_name or (held.node if held and not held.assumed else "")
+            if bound_to:
+                # a retried bind whose first Binding landed: binding again would give the
+                # devices it holds to the next pod
+                why = f"pod {pod.key} is bound to node {bound_to} already"
+                log.warning("extender bind refused: %s", why)
+                return {"Error": why}
+            if held is not None:
                 return {
                     "Error": f"pod {pod.key}: a Binding sent earlier got no answer yet; its "
                     "placement is held until the pod shows bound or the assumption expires"
@@ -276,8 +284,12 @@ class Extender:
         return {"Error": ""}
 
     def _forget(self, state: CycleState, pod: PodInfo, node_name: str) -> None:
-        self.framework.run_unreserve(state, pod, node_name)
-        self.scheduler.cache.forget_pod(pod.uid)
+        """Releases what bind assumed, unless the watch confirmed the pod bound meanwhile
+        (another Binding of it landed): then the devices are the pod's own."""
+        with self.scheduler.cache.lock:
+            if self.scheduler.cache.is_assumed(pod.uid):
+                self.framework.run_unreserve(state, pod, node_name)
+                self.scheduler.cache.forget_pod(pod.uid)
 
     def _await_outcome(self, state: CycleState, pod: PodInfo, node_name: str) -> None:
         """A Binding without an answer may have been written: the pod stays assumed, its
@@ -289,9 +301,7 @@ class Extender:
         )
 
         def expire() -> None:
-            with self.scheduler.cache.lock:
-                if self.scheduler.cache.is_assumed(pod.uid):
-                    self._forget(state, pod, node_name)
+            self._forget(state, pod, node_name)
 
         timer = threading.Timer(self.scheduler.assumed_expiry_s, expire)
         timer.daemon = True

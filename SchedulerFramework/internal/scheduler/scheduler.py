@@ -721,8 +721,12 @@ class Scheduler:
         self._cluster_event(ClusterEvent.POD_DELETE)  # what it held is free again
 
     def _forget(self, b: _Binding) -> None:
-        b.framework.run_unreserve(b.state, b.queued.pod, b.node)
-        self._cache.forget_pod(b.queued.pod.uid)
+        """Releases what the cycle assumed, unless the watch confirmed the pod bound
+        meanwhile (an earlier Binding of it landed): then the devices are the pod's own."""
+        with self._cache.lock:
+            if self._cache.is_assumed(b.queued.pod.uid):
+                b.framework.run_unreserve(b.state, b.queued.pod, b.node)
+                self._cache.forget_pod(b.queued.pod.uid)
 
     def _bind(self, b: _Binding) -> None:
         pod = b.queued.pod
