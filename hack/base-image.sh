@@ -4,8 +4,10 @@
 #   python  the Debian bookworm Python 3.11 runtime (mmdebstrap from Debian's packages:
 #           the Essential set, python3, ca-certificates, libstdc++6 (grpcio); no docs, man pages or locales),
 #           the stand-in for python:3.11.x-slim-bookworm;
-#   uv      /uv and /uvx of the uv on this machine (hack/bootstrap.sh installs it from
-#           PyPI at UV_VERSION), the stand-in for ghcr.io/astral-sh/uv:UV_VERSION.
+#   uv      /uv and /uvx of the uv running this script or on PATH (hack/bootstrap.sh
+#           installs it from PyPI at UV_VERSION; another version is replaced by the
+#           pinned one, installed into the cache below), the stand-in for
+#           ghcr.io/astral-sh/uv:UV_VERSION.
 # The bookworm root file system is cached as a tar under
 # ${XDG_CACHE_HOME:-~/.cache}/lj-runtimekit/base/, keyed by this script: a cold
 # build takes about a minute, an import from the cache a few seconds, an image already
@@ -81,11 +83,27 @@ if ! exists "$python_ref"; then
 fi
 
 if ! exists "$uv_ref"; then
-  uv_bin=$(python3 -c 'import uv; print(uv.find_uv_bin())' 2>/dev/null) \
-    || die "the uv Python package is not installed for python3: make deps installs it"
+  # The uv that runs this script (uv run sets UV), else the one on PATH; never
+  # `python3 -c 'import uv'`: under `uv run` python3 is the project's environment,
+  # which has no uv package.
+  uv_bin=${UV:-$(command -v uv || true)}
+  [[ -n $uv_bin && -x $uv_bin ]] || die "uv not found on PATH: make deps installs it (uv $uv_version from PyPI)"
   found=$("$uv_bin" --version | awk '{print $2}')
-  [[ $found == "$uv_version" ]] \
-    || die "$uv_bin is uv $found; the images need uv $uv_version (hack/bootstrap.sh UV_VERSION)"
+  if [[ $found != "$uv_version" ]]; then
+    # Another uv serves the developer; the images carry the pinned one, installed
+    # once into the cache beside the root file system.
+    pinned=$cache/uv-$uv_version
+    if [[ ! -x $pinned/bin/uv ]]; then
+      log "$uv_bin is uv $found; installing uv $uv_version from PyPI into $pinned"
+      rm -rf "$pinned"
+      "$uv_bin" pip install --quiet --target "$pinned" "uv==$uv_version" >&2 \
+        || die "could not install uv $uv_version into $pinned (hack/bootstrap.sh UV_VERSION)"
+    fi
+    uv_bin=$pinned/bin/uv
+    found=$("$uv_bin" --version | awk '{print $2}')
+    [[ $found == "$uv_version" ]] \
+      || die "$uv_bin is uv $found; the images need uv $uv_version (hack/bootstrap.sh UV_VERSION)"
+  fi
   log "importing $uv_bin (uv $uv_version) as $uv_ref"
   ctr=$("$buildah" from scratch)
   trap '"$buildah" rm "$ctr" >/dev/null 2>&1 || true' EXIT

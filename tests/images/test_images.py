@@ -271,3 +271,65 @@ def test_rebuild_gives_the_same_image_id(built: dict[str, Built], tmp_path: Path
     again = tmp_path / "images.json"
     build("exporter", again)
     assert json.loads(again.read_text())["exporter"]["id"] == built["exporter"].image_id
+
+
+def test_base_images_from_an_empty_storage(tmp_path: Path) -> None:
+    """hack/base-image.sh provides both bases into an empty container storage (a fresh
+    machine's), run as `uv run pytest` runs it: `python3` is the project's environment,
+    which has no uv package, and UV unset, so uv is the one on PATH."""
+    _require_tools()
+    graph, run_root = tmp_path / "graph", tmp_path / "run"
+    conf = tmp_path / "storage.conf"
+    conf.write_text(
+        f'[storage]\ndriver = "overlay"\ngraphroot = "{graph}"\nrunroot = "{run_root}"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "UV"} | {
+        "CONTAINERS_STORAGE_CONF": str(conf)
+    }
+    assert subprocess.run(
+        ["python3", "-c", "import uv"], env=env, capture_output=True, check=False
+    ).returncode, "python3 here has a uv package: the test would not show a fresh machine"
+    try:
+        result = subprocess.run(
+            ["bash", str(ROOT / "hack" / "base-image.sh")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        refs = dict(line.split("=", 1) for line in result.stdout.splitlines())
+        assert set(refs) == {"python", "uv"}
+        for ref in refs.values():
+            subprocess.run(
+                ["buildah", "inspect", "--type", "image", ref],
+                env=env,
+                capture_output=True,
+                timeout=60,
+                check=True,
+            )
+        pinned = subprocess.run(
+            ["bash", "-c", "sed -n 's/^UV_VERSION=//p' hack/bootstrap.sh"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert refs["uv"].startswith(f"localhost/lj-runtimekit-uv:{pinned}-")
+    finally:
+        subprocess.run(
+            ["buildah", "rmi", "--all", "--force"],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        subprocess.run(
+            ["buildah", "unshare", "rm", "-rf", str(graph), str(run_root)],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
