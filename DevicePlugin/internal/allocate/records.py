@@ -11,7 +11,11 @@ import asyncio
 import functools
 import logging
 from collections.abc import Mapping
+from typing import Protocol as TypingProtocol
 
+from lj_runtimekit.deviceplugin.internal.allocate.ledger import Held, Ledger
+from lj_runtimekit.deviceplugin.internal.allocate.resolve import device_containers
+from lj_runtimekit.deviceplugin.internal.podlookup.lookup import PodInfo
 from lj_runtimekit.proto.pkg.kube import (
     STRATEGIC_MERGE_PATCH,
     KubeClient,
@@ -19,8 +23,53 @@ from lj_runtimekit.proto.pkg.kube import (
     RetryPolicy,
     call_async,
 )
+from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATED, Protocol, encode_assignment
 
 log = logging.getLogger(__name__)
+
+
+class PodRecorder(TypingProtocol):
+    """Writes records on pods (Kubernetes API; absent without access)."""
+
+    def submit(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
+        """Merge these annotations onto the pod soon, newest record winning."""
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait for writes in flight."""
+
+
+def pod_record(
+    pod: PodInfo, held: Mapping[str, Held], served: Mapping[str, object], protocol: Protocol
+) -> dict[str, str] | None:
+    """The annotations recording what `held` (container -> allocation) gives the pod, with
+    `bind_phase: allocated` once every device container of `served` resources got all of
+    them; None when the pod already carries them."""
+    ann = protocol.annotations
+    value = encode_assignment({c: h.shares for c, h in held.items()})
+    complete = all(
+        c in held and r in held[c].called for c, r in device_containers(pod, served.__contains__)
+    )
+    annotations = {ann.allocated_devices: value}
+    if complete:
+        annotations[ann.bind_phase] = BIND_PHASE_ALLOCATED
+    if all(pod.annotations.get(k) == v for k, v in annotations.items()):
+        return None
+    return annotations
+
+
+def record(
+    recorder: PodRecorder | None,
+    pod: PodInfo,
+    ledger: Ledger,
+    served: Mapping[str, object],
+    protocol: Protocol,
+) -> None:
+    """Submit the pod's record when it changed (nothing without a recorder)."""
+    if recorder is None:
+        return
+    annotations = pod_record(pod, ledger.of_pod(pod.uid), served, protocol)
+    if annotations is not None:
+        recorder.submit(pod.namespace, pod.name, annotations)
 
 
 class ApiPodRecorder:

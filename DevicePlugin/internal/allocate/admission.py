@@ -1,0 +1,98 @@
+"""The pods waiting for devices as the plugin sees them: the kubelet's list, the API server's
+when that one is ambiguous, and the kubelet's active pods (PodResources) when the list is the
+API server's (docs/protocol.md, "Identity")."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import grpc
+
+from lj_runtimekit.deviceplugin.internal.allocate.collect import Collector
+from lj_runtimekit.deviceplugin.internal.allocate.crosscheck import CrossCheck
+from lj_runtimekit.deviceplugin.internal.allocate.ledger import Ledger
+from lj_runtimekit.deviceplugin.internal.allocate.refusals import RefusedPods
+from lj_runtimekit.deviceplugin.internal.allocate.resolve import DoneKey, Waiting, waiting_pods
+from lj_runtimekit.deviceplugin.internal.plugin.server import AllocationError
+from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods, PodInfo, PodLookupError
+from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager
+from lj_runtimekit.proto.pkg.protocol import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class Admission:
+    """Finds the pods waiting for devices, releasing what finished pods hold on the way."""
+
+    def __init__(
+        self,
+        pods: NodePods,
+        rm: ResourceManager,
+        protocol: Protocol,
+        ledger: Ledger,
+        refused: RefusedPods,
+        collector: Collector,
+        crosscheck: CrossCheck,
+    ) -> None:
+        self._pods = pods
+        self._rm = rm
+        self._protocol = protocol
+        self._ledger = ledger
+        self._refused = refused
+        self._collector = collector
+        self._crosscheck = crosscheck
+
+    def waiting(self, pods: Sequence[PodInfo], done: set[DoneKey]) -> list[Waiting]:
+        """The pods of `pods` waiting for devices, those refused before left out."""
+        served = self._rm.resources()
+        ann = self._protocol.annotations
+        listed = [p for p in pods if p.uid not in self._refused]
+        return waiting_pods(listed, served.__contains__, done, ann.assigned_devices, ann.bind_phase)
+
+    async def pods(self) -> list[PodInfo]:
+        """The node's pods; AllocationError (UNAVAILABLE) when no source answers."""
+        try:
+            return await self._pods.list_pods()
+        except PodLookupError as exc:
+            raise AllocationError(grpc.StatusCode.UNAVAILABLE, str(exc)) from exc
+
+    async def fresh(self) -> list[PodInfo] | None:
+        """The API server's list read now; None without access or when it fails."""
+        try:
+            return await self._pods.fresh()
+        except PodLookupError as exc:
+            log.warning("API server pod list failed", extra={"reason": str(exc)})
+            return None
+
+    async def admitting(self) -> tuple[list[Waiting], list[PodInfo]]:
+        """The pods waiting for devices (one when the protocol holds), and the pod list.
+
+        The pod list is the kubelet's when it answers; where it shows no or several
+        waiting pods, or a pod holding devices has left it, the API server's list
+        (read now) decides: a pod the kubelet rejected is Failed there before the
+        scheduler binds the node's next device pod.
+        """
+        pods = await self.pods()
+        await self._collector.release_finished(pods, fresh=False)
+        done = self._ledger.done()
+        waiting = self.waiting(pods, done)
+        if len(waiting) != 1 or self._ledger.missing():
+            fresh = await self.fresh()
+            if fresh is not None:
+                await self._collector.release_finished(fresh, fresh=True)
+                done = self._ledger.done()
+                fresh_waiting = self.waiting(fresh, done)
+                listed = {p.uid for p in pods}
+                # The API server may already hold a pod the kubelet has not reached: only
+                # pods the kubelet lists can be the one it is admitting.
+                waiting = [w for w in fresh_waiting if w.pod.uid in listed] or fresh_waiting
+                pods = fresh
+        if not self._pods.from_kubelet:
+            # The API server lists every pod bound to the node at once, and forgets a pod
+            # deleted while the kubelet may still be admitting it; the kubelet's active pods
+            # (PodResources) hold the pod it admits and none it has yet to reach.
+            active = await self._crosscheck.kubelet_active()
+            if active is not None:
+                waiting = [w for w in waiting if (w.pod.namespace, w.pod.name) in active]
+        return waiting, pods
