@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from lj_runtimekit.proto.pkg.protocol import (
 from lj_runtimekit.proto.pkg.protocol.inventory import InventoryError, decode_inventory
 from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient, from_request
 from lj_runtimekit.sandbox.bed import SYSTEM_NAMESPACE, NodeHandle, Sandbox
-from lj_runtimekit.testkit.invariant import Holding, run_to_completion, sharing_violations
+from lj_runtimekit.testkit.invariant import Holding, init_containers, sharing_violations
 from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 SCHEDULER_NAME = "lj-scheduler"
@@ -96,11 +96,14 @@ def pod_manifest(
     node_selector: Mapping[str, str] | None = None,
     init_containers: Mapping[str, Mapping[str, int]] | None = None,
     requests: Mapping[str, str] | None = None,
+    sidecars: Collection[str] = (),
 ) -> dict[str, Any]:
     """A workload pod for the Runtime Kit scheduler: container -> extended resource limits.
     Init containers run `lj-job-agent --version`, which the bed's kubelets really run (so
-    they finish and the app containers start). `requests`: each app container's cpu and
-    memory requests (default 100m and 128Mi; a hollow node has one cpu)."""
+    they finish and the app containers start); those named in `sidecars` are restartable
+    (`restartPolicy: Always`) and run until the pod is deleted. `requests`: each app
+    container's cpu and memory requests (default 100m and 128Mi; a hollow node has one
+    cpu)."""
     spec: dict[str, Any] = {
         "schedulerName": SCHEDULER_NAME,
         "runtimeClassName": "lj-runtime",
@@ -123,8 +126,12 @@ def pod_manifest(
             {
                 "name": cname,
                 "image": "registry.example/cuda-sample:12",
-                "command": ["lj-job-agent", "--version"],
                 "resources": {"limits": {k: str(v) for k, v in limits.items()}},
+                **(
+                    {"restartPolicy": "Always"}
+                    if cname in sidecars
+                    else {"command": ["lj-job-agent", "--version"]}
+                ),
             }
             for cname, limits in init_containers.items()
         ]
@@ -259,8 +266,13 @@ class Placement:
     runtime: dict[str, tuple[DeviceShare, ...]] = field(default_factory=dict)
     """Runtime simulator: ListAllocations of the node, per container."""
     uid: str = ""
-    run_to_completion: frozenset[str] = frozenset()
-    """Init containers that end before the app containers (their devices go on to them)."""
+    init_containers: tuple[tuple[str, bool], ...] = ()
+    """The init containers as declared, (name, restartable): `pod_shares` counts by them."""
+
+    @property
+    def run_to_completion(self) -> frozenset[str]:
+        """Init containers that end before the app containers (not sidecars)."""
+        return frozenset(name for name, restartable in self.init_containers if not restartable)
 
 
 def _decode(text: str | None) -> dict[str, tuple[DeviceShare, ...]] | None:
@@ -315,7 +327,7 @@ def placements(
                 kubelet_ids=(kubelet or {}).get((meta["namespace"], meta["name"])),
                 runtime=dict((runtime or {}).get(meta.get("uid", ""), {})),
                 uid=str(meta.get("uid", "")),
-                run_to_completion=run_to_completion(pod),
+                init_containers=init_containers(pod),
             )
         )
     return out
@@ -497,7 +509,7 @@ def _pod_holdings(rows: Sequence[Placement], pick: Any) -> list[Holding]:
     for r in rows:
         shares = pick(r)
         if r.node and shares:
-            out += [(r.node, r.name, s) for s in pod_shares(shares, r.run_to_completion)]
+            out += [(r.node, r.name, s) for s in pod_shares(shares, r.init_containers)]
     return out
 
 
@@ -526,8 +538,8 @@ def invariant_violations(
     for node, pods in runtime.items():
         for uid, containers in pods.items():
             row = by_uid.get(uid)
-            reuse = row.run_to_completion if row else frozenset()
-            runtime_rows += [(node, uid, s) for s in pod_shares(containers, reuse)]
+            order = row.init_containers if row else ()
+            runtime_rows += [(node, uid, s) for s in pod_shares(containers, order)]
     out += sharing_violations("runtime", runtime_rows)
     for r in active:
         if r.phase != "Running" or r.assigned is None:
@@ -541,8 +553,8 @@ def ledger_mismatches(r: Placement, protocol: Protocol | None = None) -> list[st
     allocation and (with `protocol`) kubelet record disagree."""
     out = []
     allocated = r.allocated or {}
-    assigned_pod = _norm(pod_shares(r.assigned or {}, r.run_to_completion))
-    allocated_pod = _norm(pod_shares(allocated, r.run_to_completion))
+    assigned_pod = _norm(pod_shares(r.assigned or {}, r.init_containers))
+    allocated_pod = _norm(pod_shares(allocated, r.init_containers))
     if assigned_pod != allocated_pod:
         out.append(
             f"{r.namespace}/{r.name}: scheduler {assigned_pod}, device plugin {allocated_pod}"
@@ -635,9 +647,11 @@ def share_conflicts(
     for node, pods in runtime.items():
         for uid, pod in pods.items():
             row = by_uid.get(uid)
-            reuse = row.run_to_completion if row else pod.init_containers
+            # A pod already deleted: the Runtime knows its init containers, not its sidecars.
+            gone = tuple((name, False) for name in sorted(pod.init_containers))
+            order = row.init_containers if row else gone
             owner = f"{pod.namespace}/{pod.name}" + ("" if row else f" (gone, uid {uid})")
-            runtime_rows += [(node, owner, s) for s in pod_shares(pod.containers, reuse)]
+            runtime_rows += [(node, owner, s) for s in pod_shares(pod.containers, order)]
     out += sharing_violations("runtime", runtime_rows)
     return out
 

@@ -58,18 +58,19 @@ def sharing_violations(source: str, holdings: Iterable[Holding]) -> list[str]:
     return out
 
 
-def run_to_completion(pod: Mapping[str, Any]) -> frozenset[str]:
-    """The pod's init containers that end before its app containers start (not sidecars)."""
-    return frozenset(
-        c["name"]
+def init_containers(pod: Mapping[str, Any]) -> tuple[tuple[str, bool], ...]:
+    """The pod's init containers as declared, each (name, restartable): what `pod_shares`
+    needs to count a sidecar beside the init containers declared after it."""
+    return tuple(
+        (c["name"], c.get("restartPolicy") == "Always")
         for c in pod.get("spec", {}).get("initContainers") or ()
-        if c.get("restartPolicy") != "Always"
     )
 
 
 def assignment_holdings(pods: Iterable[Mapping[str, Any]], protocol: Protocol) -> list[Holding]:
     """What the scheduler's assignment annotation gives every bound pod, per device (an init
-    container's devices are reused by the app containers, as the kubelet does)."""
+    container's devices are reused by the containers started after it, as the kubelet
+    does: `pod_shares`)."""
     out: list[Holding] = []
     for pod in pods:
         node = pod.get("spec", {}).get("nodeName")
@@ -78,6 +79,6 @@ def assignment_holdings(pods: Iterable[Mapping[str, Any]], protocol: Protocol) -
         if not node or not text:
             continue
         owner = f"{meta.get('namespace', '')}/{meta['name']}"
-        shares = pod_shares(decode_assignment(text), run_to_completion(pod))
+        shares = pod_shares(decode_assignment(text), init_containers(pod))
         out += [(node, owner, share) for share in shares]
     return out

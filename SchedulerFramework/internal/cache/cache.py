@@ -44,10 +44,9 @@ log = logging.getLogger(__name__)
 
 
 def held_shares(pod: PodInfo, assignment: PodAssignment) -> tuple[DeviceShare, ...]:
-    """What the pod holds on its node: its init containers' devices overlap its app
-    containers' (the kubelet hands them over), so they are counted once."""
-    reuse = {c.name for c in pod.containers if c.init and not c.sidecar}
-    return pod_shares(assignment, reuse)
+    """What the pod holds on its node: its init containers' devices overlap its other
+    containers' (the kubelet hands them over), so they are counted once (`pod_shares`)."""
+    return pod_shares(assignment, [(c.name, c.sidecar) for c in pod.containers if c.init])
 
 
 class RankedBuckets:

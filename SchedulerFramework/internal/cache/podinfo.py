@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
+from lj_runtimekit.proto.pkg.protocol.assignment import peak_use
+
 KubeObject = dict[str, Any]
 """A Kubernetes object as decoded from the API server's JSON."""
 
@@ -160,7 +162,8 @@ class PodInfo:
     runtime_class: str
     containers: tuple[ContainerRequest, ...]
     requests: Mapping[str, int]
-    """Effective pod request: max(sum(app) + sidecars, max(init)) + overhead, plus pods=1."""
+    """Effective pod request: `peak_use` of the containers (sidecars count beside the init
+    containers declared after them) + overhead, plus pods=1."""
     tolerations: tuple[Toleration, ...]
     node_selector: Mapping[str, str]
     required_affinity: tuple[SelectorTerm, ...] | None
@@ -235,11 +238,6 @@ def _preferred_terms(spec: Mapping[str, Any]) -> tuple[tuple[int, SelectorTerm],
     return tuple(out)
 
 
-def _add(into: dict[str, int], other: Mapping[str, int]) -> None:
-    for k, v in other.items():
-        into[k] = into.get(k, 0) + v
-
-
 def parse_pod(obj: KubeObject) -> PodInfo:
     """Parse a pod object; a malformed quantity is recorded in `parse_errors`, not raised."""
     meta = obj.get("metadata") or {}
@@ -247,27 +245,17 @@ def parse_pod(obj: KubeObject) -> PodInfo:
     status = obj.get("status") or {}
     errors: list[str] = []
     containers: list[ContainerRequest] = []
-    app_total: dict[str, int] = {}
     for c in spec.get("containers") or ():
         req = _container_requests(c, errors, f"container {c.get('name')}")
         containers.append(ContainerRequest(str(c.get("name", "")), req))
-        _add(app_total, req)
-    # Init containers run one after another before the app containers; restartable
-    # init containers (sidecars) keep running and add to everything after them.
-    init_peak: dict[str, int] = {}
-    sidecars: dict[str, int] = {}
     for c in spec.get("initContainers") or ():
         req = _container_requests(c, errors, f"init container {c.get('name')}")
         sidecar = c.get("restartPolicy") == "Always"
         containers.append(ContainerRequest(str(c.get("name", "")), req, init=True, sidecar=sidecar))
-        for k, v in req.items():
-            init_peak[k] = max(init_peak.get(k, 0), sidecars.get(k, 0) + v)
-        if sidecar:
-            _add(sidecars, req)
-    total = dict(app_total)
-    _add(total, sidecars)
-    for k, v in init_peak.items():
-        total[k] = max(total.get(k, 0), v)
+    total = peak_use(
+        ((c.sidecar, c.requests) for c in containers if c.init),
+        (c.requests for c in containers if not c.init),
+    )
     for name, value in (spec.get("overhead") or {}).items():
         try:
             total[name] = total.get(name, 0) + resource_amount(name, value)

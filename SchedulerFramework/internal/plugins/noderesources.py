@@ -1,9 +1,10 @@
 """NodeResourcesFit: cpu, memory, pods and extended resources fit (init-container rule).
 
-The pod's effective request is computed once when it is parsed (framework
-types): max(sum of app containers + sidecars, the largest init container) +
-overhead. Score: LeastAllocated (spread load) or MostAllocated (pack) over
-cpu and memory.
+The pod's effective request is computed once when it is parsed (`parse_pod`):
+the Kubernetes peak rule (`peak_use`, the same one the GpuShare plugin counts
+devices by): the largest of each init container plus the sidecars declared
+before it, and all sidecars plus all app containers; + overhead. Score:
+LeastAllocated (spread load) or MostAllocated (pack) over cpu and memory.
 """
 
 from __future__ import annotations

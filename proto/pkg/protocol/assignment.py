@@ -12,8 +12,9 @@ Encoding: a JSON object, container name -> list of device shares; a share is
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 
 class AssignmentError(ValueError):
@@ -51,40 +52,71 @@ be bound there without waiting for each other (docs/protocol.md)."""
 PodAssignment = Mapping[str, tuple[DeviceShare, ...]]
 """Container name -> the device shares it gets."""
 
+K = TypeVar("K", bound=Hashable)
+
+
+def peak_use(
+    init_containers: Iterable[tuple[bool, Mapping[K, int]]],
+    app_containers: Iterable[Mapping[K, int]],
+) -> dict[K, int]:
+    """What a pod holds of each resource at its peak, as Kubernetes counts it.
+
+    `init_containers` in declared order, each (restartable, use). Init containers run one
+    after another before the app containers; a restartable one (a sidecar) keeps running
+    beside everything declared after it. The peak is the largest of: per init container,
+    its use plus that of the sidecars declared before it; all sidecars plus all app
+    containers. The kubelet's device manager holds devices by the same rule.
+    """
+    sidecars: dict[K, int] = {}
+    peak: dict[K, int] = {}
+    for restartable, use in init_containers:
+        for k, v in use.items():
+            if restartable:
+                sidecars[k] = sidecars.get(k, 0) + v
+            else:
+                peak[k] = max(peak.get(k, 0), sidecars.get(k, 0) + v)
+    total = dict(sidecars)
+    for use in app_containers:
+        for k, v in use.items():
+            total[k] = total.get(k, 0) + v
+    for k, v in peak.items():
+        total[k] = max(total.get(k, 0), v)
+    return total
+
 
 def pod_shares(
-    assignment: PodAssignment, run_to_completion: Collection[str] = ()
+    assignment: PodAssignment, init_containers: Sequence[tuple[str, bool]] = ()
 ) -> tuple[DeviceShare, ...]:
     """What the whole pod holds on the node, per device.
 
-    `run_to_completion` names the pod's init containers that end before the app
-    containers start (not sidecars): the kubelet hands their devices to the app
-    containers again, so per device the pod holds the larger of its init
-    containers' use and the sum of the other containers' use. A device (or MIG
-    instance) given whole is listed once.
+    `init_containers`: the pod's init containers in declared order, each (name,
+    restartable); the other containers of `assignment` are app containers. The kubelet
+    hands a finished init container's devices to the containers started after it, so per
+    device the pod holds its `peak_use`. A device (or MIG instance) given whole is listed
+    once.
     """
     whole: dict[str, None] = {}
-    app: dict[str, list[int]] = {}
-    init: dict[str, list[int]] = {}
+    use: dict[str, dict[tuple[str, int], int]] = {}
     for container, shares in sorted(assignment.items()):
+        mine = use.setdefault(container, {})
         for share in shares:
             if share.whole:
                 whole[share.device_id] = None
                 continue
-            if container in run_to_completion:
-                use = init.setdefault(share.device_id, [0, 0])
-                use[0] = max(use[0], share.core_percent)
-                use[1] = max(use[1], share.memory_percent)
-            else:
-                use = app.setdefault(share.device_id, [0, 0])
-                use[0] += share.core_percent
-                use[1] += share.memory_percent
+            for key, pct in (
+                ((share.device_id, 0), share.core_percent),
+                ((share.device_id, 1), share.memory_percent),
+            ):
+                mine[key] = mine.get(key, 0) + pct
+    init = {name for name, _ in init_containers}
+    peak = peak_use(
+        ((restartable, use.get(name, {})) for name, restartable in init_containers),
+        (u for name, u in use.items() if name not in init),
+    )
     out = [DeviceShare(d) for d in whole]
-    for device in sorted(app.keys() | init.keys()):
-        if device in whole:
-            continue
-        a, i = app.get(device, [0, 0]), init.get(device, [0, 0])
-        out.append(DeviceShare(device, max(a[0], i[0]), max(a[1], i[1])))
+    for device in sorted({d for d, _ in peak}):
+        if device not in whole:
+            out.append(DeviceShare(device, peak.get((device, 0), 0), peak.get((device, 1), 0)))
     return tuple(out)
 
 

@@ -7,7 +7,7 @@ changes nothing; the plugin applies the result to the cache at Reserve.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, pod_shares
 from lj_runtimekit.schedulerframework.internal.cache.devices import DeviceState, NodeDevices
@@ -45,9 +45,10 @@ def assign(
     """Devices for every container of the pod on this node, or None when they do not fit.
 
     Init containers that run to completion get the pod's own devices, as the kubelet's
-    device manager hands them to the app containers again: whole devices and MIG instances
-    from the app containers' (more only when they ask for more), and when an init container
-    asks for a slice, every slice of the pod is placed on one device.
+    device manager hands them to the containers started after them: whole devices and MIG
+    instances from the app containers' and sidecars' (more only when they ask for more),
+    never those of a sidecar declared before the init container (it runs beside it); and
+    when an init container asks for a slice, every slice of the pod is placed on one device.
     """
     choose = chooser or choose_in_order
     taken: set[str] = set()
@@ -58,7 +59,7 @@ def assign(
     out: dict[str, tuple[DeviceShare, ...]] = {}
     slices_together = any(a.reuse and a.is_slice for a in request.asks)
     if slices_together:
-        placed = _slices_on_one_device(devices, request.asks, policy)
+        placed = _slices_on_one_device(devices, request, policy)
         if placed is None:
             return None
         for container, placed_shares in placed.items():
@@ -70,7 +71,7 @@ def assign(
     for ask in order:
         if ask.whole:
             own = pod_whole.setdefault(ask.kind, [])
-            reused = own[: ask.whole] if ask.reuse else []
+            reused = _reusable(request.asks, ask, own, out)[: ask.whole]
             need = ask.whole - len(reused)
             free = [
                 d
@@ -90,7 +91,7 @@ def assign(
             shares: list[DeviceShare] = []
             for profile, count in ask.mig:
                 own = pod_mig.setdefault(profile, [])
-                reused = own[:count] if ask.reuse else []
+                reused = _reusable(request.asks, ask, own, out)[:count]
                 shares.extend(DeviceShare(m) for m in reused)
                 for _ in range(count - len(reused)):
                     mig = _pick_mig(devices, profile, policy, mig_taken)
@@ -110,6 +111,22 @@ def assign(
             slice_used[best.id] = (c + ask.core, m + ask.memory)
             out[ask.container] = (DeviceShare(best.id, ask.core, ask.memory),)
     return out
+
+
+def _reusable(
+    asks: Sequence[ContainerAsk],
+    ask: ContainerAsk,
+    own: Sequence[str],
+    out: Mapping[str, tuple[DeviceShare, ...]],
+) -> list[str]:
+    """The pod's devices (or MIG instances) `ask` may reuse: none unless it is an init
+    container that runs to completion, and never those of a sidecar declared before it."""
+    if not ask.reuse:
+        return []
+    beside = {
+        s.device_id for a in asks[: asks.index(ask)] if a.sidecar for s in out.get(a.container, ())
+    }
+    return [d for d in own if d not in beside]
 
 
 def _best_slice_device(
@@ -139,20 +156,19 @@ def _best_slice_device(
     return best
 
 
+def _slice_peak(request: DeviceRequest) -> tuple[int, int]:
+    """(core, memory) the pod's slices hold of one device when placed together: their
+    `peak_use` (the kubelet hands an init container's units on)."""
+    peak = request.peak(lambda a: {"core": a.core, "memory": a.memory} if a.is_slice else {})
+    return peak.get("core", 0), peak.get("memory", 0)
+
+
 def _slices_on_one_device(
-    devices: NodeDevices, asks: Sequence[ContainerAsk], policy: str
+    devices: NodeDevices, request: DeviceRequest, policy: str
 ) -> dict[str, tuple[DeviceShare, ...]] | None:
-    """Every slice ask of the pod on one device: the larger of the init containers' ask and
-    the others' sum must fit (the kubelet hands an init container's units on)."""
-    sliced = [a for a in asks if a.is_slice]
-    core = max(
-        max((a.core for a in sliced if a.reuse), default=0),
-        sum(a.core for a in sliced if not a.reuse),
-    )
-    memory = max(
-        max((a.memory for a in sliced if a.reuse), default=0),
-        sum(a.memory for a in sliced if not a.reuse),
-    )
+    """Every slice ask of the pod on one device, which must hold their `_slice_peak`."""
+    sliced = [a for a in request.asks if a.is_slice]
+    core, memory = _slice_peak(request)
     best = _best_slice_device(devices, sliced[0].kind, core, memory, policy, set(), {})
     if best is None:
         return None
@@ -202,14 +218,7 @@ def copies_that_fit(devices: NodeDevices, request: DeviceRequest, policy: str, l
     counted; other pods are placed on a scratch copy of the devices."""
     asks = request.asks
     if request.only_slices and (len(asks) == 1 or any(a.reuse for a in asks)):
-        core = max(
-            max((a.core for a in asks if a.reuse), default=0),
-            sum(a.core for a in asks if not a.reuse),
-        )
-        memory = max(
-            max((a.memory for a in asks if a.reuse), default=0),
-            sum(a.memory for a in asks if not a.reuse),
-        )
+        core, memory = _slice_peak(request)
         n = 0
         for d in devices.devices:
             if d.kind == asks[0].kind and d.sliceable:
@@ -219,16 +228,7 @@ def copies_that_fit(devices: NodeDevices, request: DeviceRequest, policy: str, l
                 )
         return min(n, limit)
     if all(a.mig for a in asks):
-        need: dict[str, int] = {}
-        init: dict[str, int] = {}
-        for a in asks:
-            for profile, count in a.mig:
-                if a.reuse:
-                    init[profile] = max(init.get(profile, 0), count)
-                else:
-                    need[profile] = need.get(profile, 0) + count
-        for profile, count in init.items():
-            need[profile] = max(need.get(profile, 0), count)
+        need = request.peak(lambda a: dict(a.mig))
         return min(
             limit, *(len(devices.free_mig(profile)) // count for profile, count in need.items())
         )
@@ -241,12 +241,12 @@ def copies_that_fit(devices: NodeDevices, request: DeviceRequest, policy: str, l
         ],
         devices.from_inventory,
     )
-    reuse = {a.container for a in asks if a.reuse}
+    init_order = [(a.container, a.sidecar) for a in asks if a.reuse or a.sidecar]
     n = 0
     while n < limit:
         placed = assign(scratch, request, policy)
         if placed is None:
             break
-        scratch.apply(f"copy-{n}", pod_shares(placed, reuse))
+        scratch.apply(f"copy-{n}", pod_shares(placed, init_order))
         n += 1
     return n

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable, Hashable, Mapping
 from functools import cached_property
 from types import MappingProxyType
+from typing import TypeVar
 
 from lj_runtimekit.proto.pkg.protocol import Protocol
+from lj_runtimekit.proto.pkg.protocol.assignment import peak_use
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import whole_kinds
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
 
 POLICIES = ("binpack", "spread")
+K = TypeVar("K", bound=Hashable)
 
 
 class RequestError(ValueError):
     """A device request that can never be satisfied as written; the message says why."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ContainerAsk:
     """One container's device ask: whole devices of one kind, one slice, or MIG instances."""
 
@@ -29,33 +32,36 @@ class ContainerAsk:
     memory: int = 0
     mig: tuple[tuple[str, int], ...] = ()
     reuse: bool = False
-    """An init container that runs to completion: the kubelet hands its devices to the app
-    containers again, so it is placed on the pod's own devices."""
+    """An init container that runs to completion: the kubelet hands its devices to the
+    containers started after it, so it is placed on the pod's own devices."""
+    sidecar: bool = False
+    """A restartable init container: it runs beside every container declared after it."""
 
     @property
     def is_slice(self) -> bool:
         return self.core > 0 or self.memory > 0
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class DeviceRequest:
     """A pod's device asks; the derived facts are computed once (they are read per node)."""
 
     asks: tuple[ContainerAsk, ...]
     policy_override: str | None
 
+    def peak(self, use: Callable[[ContainerAsk], Mapping[K, int]]) -> dict[K, int]:
+        """The pod's `peak_use` of what `use` reads from each ask (asks keep the pod's
+        order: app containers, then init containers as declared)."""
+        return peak_use(
+            ((a.sidecar, use(a)) for a in self.asks if a.reuse or a.sidecar),
+            (use(a) for a in self.asks if not (a.reuse or a.sidecar)),
+        )
+
     @cached_property
     def whole_total(self) -> Mapping[str, int]:
-        """Whole devices the pod holds per kind: the app containers' (and sidecars') sum, or
-        an init container's ask when larger (init containers reuse the pod's devices)."""
-        out: dict[str, int] = {}
-        for a in self.asks:
-            if a.whole and not a.reuse:
-                out[a.kind] = out.get(a.kind, 0) + a.whole
-        for a in self.asks:
-            if a.whole and a.reuse:
-                out[a.kind] = max(out.get(a.kind, 0), a.whole)
-        return MappingProxyType(out)
+        """Whole devices the pod holds per kind (`peak_use`: an init container reuses the
+        pod's devices, except those of the sidecars declared before it)."""
+        return MappingProxyType(self.peak(lambda a: {a.kind: a.whole} if a.whole else {}))
 
     @cached_property
     def only_whole(self) -> bool:
@@ -111,14 +117,14 @@ def parse_device_request(pod: PodInfo, protocol: Protocol) -> DeviceRequest | No
             )
         if len(whole) > 1:
             raise RequestError(f"{where} asks for whole devices of several kinds {sorted(whole)}")
-        reuse = c.init and not c.sidecar
+        ask = ContainerAsk(c.name, kind="gpu", reuse=c.init and not c.sidecar, sidecar=c.sidecar)
         if whole:
             ((kind, count),) = whole.items()
-            asks.append(ContainerAsk(c.name, kind=kind, whole=count, reuse=reuse))
+            asks.append(dataclasses.replace(ask, kind=kind, whole=count))
         elif sliced:
-            asks.append(ContainerAsk(c.name, kind="gpu", core=core, memory=memory, reuse=reuse))
+            asks.append(dataclasses.replace(ask, core=core, memory=memory))
         elif migs:
-            asks.append(ContainerAsk(c.name, kind="gpu", mig=tuple(sorted(migs)), reuse=reuse))
+            asks.append(dataclasses.replace(ask, mig=tuple(sorted(migs))))
     if not asks:
         return None
     override = pod.annotations.get(protocol.annotations.gpu_policy)
