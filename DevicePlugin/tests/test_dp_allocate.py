@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from collections.abc import Callable
 
@@ -11,7 +12,8 @@ import grpc
 import pytest
 
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
-from lj_runtimekit.testkit.kubelet.bed import CORE, GPU, MEMORY, RES, Bed
+from lj_runtimekit.proto.pkg.protocol.assignment import ASSIGNED_POD_UID
+from lj_runtimekit.testkit.kubelet.bed import ANN, CORE, GPU, MEMORY, RES, Bed
 from lj_runtimekit.testkit.kubelet.kubelet import AdmissionError
 
 BedFactory = Callable[..., contextlib.AbstractAsyncContextManager[Bed]]
@@ -82,6 +84,33 @@ async def test_a_pod_not_placed_by_the_scheduler_is_refused(make_bed: BedFactory
             assert res in message
             bed.pods.remove(unplaced["metadata"]["uid"])
         assert await bed.allocations() == []
+
+
+async def test_a_copy_of_another_pods_assignment_is_refused(make_bed: BedFactory) -> None:
+    """A pod created on the node with a copy of a running pod's annotations (the scheduler
+    wrote that pod's UID in them), `allocating` or `allocated`: refused with the reason,
+    nothing allocated in its name; the original keeps its slice."""
+    async with make_bed() as bed:
+        share = DeviceShare(bed.gpu(3), 30, 20)
+        original = bed.pod({"main": {CORE: 30, MEMORY: 20}}, {"main": [share]})
+        original["metadata"]["annotations"][ASSIGNED_POD_UID] = original["metadata"]["uid"]
+        bed.pods.put(original)
+        await bed.kubelet.admit(original)
+        for phase in ("allocating", "allocated"):
+            forged = copy.deepcopy(original)
+            forged["metadata"].update(uid=f"forged-{phase}", name=f"forged-{phase}")
+            forged["metadata"]["annotations"][ANN.bind_phase] = phase
+            with pytest.raises(AdmissionError) as err:
+                await bed.kubelet.admit(forged)
+            message = str(err.value)
+            assert "FAILED_PRECONDITION" in message
+            assert f"for the pod with UID {original['metadata']['uid']}" in message, message
+            assert f"not for this one (forged-{phase})" in message, message
+            (alloc,) = await bed.allocations()
+            assert alloc.container_key == f"{original['metadata']['uid']}/main"
+            assert [(d.device_id, d.core_percent, d.memory_percent) for d in alloc.devices] == [
+                (bed.gpu(3), 30, 20)
+            ]
 
 
 async def test_kubelet_devices_outside_the_assignment_are_refused(make_bed: BedFactory) -> None:
@@ -176,13 +205,13 @@ async def test_plugin_restart_never_hands_out_an_assignment_twice(make_bed: BedF
         bed.plugin.stop()
         bed.plugin.start()
         await bed.kubelet.wait_registered((GPU,), 30, since=time.monotonic())
-        # The first pod is done (rebuilt from the Runtime): the second is the one waiting.
-        second = bed.pod({"main": {GPU: 1}}, {"main": [DeviceShare(bed.gpu(2))]})
         # A kubelet that lost its checkpoint asks again for the running container's devices:
         # the same answer, nothing new handed out.
         again = await bed.kubelet.allocate(GPU, [[bed.gpu(1)]])
         assert again.container_responses[0].envs["LJ_VISIBLE_DEVICES"] == bed.gpu(1)
         assert len(await bed.allocations()) == 1
+        # The first pod is done (rebuilt from the Runtime): the second is the one waiting.
+        second = bed.pod({"main": {GPU: 1}}, {"main": [DeviceShare(bed.gpu(2))]})
         response = await bed.kubelet.allocate(GPU, [[bed.gpu(2)]])
         assert response.container_responses[0].envs["LJ_VISIBLE_DEVICES"] == bed.gpu(2)
         keys = sorted(a.container_key for a in await bed.allocations())

@@ -14,6 +14,7 @@ from lj_runtimekit.deviceplugin.internal.rm.resources import (
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg.featuregate import evaluate
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
+from lj_runtimekit.proto.pkg.protocol.assignment import ASSIGNED_POD_UID
 from lj_runtimekit.proto.pkg.runtimeclient import from_request, normalize, to_request
 from lj_runtimekit.proto.pkg.version import Version
 from lj_runtimekit.testkit.podserver import pod_object
@@ -110,6 +111,35 @@ def test_waiting_pods_and_kubelet_container_order() -> None:
     side = next_container(pod, RES.memory, set())
     assert side is not None
     assert side.name == "side"
+
+
+def test_an_assignment_copied_from_another_pod_waits_with_its_problem() -> None:
+    """A pod carrying another pod's assignment (UID of that pod) is not served it, and a
+    copied `allocated` phase does not hide it: it is the pod waiting, with the reason. An
+    assignment without a UID (an older scheduler's) is the pod's own."""
+    served = {RES.gpu}.__contains__
+    text = encode_assignment({"c": (DeviceShare("GPU-1"),)})
+    for phase in ("allocating", "allocated"):
+        ann = {ANN.assigned_devices: text, ANN.bind_phase: phase, ASSIGNED_POD_UID: "uid-orig"}
+        forged = _pod("forged", {"c": {RES.gpu: 1}}, **ann)
+        (only,) = waiting_pods([forged], served, set(), ANN.assigned_devices, ANN.bind_phase)
+        assert only.assignment is None
+        assert only.problem is not None
+        assert "written by the scheduler for the pod with UID uid-orig" in only.problem
+        assert f"not for this one ({forged.uid})" in only.problem
+    own = parse_pod(
+        pod_object(
+            "own",
+            {"c": {RES.gpu: 1}},
+            uid="uid-own",
+            annotations={ANN.assigned_devices: text, ASSIGNED_POD_UID: "uid-own"},
+        )
+    )
+    older = _pod("older", {"c": {RES.gpu: 1}}, **{ANN.assigned_devices: text})
+    for pod in (own, older):
+        (only,) = waiting_pods([pod], served, set(), ANN.assigned_devices, ANN.bind_phase)
+        assert only.problem is None
+        assert only.assignment == {"c": (DeviceShare("GPU-1"),)}
 
 
 def test_malformed_assignment_and_empty_pod_list() -> None:

@@ -11,6 +11,7 @@ from lj_runtimekit.proto.pkg.protocol import (
     decode_assignment,
     encode_assignment,
 )
+from lj_runtimekit.proto.pkg.protocol.assignment import ASSIGNED_POD_UID
 from lj_runtimekit.testkit.scheduler.fake import (
     CORE,
     GPU,
@@ -38,6 +39,7 @@ def test_a_node_takes_the_next_device_pod_only_after_the_previous_is_admitted(
     )
     ann = cluster.pods[first]["metadata"]["annotations"]
     assert ann[PROTOCOL.annotations.bind_phase] == BIND_PHASE_ALLOCATING
+    assert ann[ASSIGNED_POD_UID] == first  # the assignment names the pod it was made for
     # The second device pod is placed (its devices reserved) but not bound yet.
     assert cluster.assignment(second) == ""
     assert cluster.scheduler.admission.queued() == 1

@@ -31,6 +31,7 @@ from lj_runtimekit.proto.pkg.protocol import (
     DeviceShare,
     decode_assignment,
 )
+from lj_runtimekit.proto.pkg.protocol.assignment import foreign_assignment
 
 DoneKey = tuple[str, str, str]
 """(pod uid, container name, resource name): what the kubelet already got."""
@@ -69,10 +70,15 @@ def waiting_pods(
     assigned_key: str,
     bind_phase_key: str,
 ) -> list[Waiting]:
-    """The active pods that ask for the plugin's resources and have not got all of them."""
+    """The active pods that ask for the plugin's resources and have not got all of them.
+
+    A pod whose assignment was written for another pod (copied, with its `allocated`
+    phase or not) waits like any other, with that as its problem."""
     out: list[Waiting] = []
     for pod in pods:
-        if not pod.active or pod.annotations.get(bind_phase_key) == BIND_PHASE_ALLOCATED:
+        owner = foreign_assignment(pod.annotations, pod.uid)
+        settled = pod.annotations.get(bind_phase_key) == BIND_PHASE_ALLOCATED
+        if not pod.active or (settled and owner is None):
             continue
         pairs = device_containers(pod, served)
         if not pairs or all((pod.uid, c, r) in done for c, r in pairs):
@@ -80,7 +86,13 @@ def waiting_pods(
         text = pod.annotations.get(assigned_key)
         assignment: Mapping[str, tuple[DeviceShare, ...]] | None = None
         problem = None
-        if text is not None:
+        if owner is not None:
+            problem = (
+                f"annotation {assigned_key} of pod {pod.ref} was written by the scheduler for"
+                f" the pod with UID {owner}, not for this one ({pod.uid}): it was copied from"
+                " another pod; a device pod must be placed by the Runtime Kit scheduler"
+            )
+        elif text is not None:
             decoded = _decode(text)
             if isinstance(decoded, str):
                 problem = f"annotation {assigned_key} of pod {pod.ref} is malformed: {decoded}"

@@ -7,6 +7,10 @@ the Device Plugin reads it in Allocate and records what it really allocated
 Encoding: a JSON object, container name -> list of device shares; a share is
 `{"id": "<device or MIG instance id>"}` for a whole device, or
 `{"id": "...", "core": <1..100>, "memory": <1..100>}` for a TDM slice.
+
+Version skew (docs/protocol.md): fields are only added, never renamed or re-typed, and
+a reader ignores the fields it does not know: a share's unknown keys, and top-level
+keys with a `/` (a container name has none), kept for fields of the whole pod.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ ADMISSION_KUBELET_ORDER = "kubelet-order"
 """`annotations.node_admission`: the node's Device Plugin reads the kubelet's own pod list,
 where a pod appears as the kubelet starts admitting it, one pod at a time; device pods may
 be bound there without waiting for each other (docs/protocol.md)."""
+
+ASSIGNED_POD_UID = "lj-runtimekit.io/assigned-pod-uid"
+"""Pod annotation the scheduler writes with the assignment: the UID of the pod it was made
+for, so that a copy on another pod is refused. A fixed key, not a protocol key: older
+components refuse a `protocol.yaml` that names a key they do not know."""
 
 PodAssignment = Mapping[str, tuple[DeviceShare, ...]]
 """Container name -> the device shares it gets."""
@@ -120,6 +129,14 @@ def pod_shares(
     return tuple(out)
 
 
+def foreign_assignment(annotations: Mapping[str, str], pod_uid: str) -> str | None:
+    """The pod UID the assignment annotations were written for, when it is not `pod_uid`
+    (they were copied from another pod); None for the pod's own, or for annotations
+    without a UID (written by a scheduler older than `ASSIGNED_POD_UID`)."""
+    owner = annotations.get(ASSIGNED_POD_UID)
+    return owner if owner is not None and owner != pod_uid else None
+
+
 def encode_assignment(assignment: PodAssignment) -> str:
     """Encode an assignment as compact, key-sorted JSON."""
     out: dict[str, list[dict[str, object]]] = {}
@@ -143,7 +160,10 @@ def _percent(item: Mapping[str, object], key: str, where: str) -> int:
 
 
 def decode_assignment(text: str) -> dict[str, tuple[DeviceShare, ...]]:
-    """Decode an assignment annotation; raise AssignmentError naming the bad part."""
+    """Decode an assignment annotation; raise AssignmentError naming the bad part.
+
+    Fields it does not know are ignored (a newer writer's, docs/protocol.md); the known
+    ones must have their type."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -152,6 +172,8 @@ def decode_assignment(text: str) -> dict[str, tuple[DeviceShare, ...]]:
         raise AssignmentError("must be a JSON object of container name -> list of devices")
     result: dict[str, tuple[DeviceShare, ...]] = {}
     for container, items in data.items():
+        if "/" in container:
+            continue
         if not isinstance(items, list):
             raise AssignmentError(f"{container}: must be a list of devices")
         shares: list[DeviceShare] = []
@@ -162,9 +184,6 @@ def decode_assignment(text: str) -> dict[str, tuple[DeviceShare, ...]]:
             device_id = item.get("id")
             if not isinstance(device_id, str) or not device_id:
                 raise AssignmentError(f"{where}.id: must be a non-empty string")
-            unknown = set(item) - {"id", "core", "memory"}
-            if unknown:
-                raise AssignmentError(f"{where}: unknown fields {sorted(unknown)}")
             shares.append(
                 DeviceShare(
                     device_id, _percent(item, "core", where), _percent(item, "memory", where)

@@ -2,7 +2,8 @@
 
 Node-level binpack or spread (args.policy, overridable per pod with the
 `annotations.gpu_policy` annotation), device-level the same; the chosen
-devices ride on the Binding as the `annotations.assigned_devices` annotation.
+devices ride on the Binding as the `annotations.assigned_devices` annotation,
+with the pod's UID beside it (`ASSIGNED_POD_UID`: a copy on another pod is refused).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATING, encode_assignment
+from lj_runtimekit.proto.pkg.protocol.assignment import ASSIGNED_POD_UID
 from lj_runtimekit.schedulerframework.internal.cache.cache import held_shares
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
@@ -267,6 +269,7 @@ class GpuShare(PreFilterPlugin, FilterPlugin, ScorePlugin, ReservePlugin, Enqueu
             cache.mark_devices_text(pod.uid, text)
         a = self.protocol.annotations
         state.binding_annotations[a.assigned_devices] = text
+        state.binding_annotations[ASSIGNED_POD_UID] = pod.uid
         state.binding_annotations[a.assume_time] = str(time.time_ns())
         state.binding_annotations[a.bind_phase] = BIND_PHASE_ALLOCATING
         state.write(f"{NAME}/assignment", result)
@@ -277,7 +280,7 @@ class GpuShare(PreFilterPlugin, FilterPlugin, ScorePlugin, ReservePlugin, Enqueu
             return
         self.handle.cache.release_devices(pod.uid, node_name)
         a = self.protocol.annotations
-        for key in (a.assigned_devices, a.assume_time, a.bind_phase):
+        for key in (a.assigned_devices, ASSIGNED_POD_UID, a.assume_time, a.bind_phase):
             state.binding_annotations.pop(key, None)
 
 
