@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from lj_runtimekit.deploy import manifests, verify
+from lj_runtimekit.deploy import edits, manifests, verify
 from lj_runtimekit.deploy.components import (
     BY_NAME,
     DEFAULT_JOBS_NAMESPACE,
@@ -30,8 +30,7 @@ from lj_runtimekit.deploy.components import (
     parse_components,
     parse_image_overrides,
 )
-from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
-from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
+from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol, parse_protocol_text
 
 MIN_JOBSET_VERSION = "v0.8.0"
 
@@ -90,7 +89,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     """
     components = parse_components(args.components)
     opts = _options(args)
-    manifests.render(components, opts)
+    if args.deploy_dir:
+        edits.apply_edits(components, opts, Path(args.deploy_dir))
+    else:
+        manifests.render(components, opts)
     print("enable-label", opts.protocol.labels.enable)
     print("exporter-port", manifests.METRICS_PORT)
     print("scheduler-port", manifests.SCHEDULER_METRICS_PORT)
@@ -124,10 +126,7 @@ def _live_protocol_text(live: list[dict[str, Any]], keep: list[str], namespace: 
     protocols: dict[str, Any] = {}
     for name, text in texts.items():
         where = f"ConfigMap {namespace}/{name} key {verify.PROTOCOL_KEY}"
-        try:
-            protocols[name] = parse_protocol(yaml.safe_load(text), where)
-        except yaml.YAMLError as exc:
-            raise DeployError(f"{where}: not valid YAML: {exc}") from exc
+        protocols[name] = parse_protocol_text(text, where)
     if verify.agreed_protocol(protocols) is None:
         raise DeployError(
             f"--keep-live-config: the live ConfigMaps {', '.join(sorted(texts))} hold different"
@@ -147,10 +146,15 @@ def cmd_render(args: argparse.Namespace) -> int:
         text = _live_protocol_text(live, keep, opts.namespace)
         if text is not None:
             opts = dataclasses.replace(opts, protocol_text=text)
-    if args.workloads_only:
-        objs = [manifests.workload(c, opts) for c in components]
+    common = not (args.no_common or args.workloads_only)
+    if args.deploy_dir:
+        objs, lines = edits.apply_edits(components, opts, Path(args.deploy_dir), common=common)
+        for line in lines:
+            print(line, file=sys.stderr if args.output == "-" else sys.stdout)
     else:
-        objs = manifests.render(components, opts, common=not args.no_common)
+        objs = manifests.render(components, opts, common=common)
+    if args.workloads_only:
+        objs = [o for o in objs if o["kind"] in ("DaemonSet", "Deployment")]
     if keep:
         objs = verify.keep_live_config(objs, live, keep)
     if args.leave_out_namespace:
@@ -372,6 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--extender-client-ca-secret", default="", metavar="NAME", help="ca.crt of callers"
         )
         p.add_argument("--extender-token-secret", default="", metavar="NAME", help="token")
+        p.add_argument(
+            "--deploy-dir",
+            metavar="DIR",
+            help="apply the operator's edits of the plain YAML under DIR/<component>/"
+            " (deploy-all.sh: deploy/); the options win where both set a field",
+        )
         p.set_defaults(func=func)
         if name == "render":
             p.add_argument("--no-common", action="store_true", help="leave out the RuntimeClass")

@@ -216,11 +216,24 @@ render() {
     ${image_args[@]+"${image_args[@]}"} "$@"
 }
 
-# One helper call checks every option (components, version, images, protocol.yaml)
-# before the cluster is contacted, and says what the rest of the script needs.
+# render_applied ARGS...: what deploy and upgrade apply: the objects rendered with the options
+# and the operator's edits of the files under deploy/<component>/ (each edit logged, applied
+# or overridden by an option); dies with the helper's one line.
+render_applied() {
+  local line
+  render --deploy-dir="$here" "$@" >"$work/render.out" 2>"$work/render.err" \
+    || die "$(sed 's/^error: //' "$work/render.err")"
+  while IFS= read -r line; do log "$line"; done <"$work/render.out"
+}
+
+# One helper call checks every option (components, version, images, protocol.yaml; for
+# deploy and upgrade the edited files under deploy/) before the cluster is contacted, and
+# says what the rest of the script needs.
+edited_files=()
+[[ $op != deploy && $op != upgrade ]] || edited_files=("--deploy-dir=$here")
 if ! out=$(helper preflight --protocol="$protocol" --components="$components" \
   --namespace="$namespace" --registry="$registry" --version="$version" \
-  ${image_args[@]+"${image_args[@]}"} 2>&1); then
+  ${image_args[@]+"${image_args[@]}"} ${edited_files[@]+"${edited_files[@]}"} 2>&1); then
   if [[ $out == *"No module named"*lj_runtimekit* ]]; then
     die "the deploy helper is not installed for $py: run 'make sync' in $root (or pip install $root/proto $root/deploy), or set LJ_DEPLOY_PYTHON"
   fi
@@ -253,8 +266,16 @@ kubectl_bin=${KUBECTL:-kubectl}
 command -v "$kubectl_bin" >/dev/null 2>&1 \
   || die "kubectl not found ('$kubectl_bin'): install kubectl (https://kubernetes.io/docs/tasks/tools/) or set KUBECTL=/path/to/kubectl"
 kc=("$kubectl_bin")
-if [[ -n $kubeconfig ]]; then
-  [[ -f $kubeconfig ]] || die "kubeconfig $kubeconfig does not exist: fix --kubeconfig or KUBECONFIG"
+# KUBECONFIG may list several files (a:b); kubectl reads that itself. One file is checked.
+if [[ -n $kubeconfig && ( $kubeconfig != *:* || $kubeconfig != "${KUBECONFIG:-}" ) ]]; then
+  problem=""
+  if [[ ! -e $kubeconfig ]]; then problem="does not exist"
+  elif [[ -d $kubeconfig ]]; then problem="is a directory, not a kubeconfig file"
+  elif [[ ! -f $kubeconfig ]]; then problem="is not a regular file (a device or a pipe), so it holds no cluster"
+  elif [[ ! -r $kubeconfig ]]; then problem="cannot be read (permissions)"
+  elif [[ ! -s $kubeconfig ]]; then problem="is empty: it names no cluster"
+  fi
+  [[ -z $problem ]] || die "kubeconfig $kubeconfig $problem; fix: --kubeconfig=FILE or KUBECONFIG=FILE naming your cluster's kubeconfig"
   kc+=("--kubeconfig=$kubeconfig")
 fi
 kcn=("${kc[@]}" "--namespace=$namespace")
@@ -304,6 +325,14 @@ snapshot() {
   "${kcn[@]}" get configmaps -l "$selector" -o json --show-managed-fields >"$work/configmaps.json" \
     || die "cannot list the ConfigMaps"
   "${kc[@]}" get nodes -o json >"$work/nodes.json" || die "cannot list the nodes"
+}
+
+# create_namespace NS: a namespace labelled as the Runtime Kit's (delete removes it).
+create_namespace() {
+  printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n  labels:\n    app.kubernetes.io/part-of: lj-runtimekit\n' \
+    "$1" >"$work/namespace.yaml"
+  run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy -f "$work/namespace.yaml" \
+    || die "cannot create namespace $1"
 }
 
 namespace_exists() { "${kc[@]}" get namespace "$namespace" -o name >/dev/null 2>&1; }
@@ -558,18 +587,20 @@ cmd_deploy() {
     leave_out=("--leave-out-namespace=$jobs_namespace")
     log "dry run: the Jobs' namespace $jobs_namespace does not exist yet, so it and the objects in it are not checked (deploy creates them)"
   fi
-  render ${leave_out[@]+"${leave_out[@]}"} -o "$work/manifests.yaml" 2>"$work/render.err" \
-    || die "$(sed 's/^error: //' "$work/render.err")"
+  render_applied ${leave_out[@]+"${leave_out[@]}"} -o "$work/manifests.yaml"
   cp "$work/manifests.yaml" "$log_file.manifests.yaml"
   log "rendered $(grep -c '^kind:' "$work/manifests.yaml") objects into $log_file.manifests.yaml"
   if ! namespace_exists; then
     if $dry_run; then
       die "namespace $namespace does not exist; a server-side dry run needs it: create it (kubectl create namespace $namespace) or drop --dry-run"
     fi
-    printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n  labels:\n    app.kubernetes.io/part-of: lj-runtimekit\n' \
-      "$namespace" >"$work/namespace.yaml"
-    run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy -f "$work/namespace.yaml" \
-      || die "cannot create namespace $namespace"
+    create_namespace "$namespace"
+  fi
+  # The Jobs' namespace is one of the rendered objects; created first (the rest of its
+  # labels come with the apply), so that kubectl diff can compare the objects in it.
+  if ! $dry_run && [[ " ${names[*]} " == *" controller "* ]] \
+    && ! "${kc[@]}" get namespace "$jobs_namespace" -o name >/dev/null 2>&1; then
+    create_namespace "$jobs_namespace"
   fi
   # A ConfigMap edited since the last deploy (kubectl edit) is replaced only by choice.
   local edits edited=""
@@ -582,8 +613,8 @@ cmd_deploy() {
     case $live_config in
       ask) die "${edits#*$'\n'} edited since the last deploy, which would replace them with $protocol and the defaults; choose: --keep-live-config (keep the live data, render the workloads from it) or --overwrite-config (replace it; rollback restores an edit the pods ran)" ;;
       keep)
-        render ${leave_out[@]+"${leave_out[@]}"} --keep-live-config="$work/cm-live.json" --keep="$edited" \
-          -o "$work/manifests.yaml" 2>"$work/render.err" || die "$(sed 's/^error: //' "$work/render.err")"
+        render_applied ${leave_out[@]+"${leave_out[@]}"} --keep-live-config="$work/cm-live.json" \
+          --keep="$edited" -o "$work/manifests.yaml"
         cp "$work/manifests.yaml" "$log_file.manifests.yaml"
         log "--keep-live-config: keeping the live data of ${edits#*$'\n'}; the workloads are rendered from it" ;;
       overwrite)
@@ -601,7 +632,7 @@ cmd_deploy() {
   elif [[ $diff_status -eq 1 ]]; then
     log "changes: $(grep -c '^diff ' "$work/diff.txt" || true) object(s) differ (diff in the log)"
   else
-    log "kubectl diff could not compare (status $diff_status); applying anyway"
+    log "kubectl diff could not compare (status $diff_status: $(grep -v '^\s*$' "$work/diff.txt" | tail -n 1)); applying anyway"
   fi
   run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \
     ${dry_flags[@]+"${dry_flags[@]}"} -f "$work/manifests.yaml" \
@@ -801,8 +832,7 @@ cmd_upgrade() {
       || die "$name is not deployed in namespace $namespace ($res); fix: $0 deploy --components=$name --namespace=$namespace"
     before+=("$(images_of "$res")")
   done
-  render --workloads-only -o "$work/workloads.yaml" 2>"$work/render.err" \
-    || die "$(sed 's/^error: //' "$work/render.err")"
+  render_applied --workloads-only -o "$work/workloads.yaml"
   $dry_run || save_config
   note_revisions
   run "${kc[@]}" apply --server-side --field-manager=lj-runtimekit-deploy --force-conflicts \

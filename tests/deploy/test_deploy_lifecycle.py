@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client as k8s_client
 
 from lj_runtimekit.deploy import manifests
-from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION
+from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, COMPONENTS
 from lj_runtimekit.deploy.verify import PREVIOUS_DATA_ANNOTATION
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory
@@ -42,6 +42,21 @@ WORKLOADS = {
     "exporter": ("daemonset", "lj-runtimekit-exporter-ds"),
     "controller": ("deployment", "lj-runtimekit-controller"),
 }
+
+
+def copy_checkout(dest: Path) -> Path:
+    """A checkout's deploy files (deploy-all.sh, protocol.yaml, the plain YAML) and VERSION
+    under `dest`, for a test that edits them as an operator does; returns `dest`."""
+    deploy = dest / "deploy"
+    deploy.mkdir(parents=True)
+    shutil.copy(ROOT / "VERSION", dest / "VERSION")
+    for name in ("deploy-all.sh", "protocol.yaml", "kustomization.yaml"):
+        shutil.copy(ROOT / "deploy" / name, deploy / name)
+    for directory in ("common", *(c.directory for c in COMPONENTS)):
+        shutil.copytree(ROOT / "deploy" / directory, deploy / directory)
+    return dest
+
+
 # Against a server older than the admission policies (docs/compatibility.md) the
 # deploy leaves them out.
 POLICIES_SERVED = load_versions().k8s_minor >= manifests.ADMISSION_POLICIES_MINOR
@@ -457,13 +472,10 @@ def test_upgrade_sets_the_images_and_rollback_restores_them(env: Env) -> None:
 def test_rollback_restores_the_configuration_of_the_release_before(
     env: Env, tmp_path: Path
 ) -> None:
-    # A newer release: its own deploy-all.sh and a protocol.yaml that differs (a comment).
-    release = tmp_path / "release"
-    (release / "deploy").mkdir(parents=True)
-    shutil.copy(SCRIPT, release / "deploy" / "deploy-all.sh")
+    # A newer release: its own checkout, whose protocol.yaml differs (a comment).
+    release = copy_checkout(tmp_path / "release")
     source = (ROOT / "deploy/protocol.yaml").read_text()
     (release / "deploy/protocol.yaml").write_text(source + "# next release\n")
-    (release / "VERSION").write_text(VERSION + "\n")
     newer = subprocess.run(
         ["bash", str(release / "deploy/deploy-all.sh"), "deploy", *env.run_args()],
         env={**env.env, "LJ_DEPLOY_PYTHON": sys.executable},

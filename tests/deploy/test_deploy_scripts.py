@@ -81,7 +81,16 @@ def log_env(tmp_path: Path) -> dict[str, str]:
         (["deploy", "--jobs-namespace=kube-system"], "the Jobs need a namespace of their own"),
         (["deploy", "--registry=https://r.example.com"], "expected a registry prefix"),
         (["deploy", "--timeout=5"], "--timeout=5: expected a duration"),
-        (["deploy", "--kubeconfig=/nonexistent/kubeconfig"], "kubeconfig /nonexistent/kubeconfig"),
+        (
+            ["deploy", "--kubeconfig=/nonexistent/kubeconfig"],
+            "kubeconfig /nonexistent/kubeconfig does not exist",
+        ),
+        (
+            ["deploy", "--kubeconfig=/dev/null"],
+            "kubeconfig /dev/null is not a regular file (a device or a pipe), so it holds no"
+            " cluster; fix: --kubeconfig=FILE or KUBECONFIG=FILE",
+        ),
+        (["status", "--kubeconfig=/"], "kubeconfig / is a directory, not a kubeconfig file"),
         (
             ["deploy", "--extender", "--extender-tls-secret=tls"],
             "--extender: the extender serves beyond loopback only with TLS and an authenticated"
@@ -101,6 +110,19 @@ def test_operator_mistakes_exit_1_with_one_clear_line(
     assert result.returncode == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_kubeconfig_from_the_environment_says_what_is_wrong_with_it(
+    log_env: dict[str, str], tmp_path: Path
+) -> None:
+    result = run_script("status", env={**log_env, "KUBECONFIG": "/dev/null"})
+    assert result.returncode == 1
+    assert "kubeconfig /dev/null is not a regular file" in result.stderr
+    empty = tmp_path / "kubeconfig"
+    empty.write_text("")
+    result = run_script("status", env={**log_env, "KUBECONFIG": str(empty)})
+    assert f"kubeconfig {empty} is empty: it names no cluster" in result.stderr
+    assert "does not exist" not in result.stderr
 
 
 def test_missing_kubectl(log_env: dict[str, str]) -> None:
