@@ -13,13 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
 
 from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, Component, DeployError
 from lj_runtimekit.deploy.manifests import config_checksum
 from lj_runtimekit.proto.pkg import devicekind
-from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError
-from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
+from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError, parse_protocol_text
 from lj_runtimekit.proto.pkg.protocolinfo import (
     METRIC,
     NODE_ANNOTATION,
@@ -338,8 +336,8 @@ def live_protocols(
             report.problems.append(f"{component.name}: {where} is missing; fix: redeploy it")
             continue
         try:
-            protocols[component.name] = parse_protocol(yaml.safe_load(text), where)
-        except (ProtocolError, yaml.YAMLError) as exc:
+            protocols[component.name] = parse_protocol_text(text, where)
+        except ProtocolError as exc:
             report.problems.append(f"{component.name}: {exc}; fix: correct it (kubectl edit)")
     return protocols, report
 
@@ -630,9 +628,9 @@ def edited_configs(
 def _protocol_keys(live: str | None, rendered: str | None) -> str:
     """` (key, key)`: the protocol keys whose values differ; empty when unreadable or none."""
     try:
-        a = parse_protocol(yaml.safe_load(live or ""), "live").as_flat()
-        b = parse_protocol(yaml.safe_load(rendered or ""), "rendered").as_flat()
-    except (ProtocolError, yaml.YAMLError):
+        a = parse_protocol_text(live or "", "live").as_flat()
+        b = parse_protocol_text(rendered or "", "rendered").as_flat()
+    except ProtocolError:
         return ""
     keys = [k for k in a if a[k] != b[k]]
     return f" ({', '.join(keys)})" if keys else ""

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from lj_runtimekit.proto.pkg.protocol import DEFAULTS, ProtocolError, load_protocol
+from lj_runtimekit.proto.pkg.protocol import (
+    DEFAULTS,
+    ProtocolError,
+    load_protocol,
+    parse_protocol_text,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -36,8 +41,15 @@ def test_override_changes_only_given_keys(tmp_path: Path) -> None:
     assert protocol.source == str(path)
 
 
-def test_empty_file_gives_defaults(tmp_path: Path) -> None:
-    assert load_protocol(write(tmp_path, "")).as_flat() == dict(DEFAULTS)
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "---\n", "{}\n"])
+def test_an_empty_file_is_refused_not_the_defaults(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ProtocolError) as excinfo:
+        load_protocol(path)
+    assert str(excinfo.value) == (
+        f"{path}: the protocol file has no keys; give the keys it changes"
+        " (deploy/protocol.yaml lists every one), or no file for the built-in names"
+    )
 
 
 @pytest.mark.parametrize(
@@ -56,6 +68,29 @@ def test_empty_file_gives_defaults(tmp_path: Path) -> None:
         ("labels.enable: 'bad key!'\n", "key 'labels.enable'"),
         ("- a\n- b\n", "expected a mapping"),
         ("resources.gpu: [\n", "not valid YAML"),
+        (
+            "resources.gpu: a.com/gpu\nlabels.enable: x\nresources.gpu: b.com/gpu\n",
+            "key 'resources.gpu' is given twice (lines 1 and 3); keep one",
+        ),
+        (
+            f"resources.gpu: {DEFAULTS['resources.core']}\n",
+            "keys 'resources.gpu' and 'resources.core' both name"
+            f" {DEFAULTS['resources.core']!r}; each needs its own",
+        ),
+        (
+            f"annotations.bind_phase: {DEFAULTS['annotations.assigned_devices']}\n",
+            "keys 'annotations.assigned_devices' and 'annotations.bind_phase' both name"
+            f" {DEFAULTS['annotations.assigned_devices']!r}; each needs its own",
+        ),
+        (
+            "labels.device_kind: a.com/k\nlabels.device_mode: a.com/k\n",
+            "keys 'labels.device_kind' and 'labels.device_mode' both name 'a.com/k'",
+        ),
+        (
+            "resources.ppu: alibabacloud.com/mig-1g.10gb\n",
+            "key 'resources.ppu': 'alibabacloud.com/mig-1g.10gb' is a MIG resource name"
+            " (resources.mig_prefix alibabacloud.com + /mig-<profile>)",
+        ),
     ],
 )
 def test_bad_files_name_key_and_file(tmp_path: Path, text: str, message: str) -> None:
@@ -64,6 +99,21 @@ def test_bad_files_name_key_and_file(tmp_path: Path, text: str, message: str) ->
         load_protocol(path)
     assert str(path) in str(excinfo.value)
     assert message in str(excinfo.value)
+
+
+def test_the_same_name_in_different_groups_is_allowed(tmp_path: Path) -> None:
+    # A label and an annotation are separate maps: one key in each does not collide.
+    path = write(tmp_path, f"labels.device_kind: {DEFAULTS['annotations.gpu_policy']}\n")
+    assert load_protocol(path).labels.device_kind == DEFAULTS["annotations.gpu_policy"]
+
+
+def test_configmap_text_goes_through_the_same_checks() -> None:
+    where = "ConfigMap ns/cm key protocol.yaml"
+    with pytest.raises(ProtocolError, match=r"^ConfigMap ns/cm key protocol.yaml: key 'labels"):
+        parse_protocol_text("labels.enable: a\nlabels.enable: b\n", where)
+    with pytest.raises(ProtocolError, match="has no keys"):
+        parse_protocol_text("", where)
+    assert parse_protocol_text("labels.enable: a\n", where).source == where
 
 
 def test_missing_file_is_named(tmp_path: Path) -> None:

@@ -122,7 +122,7 @@ def test_configmaps_that_agree_pass() -> None:
 def test_configmaps_that_disagree_are_reported_key_by_key() -> None:
     dp, sched, exp = (BY_NAME[n] for n in ("device-plugin", "scheduler-framework", "exporter"))
     cms = [
-        configmap(dp.configmap, ""),
+        configmap(dp.configmap, "resources.gpu: alibabacloud.com/gpu\n"),
         configmap(sched.configmap, "resources.gpu: example.com/gpu\n"),
         configmap(exp.configmap, "labels.enable: gpu_enable\nresources.gpu: example.com/gpu\n"),
     ]
@@ -418,7 +418,8 @@ def test_deploy_finds_the_configmaps_edited_since_it_rendered_them_and_keeps_the
         }
         for c in (dp, exp)
     ] + [workload(c, data) for c in (dp, exp)]
-    edited = {**data, "protocol.yaml": source + EDITED}
+    policy = f"annotations.gpu_policy: {PROTOCOL.annotations.gpu_policy}\n"
+    edited = {**data, "protocol.yaml": source.replace(policy, EDITED)}
     live = [
         configmap(dp.configmap, "") | {"data": edited},
         {"metadata": {"name": exp.configmap}, "data": data},

@@ -20,6 +20,7 @@ from lj_runtimekit.proto.pkg.protocol.constants import (
     ProtocolError,
     Resources,
     load_protocol,
+    parse_protocol_text,
 )
 from lj_runtimekit.proto.pkg.protocol.inventory import (
     DeviceLink,
@@ -53,5 +54,6 @@ __all__ = [
     "encode_assignment",
     "encode_inventory",
     "load_protocol",
+    "parse_protocol_text",
     "pod_shares",
 ]

@@ -185,10 +185,60 @@ def _build(values: Mapping[str, str], source: str) -> Protocol:
     )
 
 
+class _DuplicateKeyError(Exception):
+    def __init__(self, key: str, first: int, second: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping key given twice (plain YAML keeps the last)."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[object, object]:
+    lines: dict[str, int] = {}
+    for key_node, _ in node.value:
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+        line = key_node.start_mark.line + 1
+        if isinstance(key, str) and key in lines:
+            raise _DuplicateKeyError(key, lines[key], line)
+        if isinstance(key, str):
+            lines[key] = line
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def _check_distinct(values: Mapping[str, str], source: str) -> None:
+    """Within each group no two keys share a value, and no whole resource is a MIG name."""
+    prefix = values["resources.mig_prefix"]
+    owners: dict[tuple[str, str], str] = {}
+    for key, value in values.items():
+        if key == "resources.mig_prefix":
+            continue
+        if key.startswith("resources.") and value.startswith(f"{prefix}/mig-"):
+            raise ProtocolError(
+                f"{source}: key {key!r}: {value!r} is a MIG resource name"
+                f" (resources.mig_prefix {prefix} + /mig-<profile>); give it another name"
+            )
+        group = key.split(".", 1)[0]
+        other = owners.setdefault((group, value), key)
+        if other != key:
+            raise ProtocolError(
+                f"{source}: keys {other!r} and {key!r} both name {value!r}; each needs its own"
+            )
+
+
 def parse_protocol(data: object, source: str) -> Protocol:
-    """Validate already-loaded YAML data of a protocol file named `source`."""
-    if data is None:
-        data = {}
+    """Validate already-loaded YAML data of a protocol file named `source` (text read from a
+    file or a ConfigMap goes through `parse_protocol_text`, which also refuses duplicate
+    keys)."""
+    if data is None or data == {}:
+        raise ProtocolError(
+            f"{source}: the protocol file has no keys; give the keys it changes"
+            " (deploy/protocol.yaml lists every one), or no file for the built-in names"
+        )
     if not isinstance(data, dict):
         raise ProtocolError(f"{source}: expected a mapping of dotted keys to strings")
     values = dict(DEFAULTS)
@@ -205,7 +255,23 @@ def parse_protocol(data: object, source: str) -> Protocol:
         if problem is not None:
             raise ProtocolError(f"{source}: key {key!r}: {problem}")
         values[key] = value
+    _check_distinct(values, source)
     return _build(values, source)
+
+
+def parse_protocol_text(text: str, source: str) -> Protocol:
+    """The protocol of `protocol.yaml` text (a file's or a ConfigMap's, named `source`): the
+    one loader of every component and of lj-deploy."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except _DuplicateKeyError as exc:
+        raise ProtocolError(
+            f"{source}: key {exc.key!r} is given twice (lines {exc.first} and {exc.second});"
+            " keep one"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ProtocolError(f"{source}: not valid YAML: {exc}") from exc
+    return parse_protocol(data, source)
 
 
 def load_protocol(path: str | Path | None = None) -> Protocol:
@@ -217,8 +283,4 @@ def load_protocol(path: str | Path | None = None) -> Protocol:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ProtocolError(f"{source}: cannot read protocol file: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ProtocolError(f"{source}: not valid YAML: {exc}") from exc
-    return parse_protocol(data, source)
+    return parse_protocol_text(text, source)
