@@ -35,8 +35,7 @@ from lj_runtimekit.deploy.components import (
     DeployError,
     image_ref,
 )
-from lj_runtimekit.proto.pkg.protocol import Protocol
-from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
+from lj_runtimekit.proto.pkg.protocol import Protocol, parse_protocol_text
 from lj_runtimekit.proto.pkg.protocolinfo import NODE_ANNOTATION
 
 Obj = dict[str, Any]
@@ -84,7 +83,7 @@ class Options:
 
     @property
     def protocol(self) -> Protocol:
-        return parse_protocol(yaml.safe_load(self.protocol_text), "deploy/protocol.yaml")
+        return parse_protocol_text(self.protocol_text, "deploy/protocol.yaml")
 
 
 _SECRET_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -863,7 +862,7 @@ def _container(component: Component, opts: Options) -> Obj:
             "lj-device-plugin",
             f"--plugin-dir={DEVICE_PLUGIN_DIR}",
             f"--runtime-socket-dir={RUNTIME_SOCKET_DIR}",
-            f"--protocol={protocol}",
+            f"--protocol-file={protocol}",
             f"--kubelet-pods-url={opts.kubelet_pods_url}",
             "--log-format=json",
         ]

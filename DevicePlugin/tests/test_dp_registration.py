@@ -133,7 +133,7 @@ async def test_sigterm_removes_own_sockets(make_bed: BedFactory) -> None:
     ("args", "message"),
     [
         (["--label-node=true"], "--label-node needs API server access"),
-        (["--protocol=/nonexistent/protocol.yaml"], "cannot read protocol file"),
+        (["--protocol-file=/nonexistent/protocol.yaml"], "cannot read protocol file"),
         (
             ["--kubelet-pods-url=ftp://x/pods"],
             "--kubelet-pods-url: 'ftp://x/pods' must be an http:// or https:// URL",

@@ -80,12 +80,8 @@ def _parser() -> argparse.ArgumentParser:
         DEFAULT_SOCKET_NAME,
         "Runtime socket file name",
     )
-    p.env_flag(
-        "--protocol",
-        "LJ_PROTOCOL_FILE",
-        None,
-        "protocol.yaml with resource, label and annotation names",
-        shown="the built-in names",
+    p.protocol_flag(
+        "protocol.yaml with resource, label and annotation names", old_flags=("--protocol",)
     )
     p.env_flag(
         "--node-name",
@@ -166,7 +162,7 @@ class Config:
 
 def _config(args: argparse.Namespace) -> Config:
     try:
-        protocol = load_protocol(args.protocol)
+        protocol = load_protocol(args.protocol_file)
     except ProtocolError as exc:
         raise StartError(str(exc)) from exc
     kube: KubeClient | None

@@ -128,12 +128,9 @@ def _parser() -> FlagParser:
         "port of /metrics and /healthz",
         type=port,
     )
-    p.env_flag(
-        "--protocol-file",
-        "LJ_EXPORTER_PROTOCOL_FILE",
-        None,
+    p.protocol_flag(
         "protocol.yaml with the resource and annotation names",
-        shown="the built-in names",
+        old_env=("LJ_EXPORTER_PROTOCOL_FILE",),
     )
     p.env_flag(
         "--dcgm-label-names",

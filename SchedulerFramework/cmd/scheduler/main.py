@@ -47,7 +47,8 @@ log = logging.getLogger("lj-scheduler")
 
 
 ENV = "LJ_SCHEDULER_"
-"""Every flag is mirrored by an environment variable with this prefix."""
+"""Every flag is mirrored by an environment variable with this prefix (but --protocol-file:
+LJ_PROTOCOL_FILE, as in every component)."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -62,9 +63,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         shown="the config's, lj-scheduler",
     )
     p.env_flag("--kubeconfig", f"{ENV}KUBECONFIG", None, "kubeconfig", shown="in-cluster")
-    p.env_flag(
-        "--protocol-file", f"{ENV}PROTOCOL_FILE", None, "protocol.yaml", shown="built-in names"
-    )
+    p.protocol_flag("protocol.yaml", old_env=(f"{ENV}PROTOCOL_FILE",))
     p.env_flag(
         "--mode",
         f"{ENV}MODE",
