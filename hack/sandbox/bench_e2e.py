@@ -4,15 +4,20 @@ Two beds, one after the other, without per-node Exporters (the admission path on
 
 - churn (4 nodes, tdm-8gpu and mig-8gpu): device pods created in waves (whole GPUs, TDM
   slices incl. core-only and memory-only ones, MIG instances, pods with a run-to-completion
-  init container, multi-container pods), a share deleted (some right after creation, before
-  their admission) and re-created, short Runtime error bursts (`fail_allocations`) on
-  random nodes, so that the kubelet rejects some pods. Every few seconds and at the end the
-  three sources are checked for a device or share held by two pods: the Runtime
-  simulators' allocations, the kubelets' PodResources records and the pods' annotations
-  (scheduler assignment, Device Plugin record). Keys: churn_pods (created), churn_s,
-  churn_device_conflicts (distinct conflicts seen at any check), churn_ledger_mismatches
-  (Running pods whose four ledgers disagree once the churn settled), churn_rejected_pods
-  (Failed with UnexpectedAdmissionError), churn_running_at_end, and the churn's counts.
+  init container (whole GPUs or a slice), pods with a sidecar (restartable init container)
+  declared before or after an init container (whole GPUs or slices), multi-container pods),
+  a share deleted (some right after creation, before their admission) and re-created, short
+  Runtime error bursts (`fail_allocations`) on random nodes, so that the kubelet rejects
+  some pods. Every few seconds and at the end the three sources are checked for a device or
+  share held by two pods: the Runtime simulators' allocations, the kubelets' PodResources
+  records and the pods' annotations (scheduler assignment, Device Plugin record); and the
+  kubelets' device checkpoints for a running container the kubelet injected another
+  container's spec into (container key not its own, or visible devices outside its pod's
+  assignment). Keys: churn_pods (created), churn_s, churn_device_conflicts (distinct
+  conflicts seen at any check), churn_foreign_specs (distinct containers with a foreign
+  spec seen at any check), churn_ledger_mismatches (Running pods whose four ledgers
+  disagree once the churn settled), churn_rejected_pods (Failed with
+  UnexpectedAdmissionError), churn_running_at_end, and the churn's counts.
 - burst (8 tdm-8gpu nodes): 200 device pods (whole GPUs and slices that fit) created at
   once (8 create calls in flight, from a child process so that they do not hold the
   watch's GIL); a watch on the namespace stamps (time.monotonic) when each pod is first
@@ -50,6 +55,7 @@ from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.sandbox import Sandbox, SandboxConfig, workload
 from lj_runtimekit.sandbox.bed import SandboxError
 from lj_runtimekit.sandbox.workload import pod_manifest
+from lj_runtimekit.testkit.invariant import checkpoint_specs, foreign_specs
 from lj_runtimekit.testkit.waits import NotYet, WaitTimeout, wait_for
 
 REJECTED = "UnexpectedAdmissionError"
@@ -86,14 +92,16 @@ def _phase(pod: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Shape:
-    """A kind of device pod of the churn: containers, init containers, and what it holds
-    (GPU equivalents, MIG instances) for keeping the alive pods below capacity."""
+    """A kind of device pod of the churn: containers, init containers (those in `sidecars`
+    restartable), and what it holds (GPU equivalents, MIG instances) for keeping the alive
+    pods below capacity."""
 
     kind: str
     containers: dict[str, dict[str, int]]
     init: dict[str, dict[str, int]] = field(default_factory=dict)
     gpus: float = 0.0
     migs: int = 0
+    sidecars: frozenset[str] = frozenset()
 
 
 def _shape(kind: str, protocol: Protocol, rng: random.Random) -> Shape:
@@ -122,6 +130,20 @@ def _shape(kind: str, protocol: Protocol, rng: random.Random) -> Shape:
             {"prep": {res.core: 30, res.memory: 40}},
             gpus=0.5,
         )
+    if kind == "sidecar-before-whole":  # the sidecar runs beside the init container: 2 GPUs
+        init = {"side": {res.gpu: 1}, "prep": {res.gpu: 1}}
+        return Shape(kind, {"main": {res.gpu: 1}}, init, gpus=2, sidecars=frozenset({"side"}))
+    if kind == "sidecar-after-whole":  # the sidecar reuses the init container's GPU: 2 GPUs
+        init = {"prep": {res.gpu: 2}, "side": {res.gpu: 1}}
+        return Shape(kind, {"main": {res.gpu: 1}}, init, gpus=2, sidecars=frozenset({"side"}))
+    if kind == "sidecar-before-slice":  # one GPU: max(20 + 40, 20 + 20) core
+        init = {"side": {res.core: 20, res.memory: 20}, "prep": {res.core: 40, res.memory: 30}}
+        main = {"main": {res.core: 20, res.memory: 20}}
+        return Shape(kind, main, init, gpus=0.6, sidecars=frozenset({"side"}))
+    if kind == "sidecar-after-slice":  # one GPU: max(50, 10 + 30) core
+        init = {"prep": {res.core: 50, res.memory: 40}, "side": {res.core: 10, res.memory: 10}}
+        main = {"main": {res.core: 30, res.memory: 20}}
+        return Shape(kind, main, init, gpus=0.5, sidecars=frozenset({"side"}))
     if kind == "multi-whole":
         return Shape(kind, {"a": {res.gpu: 1}, "b": {res.gpu: 1}}, gpus=2)
     if kind == "multi-slice":
@@ -142,6 +164,10 @@ MIX = {
     "mig": 14,
     "init-whole": 8,
     "init-slice": 6,
+    "sidecar-before-whole": 4,
+    "sidecar-after-whole": 3,
+    "sidecar-before-slice": 5,
+    "sidecar-after-slice": 4,
     "multi-whole": 8,
     "multi-slice": 10,
 }
@@ -149,14 +175,17 @@ MIX = {
 
 @dataclass
 class Checker:
-    """Checks the three sources for a device held by two pods, every `interval_s` in a
-    thread while the churn runs (and once more at the end)."""
+    """Checks the three sources for a device held by two pods, and the kubelets' device
+    checkpoints for a foreign spec, every `interval_s` in a thread while the churn runs (and
+    once more at the end)."""
 
     bed: Sandbox
     namespace: str
     interval_s: float = 3.0
     conflicts: dict[str, float] = field(default_factory=dict)
     """Distinct conflict line -> seconds into the churn when first seen."""
+    foreign: dict[str, float] = field(default_factory=dict)
+    """Distinct foreign-spec line (`invariant.foreign_specs`) -> seconds when first seen."""
     checks: int = 0
     errors: list[str] = field(default_factory=list)
     began: float = field(default_factory=time.monotonic)
@@ -172,6 +201,15 @@ class Checker:
         rows = workload.placements(pods, self.bed.protocol, merged, kubelet)
         found = workload.share_conflicts(rows, runtime) + workload.kubelet_conflicts(rows)
         at = round(time.monotonic() - self.began, 1)
+        specs = [
+            spec
+            for node in self.bed.nodes
+            for spec in checkpoint_specs(node.hollow.checkpoint_path.read_text())
+        ]
+        for line in foreign_specs(specs, pods, self.bed.protocol):
+            if line not in self.foreign:
+                self.foreign[line] = at
+                _say(f"FOREIGN SPEC at {at}s: {line}")
         new = [line for line in found if line not in self.conflicts]
         for line in new:
             self.conflicts[line] = at
@@ -221,7 +259,11 @@ def run_churn(nodes: int, total: int, wave: int, seed: int, state: Path) -> dict
     except BaseException:
         bed.stop(failed=True)
         raise
-    if out["churn_device_conflicts"] or out["churn_ledger_mismatches"]:
+    if (
+        out["churn_device_conflicts"]
+        or out["churn_ledger_mismatches"]
+        or out["churn_foreign_specs"]
+    ):
         bed.config.keep_state = True
         _say(f"conflicts or mismatches: state and logs kept in {bed.state_dir}")
     bed.stop()
@@ -256,7 +298,11 @@ def _churn(
         counter += 1
         name = f"{shape.kind}-{counter}{suffix}"
         pod = pod_manifest(
-            name, shape.containers, init_containers=shape.init or None, requests=REQUESTS
+            name,
+            shape.containers,
+            init_containers=shape.init or None,
+            requests=REQUESTS,
+            sidecars=shape.sidecars,
         )
         core.create_namespaced_pod(ns, pod)
         shapes[name] = shape
@@ -302,7 +348,8 @@ def _churn(
             _say(
                 f"wave {waves}: {created} created, {len(shapes)} alive ({gpu_use:g} GPUs,"
                 f" {mig_use} MIG), {deleted_running + deleted_early} deleted,"
-                f" {len(checker.conflicts)} conflicts in {checker.checks} checks"
+                f" {len(checker.conflicts)} conflicts, {len(checker.foreign)} foreign specs in"
+                f" {checker.checks} checks"
             )
         churn_s = time.monotonic() - began
     # Settled: every pod Running or Failed, deleted pods' Runtime allocations released,
@@ -329,6 +376,8 @@ def _churn(
                 _say(f"LEDGER MISMATCH {r.name}: {problems}")
     if mismatched:
         workload.write_json(bed.state_dir / "ledger-mismatches.json", {"pods": mismatched})
+    if checker.foreign:
+        workload.write_json(bed.state_dir / "foreign-specs.json", checker.foreign)
     if checker.conflicts:
         workload.write_json(bed.state_dir / "conflicts.json", checker.conflicts)
         _say(f"{len(checker.conflicts)} conflicts (line: seconds into the churn):")
@@ -360,6 +409,7 @@ def _churn(
         "churn_checks": float(checker.checks),
         "churn_failed_checks": float(len(checker.errors)),
         "churn_device_conflicts": float(len(checker.conflicts)),
+        "churn_foreign_specs": float(len(checker.foreign)),
         "churn_conflicts_runtime": float(by_source["runtime"]),
         "churn_conflicts_kubelet": float(by_source["kubelet"]),
         "churn_conflicts_scheduler_annotations": float(by_source["scheduler"]),

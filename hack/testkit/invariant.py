@@ -9,15 +9,21 @@ allocations.
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from lj_runtimekit.proto.k8s.deviceplugin.v1beta1 import api_pb2
 from lj_runtimekit.proto.pkg.protocol import (
+    AssignmentError,
     DeviceShare,
     Protocol,
     decode_assignment,
     pod_shares,
 )
+from lj_runtimekit.runtimesim.injection import ANNOTATION_PREFIX
 
 Holding = tuple[str, str, DeviceShare]
 """(node, holder, share): a holder (pod or container) holds `share` of a device on node."""
@@ -81,4 +87,78 @@ def assignment_holdings(pods: Iterable[Mapping[str, Any]], protocol: Protocol) -
         owner = f"{meta.get('namespace', '')}/{meta['name']}"
         shares = pod_shares(decode_assignment(text), init_containers(pod))
         out += [(node, owner, share) for share in shares]
+    return out
+
+
+CONTAINER_KEY = f"{ANNOTATION_PREFIX}container-key"
+"""The injection spec's annotation naming the Runtime allocation (`<pod uid>/<container>`)."""
+VISIBLE_DEVICES = "LJ_VISIBLE_DEVICES"
+
+
+@dataclass(frozen=True)
+class KubeletSpec:
+    """One entry of the kubelet's device checkpoint: the device IDs it passed for one
+    container and resource, and what the device plugin answered (envs, annotations)."""
+
+    pod_uid: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+    envs: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+def checkpoint_specs(text: str) -> list[KubeletSpec]:
+    """The entries of a kubelet device manager checkpoint (`kubelet_internal_checkpoint`)."""
+    out: list[KubeletSpec] = []
+    for entry in json.loads(text)["Data"]["PodDeviceEntries"] or ():
+        response = api_pb2.ContainerAllocateResponse()
+        response.ParseFromString(base64.b64decode(entry.get("AllocResp") or ""))
+        ids = [d for per_numa in (entry.get("DeviceIDs") or {}).values() for d in per_numa]
+        out.append(
+            KubeletSpec(
+                entry["PodUID"],
+                entry["ContainerName"],
+                entry["ResourceName"],
+                tuple(sorted(ids)),
+                dict(response.envs),
+                dict(response.annotations),
+            )
+        )
+    return out
+
+
+def foreign_specs(
+    specs: Iterable[KubeletSpec], pods: Iterable[Mapping[str, Any]], protocol: Protocol
+) -> list[str]:
+    """One line per running container (app or sidecar of a Running pod) the kubelet injected
+    another container's spec into: a container key that is not `<its pod uid>/<its name>`,
+    or visible devices outside its own pod's assignment."""
+    running: dict[str, tuple[str, frozenset[str], set[str]]] = {}
+    for pod in pods:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        names = {c["name"] for c in spec.get("containers") or ()}
+        names |= {name for name, restartable in init_containers(pod) if restartable}
+        text = (meta.get("annotations") or {}).get(protocol.annotations.assigned_devices)
+        try:
+            assigned = decode_assignment(text) if text else {}
+        except AssignmentError:
+            assigned = {}
+        devices = {s.device_id for shares in assigned.values() for s in shares}
+        running[meta["uid"]] = (f"{meta['namespace']}/{meta['name']}", frozenset(names), devices)
+    out = []
+    for spec in specs:
+        if spec.pod_uid not in running or spec.container not in running[spec.pod_uid][1]:
+            continue
+        ref, _, devices = running[spec.pod_uid]
+        where = f"pod {ref} container {spec.container} ({spec.resource})"
+        key = spec.annotations.get(CONTAINER_KEY)
+        if key != f"{spec.pod_uid}/{spec.container}":
+            out.append(f"{where}: container key {key!r}")
+        visible = {d for d in spec.envs.get(VISIBLE_DEVICES, "").split(",") if d}
+        if not visible or not visible <= devices:
+            shown = ",".join(sorted(visible)) or "none"
+            out.append(f"{where}: visible devices {shown}, its pod's assignment {sorted(devices)}")
     return out
