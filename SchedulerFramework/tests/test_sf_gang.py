@@ -9,7 +9,7 @@ import pytest
 from pytest_mock import MockerFixture
 
 from lj_runtimekit.proto.pkg.protocol import decode_assignment
-from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import PodInfo, parse_pod
 from lj_runtimekit.schedulerframework.internal.framework.types import CycleState, Status
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling import plugin as cos
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import (
@@ -262,16 +262,57 @@ def test_a_pod_turned_away_by_a_gang_claim_is_tried_again_once_the_claim_goes() 
     c.add_node("n1")
     ann = {A.gang_group: "g", A.gang_min_members: "2"}
     members = [c.add_pod("g-0", {GPU: "2"}, annotations=ann)]
-    # tried between the gang's two members, while the gang's plan holds n0
-    pinned = c.add_pod("pinned", {GPU: "1"}, nodeSelector={"pin": "yes"})
+    # tried between the gang's two members, while the gang's plan holds n0: 6 GPUs free,
+    # 2 of them held for the member to come
+    pinned = c.add_pod("pinned", {GPU: "5"}, nodeSelector={"pin": "yes"})
     members.append(c.add_pod("g-1", {GPU: "2"}, annotations=ann))
-    c.schedule()
-    assert nodes_of(c, members) == ["n0", "n0"]
+    c.schedule(max_cycles=2)
     assert any("held for a gang being placed" in e for e in c.events(pinned, "FailedScheduling"))
-    assert c.scheduler.queue.counts()["unschedulable"] == 0  # the claim went: moved at once
+    c.delete_pod(members[0])  # the waiting member goes: the gang's plan and claim go
+    assert c.scheduler.queue.counts()["unschedulable"] == 0  # moved at once
     time.sleep(0.01)
     c.schedule()
     assert c.node_of(pinned) == "n0"
+
+
+def test_a_gang_claim_holds_only_the_room_the_gang_still_needs() -> None:
+    c = FakeCluster()
+    MADE.append(c)
+    c.add_node("n0")
+    ann = {A.gang_group: "g", A.gang_min_members: "2"}
+    members = [c.add_pod(f"g-{i}", {GPU: "2"}, annotations=ann, priority=100) for i in (0, 1)]
+    c.schedule(max_cycles=1)  # g-0 reserved and waiting: 6 GPUs free, 2 held for g-1
+    assert c.scheduler.cache.is_assumed(members[0])
+    fits = parse_pod(c.pods[c.add_pod("fits", {GPU: "4"}, priority=100)])
+    too_big = parse_pod(c.pods[c.add_pod("too-big", {GPU: "5"}, priority=100)])
+    assert [n.name for n in c.scheduler.filter_nodes(fits, "")] == ["n0"]
+    assert c.scheduler.filter_nodes(too_big, "") == []
+    coscheduling = c.scheduler.frameworks["lj-scheduler"].plugin("Coscheduling")
+    assert isinstance(coscheduling, cos.Coscheduling)
+    node = c.scheduler.cache.nodes["n0"]
+    status = coscheduling.filter(CycleState(), too_big, node)
+    assert status.message() == "node(s) held for a gang being placed"
+    assert coscheduling.filter(CycleState(), fits, node).ok
+    c.schedule()
+    assert nodes_of(c, members) == ["n0", "n0"]
+    assert c.node_of(fits.uid) == "n0"
+    assert not c.scheduler.evictor.done
+
+
+def test_a_gang_claim_never_holds_room_against_a_higher_priority_pod() -> None:
+    c = FakeCluster()
+    MADE.append(c)
+    c.add_node("n0")
+    ann = {A.gang_group: "g", A.gang_min_members: "2"}
+    g0 = c.add_pod("g-0", {GPU: "4"}, annotations=ann, priority=100)
+    c.add_pod("g-1", {GPU: "4"}, annotations=ann, priority=100)
+    c.schedule(max_cycles=1)  # g-0 reserved and waiting; the plan holds 4 GPUs for g-1
+    assert c.scheduler.cache.is_assumed(g0)
+    high = c.add_pod("high", {GPU: "4"}, priority=200)
+    c.schedule(max_cycles=1)
+    assert c.node_of(high) == "n0"
+    assert not c.scheduler.evictor.done  # nothing preempted, the gang's member untouched
+    assert c.scheduler.cache.is_assumed(g0)
 
 
 def test_a_gang_of_slices_is_planned_from_what_fits_on_the_devices() -> None:

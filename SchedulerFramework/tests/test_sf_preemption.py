@@ -19,6 +19,7 @@ P = load_protocol()
 GPU = P.resources.gpu
 A = P.annotations
 L = P.labels
+NOT_ELIGIBLE = "preemption: not eligible due to a terminating pod on the nominated node."
 
 
 def fill_node(cluster: FakeCluster, pods: int, gpus: int) -> list[str]:
@@ -44,7 +45,7 @@ def test_freed_devices_are_kept_for_the_nominated_pod(cluster: FakeCluster) -> N
     cluster.scheduler.queue.activate([high])
     cluster.schedule()
     assert len(cluster.scheduler.evictor.done) == 1
-    assert any("waiting for the pods preempted on node n0" in e for e in cluster.events(high))
+    assert any(e.endswith(NOT_ELIGIBLE) for e in cluster.events(high))
     # a lower-priority pod arrives; the victims go; what they freed is not for it
     late = cluster.add_pod("late", {GPU: "1"}, priority=0)
     for v in done.victims:
@@ -160,3 +161,42 @@ def test_a_gang_that_would_not_fit_evicts_nobody(cluster: FakeCluster) -> None:
     cluster.schedule()
     assert not cluster.scheduler.evictor.done
     assert any("preemptionPolicy=Never" in e for e in cluster.events(never[0]))
+
+
+def evicted(cluster: FakeCluster, preemptor: str, node: str, victims: list[str]) -> None:
+    """What the evictor writes: the nomination, then each victim's DisruptionTarget
+    condition and deletion (the victims still terminating)."""
+    cluster.pods[preemptor]["status"]["nominatedNodeName"] = node
+    for uid in victims:
+        cluster.pods[uid]["status"]["conditions"] = [
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+        ]
+        cluster.terminate_pod(uid)
+
+
+def test_no_second_preemption_after_a_restart_while_victims_terminate(
+    cluster: FakeCluster,
+) -> None:
+    for n in ("n0", "n1"):
+        cluster.add_node(n, gpus=8, labels={"slot": n})
+    low = [
+        cluster.add_pod(f"low-{n}", {GPU: "8"}, priority=0, nodeSelector={"slot": n})
+        for n in ("n0", "n1")
+    ]
+    cluster.schedule()
+    high = cluster.add_pod("high", {GPU: "8"}, priority=100)
+    cluster.schedule()
+    (done,) = cluster.scheduler.evictor.done
+    victims = [v.uid for v in done.victims]
+    evicted(cluster, high, done.node, victims)
+    cluster.restart()  # what the victims were lives only in the cluster now
+    cluster.scheduler.queue.activate([high])
+    cluster.schedule()
+    assert cluster.scheduler.evictor.done == []
+    assert any(e.endswith(NOT_ELIGIBLE) for e in cluster.events(high))
+    for uid in victims:
+        cluster.delete_pod(uid)
+    cluster.scheduler.queue.activate([high])  # not waiting out its backoff
+    cluster.schedule()
+    assert cluster.node_of(high) == done.node
+    assert [u for u in low if u in cluster.pods] == [u for u in low if u not in victims]

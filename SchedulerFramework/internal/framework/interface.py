@@ -256,11 +256,16 @@ class Handle(Protocol):
         ...
 
     def filter_nodes(
-        self, pod: PodInfo, skip: str, only: Collection[str] | None = None
+        self,
+        pod: PodInfo,
+        skip: str,
+        only: Collection[str] | None = None,
+        beside: Sequence[PodInfo] = (),
     ) -> list[NodeInfo]:
         """Every node (of `only`, when given) on which `pod` passes the profile's PreFilter and
         Filter plugins, except the plugin named `skip` (a gang plugin planning a whole gang),
-        with the pods nominated to the node of priority at least the pod's counted in."""
+        with the pods nominated to the node, and `beside`, of priority at least the pod's
+        counted in (their PreFilter without `skip` too)."""
         ...
 
     def nominations(self) -> Mapping[str, Sequence[PodInfo]]:
@@ -272,8 +277,9 @@ class Handle(Protocol):
         DisruptionTarget, deletion, events)."""
         ...
 
-    def preemption_pending(self, uid: str) -> str | None:
-        """The node on which the pod's last preemption still waits for victims to go."""
+    def preemption_pending(self, pod: PodInfo) -> str | None:
+        """The pod's nominated node while its preemption there waits for victims to go (its
+        own, or any lower-priority pod terminating by preemption there)."""
         ...
 
     def get_json(self, path: str) -> dict[str, Any] | None:

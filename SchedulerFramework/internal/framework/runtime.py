@@ -162,11 +162,12 @@ class Framework:
         pod: PodInfo,
         node: NodeInfo,
         nominated: Sequence[PodInfo] = (),
+        skip: str = "",
     ) -> Status:
         """`run_filters`, and again with the node's `nominated` pods of priority at least
         the pod's reserved on it (upstream's RunFilterPluginsWithNominatedPods), so that what
-        a preemption freed for a pod is not taken by a lower-priority one meanwhile. Caller
-        holds the cache lock."""
+        a preemption freed for a pod is not taken by a lower-priority one meanwhile; their
+        PreFilter runs without the plugin named `skip`. Caller holds the cache lock."""
         status = self.run_filters(state, pod, node)
         if not status.ok or not nominated:
             return status
@@ -177,7 +178,7 @@ class Framework:
                 if other.uid == pod.uid or other.priority < pod.priority or other.uid in cache.pods:
                     continue
                 other_state = CycleState()
-                _, pre = self.run_pre_filter(other_state, other)
+                _, pre = self.run_pre_filter(other_state, other, skip)
                 if not pre.ok:
                     continue
                 cache.assume_pod(other, node.name)

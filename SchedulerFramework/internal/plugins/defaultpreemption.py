@@ -63,6 +63,8 @@ NAME = "DefaultPreemption"
 PDB_PATH = "/apis/policy/v1/poddisruptionbudgets"
 NOTHING = Status(Code.UNSCHEDULABLE)
 """Preemption not tried (no reason added to the pod's failure message)."""
+TERMINATING = "not eligible due to a terminating pod on the nominated node."
+"""Upstream's reason: the pod's last preemption still waits for its victims to go."""
 MIN_CANDIDATE_NODES_PERCENTAGE = 10
 MIN_CANDIDATE_NODES = 100
 """Stop looking once this many nodes would do (upstream's DefaultPreemption args)."""
@@ -219,11 +221,12 @@ class DefaultPreemption(PostFilterPlugin):
             return None, unschedulable("not eligible due to preemptionPolicy=Never.")
         if isinstance(need, GangNeed):
             return self._preempt_for_gang(pod, need)
-        pending = self.handle.preemption_pending(pod.uid)
-        if pending is not None:
-            return None, unschedulable(
-                f"waiting for the pods preempted on node {pending} to terminate."
-            )
+        pending = self.handle.preemption_pending(pod)
+        nominated = statuses.get(pending) if pending is not None else None
+        if pending is not None and (
+            nominated is None or nominated.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE
+        ):  # a nominated node that can never take the pod does not hold it back (upstream)
+            return None, unschedulable(TERMINATING)
         cache = self.handle.cache
         with cache.lock:
             by_node = self._units(pod)
@@ -261,13 +264,8 @@ class DefaultPreemption(PostFilterPlugin):
         )
 
     def _preempt_for_gang(self, pod: PodInfo, need: GangNeed) -> tuple[str | None, Status]:
-        for m in (pod, *need.members):
-            pending = self.handle.preemption_pending(m.uid)
-            if pending is not None:
-                return None, unschedulable(
-                    f"gang {need.key}: waiting for the pods preempted on node {pending} to "
-                    "terminate."
-                )
+        if any(self.handle.preemption_pending(m) is not None for m in (pod, *need.members)):
+            return None, unschedulable(TERMINATING)
         cache = self.handle.cache
         with cache.lock:
             units = list({id(u): u for us in self._units(pod).values() for u in us}.values())

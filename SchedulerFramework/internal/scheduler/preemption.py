@@ -41,6 +41,17 @@ def nominated_node(pod: PodInfo) -> str:
     return str((pod.obj.get("status") or {}).get("nominatedNodeName") or "")
 
 
+def terminating_by_preemption(pod: PodInfo) -> bool:
+    """Being deleted, with the condition a scheduler's preemption writes (upstream's
+    podTerminatingByPreemption)."""
+    if not pod.deleting:
+        return False
+    for c in (pod.obj.get("status") or {}).get("conditions") or ():
+        if isinstance(c, dict) and c.get("type") == DISRUPTION_TARGET:
+            return c.get("status") == "True" and c.get("reason") == PREEMPTION_BY_SCHEDULER
+    return False
+
+
 class Nominator:
     """Pending pods nominated to nodes, and the victims each still waits for.
 
@@ -102,6 +113,24 @@ class Nominator:
         with self._cache.lock:
             for victim in self._victims.pop(uid, ()):
                 self._preemptor_of.pop(victim, None)
+
+    def waiting(self, pod: PodInfo) -> str | None:
+        """The pod's nominated node while its preemption waits for victims to go: a victim
+        it chose is still accounted, or (as upstream, and what a restarted scheduler sees)
+        a lower-priority pod there is terminating by preemption."""
+        with self._cache.lock:
+            pending = self.pending(pod.uid)
+            if pending is not None:
+                return pending
+            node = self._node_of.get(pod.uid)
+            info = self._cache.nodes.get(node) if node else None
+            if info is None:
+                return None
+            for uid in info.pods:
+                st = self._cache.pods.get(uid)
+                if st and st.pod.priority < pod.priority and terminating_by_preemption(st.pod):
+                    return node
+            return None
 
     def pending(self, uid: str) -> str | None:
         """The nominated node while a victim of the pod's preemption is still accounted."""

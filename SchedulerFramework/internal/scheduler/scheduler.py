@@ -342,7 +342,11 @@ class Scheduler:
                 log.exception("after-cycle hook failed")
 
     def filter_nodes(
-        self, pod: PodInfo, skip: str, only: Collection[str] | None = None
+        self,
+        pod: PodInfo,
+        skip: str,
+        only: Collection[str] | None = None,
+        beside: Sequence[PodInfo] = (),
     ) -> list[NodeInfo]:
         fwk = self.frameworks.get(pod.scheduler_name)
         if fwk is None or pod.parse_errors:
@@ -365,7 +369,13 @@ class Scheduler:
             return [
                 n
                 for n in candidates
-                if fwk.run_filters_with_nominated(state, pod, n, nominated.get(n.name, ())).ok
+                if fwk.run_filters_with_nominated(
+                    state,
+                    pod,
+                    n,
+                    [*nominated.get(n.name, ()), *beside] if beside else nominated.get(n.name, ()),
+                    skip,
+                ).ok
             ]
 
     def nominations(self) -> Mapping[str, Sequence[PodInfo]]:
@@ -384,8 +394,8 @@ class Scheduler:
         )
         self.evictor.submit(Preemption(pod, node_name, tuple(victims)))
 
-    def preemption_pending(self, uid: str) -> str | None:
-        return self.nominator.pending(uid)
+    def preemption_pending(self, pod: PodInfo) -> str | None:
+        return self.nominator.waiting(pod)
 
     def get_json(self, path: str) -> dict[str, Any] | None:
         if self.kube is None:

@@ -11,7 +11,9 @@ Cycle order (scheduler-plugins' Coscheduling, plus a gang-wide plan):
   the cycle state lets DefaultPreemption make room for the whole gang (it
   then claims the nodes through `hold`). The plan claims its nodes; each
   member is narrowed to its Job's planned nodes.
-- Filter: other pods keep off nodes claimed by a gang being placed.
+- Filter: a node claimed by a gang being placed holds the room of the members
+  still to come there (as nominated pods hold theirs): another pod passes when
+  it fits beside them, or when its priority is higher than theirs.
 - Reserve: the member takes one planned slot (GpuShare reserves the devices).
 - Permit: WAIT until running + reserved members reach the minimum, then every
   waiting member is allowed at once and all bind. The wait ends at the plan's
@@ -687,11 +689,33 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             ), SUCCESS
 
     def filter(self, state: CycleState, pod: PodInfo, node: NodeInfo) -> Status:
+        """A node claimed by another gang takes the pod when the members still to come
+        there fit beside it, or when they have a lower priority than the pod's."""
         owner = self._claims.get(node.name)
         if owner is None or owner == state.read(STATE_KEY):
             return SUCCESS
+        with self._lock:
+            g = self._gangs.get(owner)
+            coming = self._coming(g, node.name) if g is not None else []
+        held = [m for m in coming if m.priority >= pod.priority]
+        if not held or self.handle.filter_nodes(pod, NAME, (node.name,), held):
+            return SUCCESS
         self._turned_away.setdefault(owner, set()).add(pod.uid)
         return unschedulable("node(s) held for a gang being placed")
+
+    def _coming(self, g: _Gang, node: str) -> list[PodInfo]:
+        """The members the gang's plan still places on `node` (one per open slot, of the
+        slot's job): the room its claim holds."""
+        p = g.plan
+        if p is None:
+            return []
+        pending = sorted(g.pending(), key=lambda m: m.name)
+        out: list[PodInfo] = []
+        for job, nodes in p.slots.items():
+            open_slots = nodes.get(node, 0) - p.used.get(job, {}).get(node, 0)
+            if open_slots > 0:
+                out.extend([m for m in pending if self._job(m) == job][:open_slots])
+        return out
 
     # -- Reserve / Permit -----------------------------------------------------------------
 
