@@ -9,10 +9,19 @@ from typing import Any
 
 from lj_runtimekit.proto.pkg.protocol import decode_assignment
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
+from lj_runtimekit.schedulerframework.internal.plugins.gpushare.assign import copies_that_fit
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import (
+    DeviceRequest,
     parse_device_request,
 )
-from lj_runtimekit.testkit.scheduler.fake import CORE, GPU, MEM, PROTOCOL, FakeCluster
+from lj_runtimekit.testkit.scheduler.fake import (
+    CORE,
+    GPU,
+    MEM,
+    PROTOCOL,
+    FakeCluster,
+    nvlink_inventory,
+)
 
 MIG_1G = PROTOCOL.resources.mig("1g.10gb")
 
@@ -110,3 +119,30 @@ def test_a_sidecar_slice_before_an_init_slice_adds_to_the_device(cluster: FakeCl
     # core: max(30 + 50, 30 + 10 + 20); memory: max(10 + 50, 10 + 10 + 20)
     assert (dev.core_used, dev.memory_used) == (80, 60)
     assert cluster.scheduler.cache.violations() == []
+
+
+def test_an_init_container_beside_a_sidecar_gets_mig_instances_of_its_own(
+    cluster: FakeCluster,
+) -> None:
+    inv = nvlink_inventory("a", mig={7: ["1g.10gb"] * 3})
+    cluster.add_node("a", inventory=inv, extra={MIG_1G: "3"})
+    uid = cluster.add_pod(
+        "p",
+        {"cpu": "1"},
+        initContainers=[_init("side", {MIG_1G: "1"}, sidecar=True), _init("prep", {MIG_1G: "1"})],
+    )
+    cluster.schedule()
+    got = decode_assignment(cluster.assignment(uid))
+    assert got["prep"] != got["side"]  # they run at the same time
+    # the pod holds 2 instances (side + prep): one of the 3 is left
+    assert (
+        copies_that_fit(cluster.scheduler.cache.nodes["a"].devices, _mig_request(), "binpack", 10)
+        == 1
+    )
+    assert cluster.scheduler.cache.violations() == []
+
+
+def _mig_request() -> DeviceRequest:
+    req = parse_device_request(parse_pod(_pod([], [{MIG_1G: "1"}])), PROTOCOL)
+    assert req is not None
+    return req
