@@ -1,23 +1,39 @@
-"""Fixtures: a short socket directory and a node bed factory."""
+"""Fixtures: a short socket directory, a node bed factory, and the allocator's parts (the
+Runtime simulator in process on a real socket, a kubelet `/pods` server) for unit tests."""
 
 from __future__ import annotations
 
 import contextlib
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from lj_runtimekit.deviceplugin.internal.allocate.allocator import Allocator
+from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods, PodInfo, parse_pod
+from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, RuntimeAccess
+from lj_runtimekit.proto.pkg.featuregate import evaluate
+from lj_runtimekit.proto.pkg.protocol import DeviceShare, Protocol, encode_assignment
+from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy
+from lj_runtimekit.proto.pkg.version import Version
+from lj_runtimekit.runtimesim.node import load_node_file
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
+from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET, Simulator
 from lj_runtimekit.testkit.kubelet.bed import (
+    ANN,
     CORE,
     GPU,
     MEMORY,
+    PROTOCOL,
     Bed,
     BedError,
     node_bed,
 )
+from lj_runtimekit.testkit.podserver import PodListServer, pod_object
 
 BedFactory = Callable[..., contextlib.AbstractAsyncContextManager[Bed]]
 
@@ -52,3 +68,81 @@ def make_bed(workdir: Path) -> BedFactory:
             pytest.fail(str(exc))
 
     return factory
+
+
+@dataclass
+class Parts:
+    """The allocator's real collaborators: the Runtime simulator (in process, on a unix
+    socket), its client, the resource manager, and the kubelet's `/pods` (over HTTP)."""
+
+    sim: Simulator
+    runtime: RuntimeAccess
+    rm: ResourceManager
+    kubelet_pods: PodListServer
+    node_pods: NodePods
+    protocol: Protocol = PROTOCOL
+    _n: int = field(default=0)
+
+    def gpu(self, index: int) -> str:
+        """The ID of the node's GPU `index`."""
+        return self.rm.snapshot.devices[index].id
+
+    def pod(
+        self,
+        containers: Mapping[str, Mapping[str, int]],
+        assignment: Mapping[str, Sequence[DeviceShare]] | None = None,
+        *,
+        name: str | None = None,
+        listed: bool = True,
+        **kw: Any,
+    ) -> dict[str, Any]:
+        """A pending pod placed with `assignment`, in the kubelet's `/pods` when `listed`."""
+        self._n += 1
+        annotations = dict(kw.pop("annotations", {}))
+        if assignment is not None:
+            annotations[ANN.assigned_devices] = encode_assignment(
+                {c: tuple(s) for c, s in assignment.items()}
+            )
+        pod = pod_object(
+            name or f"pod-{self._n}",
+            containers,
+            uid=f"uid-{self._n:04d}",
+            node_name="node-1",
+            annotations=annotations,
+            **kw,
+        )
+        if listed:
+            self.kubelet_pods.put(pod)
+        return pod
+
+    def allocator(self, **kw: Any) -> Allocator:
+        """An allocator over these parts (no recorder unless given)."""
+        return Allocator(
+            self.rm, self.runtime, self.node_pods, self.protocol, node_name="node-1", **kw
+        )
+
+
+def info(pod: Mapping[str, Any]) -> PodInfo:
+    """The plugin's view of a pod object."""
+    return parse_pod(pod)
+
+
+@pytest.fixture
+async def parts(workdir: Path) -> AsyncIterator[Parts]:
+    """The allocator's parts on an example TDM node with 8 GPUs."""
+    sim = Simulator(load_node_file(EXAMPLE_NODES / "tdm-8gpu.yaml"), workdir / "sim")
+    await sim.start()
+    runtime = RuntimeAccess(str(workdir / "sim"), RUNTIME_SOCKET, RetryPolicy(attempts=1))
+    try:
+        devices = tuple(await runtime.client.list_devices())
+        gates = evaluate(sim.state.version, Version(1, 15, 0))
+        rm = ResourceManager(runtime, PROTOCOL, gates, devices)
+        with PodListServer() as server:
+            node_pods = NodePods(server.url, "node-1", None)
+            try:
+                yield Parts(sim, runtime, rm, server, node_pods)
+            finally:
+                await node_pods.aclose()
+    finally:
+        await runtime.close()
+        await sim.stop(0)

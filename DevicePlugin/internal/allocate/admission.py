@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import grpc
 
@@ -65,15 +66,20 @@ class Admission:
             log.warning("API server pod list failed", extra={"reason": str(exc)})
             return None
 
-    async def admitting(self) -> tuple[list[Waiting], list[PodInfo]]:
-        """The pods waiting for devices (one when the protocol holds), and the pod list.
+    async def admitting(self) -> Admitting:
+        """The pods waiting for devices (one when the protocol holds), the pod list, and the
+        lists that decided.
 
         The pod list is the kubelet's when it answers; where it shows no or several
         waiting pods, or a pod holding devices has left it, the API server's list
-        (read now) decides: a pod the kubelet rejected is Failed there before the
-        scheduler binds the node's next device pod.
+        (read now) decides: a pod the kubelet rejected is Failed there once its status
+        has gone round. Where several still wait, or the list is the API server's, the
+        kubelet's active pods (PodResources) decide: they hold the pod it admits, and
+        neither a pod it rejected nor one it has yet to reach.
         """
         pods = await self.pods()
+        source = "kubelet's" if self._pods.from_kubelet else "API server's"
+        seen = [f"the {source} pod list"]
         await self._collector.release_finished(pods, fresh=False)
         done = self._ledger.done()
         waiting = self.waiting(pods, done)
@@ -88,11 +94,22 @@ class Admission:
                 # pods the kubelet lists can be the one it is admitting.
                 waiting = [w for w in fresh_waiting if w.pod.uid in listed] or fresh_waiting
                 pods = fresh
-        if not self._pods.from_kubelet:
+                seen.append("the API server's pod list read now")
+        if len(waiting) > 1 or not self._pods.from_kubelet:
             # The API server lists every pod bound to the node at once, and forgets a pod
-            # deleted while the kubelet may still be admitting it; the kubelet's active pods
-            # (PodResources) hold the pod it admits and none it has yet to reach.
+            # deleted while the kubelet may still be admitting it; a pod the kubelet
+            # rejected stays Pending in both lists until its status has gone round.
             active = await self._crosscheck.kubelet_active()
             if active is not None:
                 waiting = [w for w in waiting if (w.pod.namespace, w.pod.name) in active]
-        return waiting, pods
+                seen.append("the kubelet's active pods (PodResources)")
+        return Admitting(waiting, pods, ", ".join(seen))
+
+
+class Admitting(NamedTuple):
+    """What `Admission.admitting` found."""
+
+    waiting: list[Waiting]
+    pods: list[PodInfo]
+    seen: str
+    """The lists that decided, for messages."""

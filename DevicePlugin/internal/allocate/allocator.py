@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 
 import grpc
 
@@ -24,7 +24,8 @@ from lj_runtimekit.deviceplugin.internal.allocate.crosscheck import CrossCheck
 from lj_runtimekit.deviceplugin.internal.allocate.exact import resolve_call
 from lj_runtimekit.deviceplugin.internal.allocate.ledger import Held, Ledger, describe
 from lj_runtimekit.deviceplugin.internal.allocate.records import PodRecorder, record
-from lj_runtimekit.deviceplugin.internal.allocate.refusals import RefusedPods
+from lj_runtimekit.deviceplugin.internal.allocate.refusals import RefusedPods, one_pod
+from lj_runtimekit.deviceplugin.internal.allocate.resolve import Waiting, next_container
 from lj_runtimekit.deviceplugin.internal.allocate.runtime import (
     container_response,
     runtime_allocate,
@@ -110,7 +111,7 @@ class Allocator:
         out = api_pb2.PreferredAllocationResponse()
         async with self._lock:
             try:
-                waiting, _ = await self._admission.admitting()
+                waiting = (await self._admission.admitting()).waiting
             except AllocationError as exc:
                 log.warning("preferred allocation without pod list", extra={"reason": str(exc)})
                 waiting = []
@@ -192,14 +193,13 @@ class Allocator:
     async def _allocate_one(
         self, info: ResourceInfo, ids: list[str]
     ) -> api_pb2.ContainerAllocateResponse:
-        waiting, pods = await self._admission.admitting()
+        waiting, pods, seen = await self._admission.admitting()
         try:
-            w, container, part = resolve_call(
-                waiting, info, ids, self.ledger, self._protocol, self._node
-            )
+            w = one_pod(waiting, self._node, info.name, len(ids), seen)
+            container, part = resolve_call(w, info, ids, self.ledger, self._protocol, self._node)
         except AllocationError:
             # A kubelet that lost its checkpoint asks again for a running container's devices.
-            repeated = await self._repeated(info, ids, pods, {x.pod.uid for x in waiting})
+            repeated = await self._repeated(info, ids, pods, waiting)
             if repeated is not None:
                 return repeated
             if len(waiting) == 1:
@@ -266,25 +266,30 @@ class Allocator:
         info: ResourceInfo,
         ids: Sequence[str],
         pods: Sequence[PodInfo],
-        waiting: Collection[str],
+        waiting: list[Waiting],
     ) -> api_pb2.ContainerAllocateResponse | None:
         """A kubelet that lost its checkpoint asks again for a running container's devices.
 
-        When exactly one allocated container of an active pod holds exactly these
-        devices (or the slice on the device of these units), answer its spec again
-        (the Runtime's Allocate is idempotent per container key) instead of failing
-        a running pod. Nothing new is handed out.
+        When no pod waits for the call's resource (else the call may be that pod's, the
+        kubelet passing devices it takes for free) and exactly one allocated container of
+        an active pod holds exactly these IDs, answer its spec again (the Runtime's Allocate
+        is idempotent per container key) instead of failing a running pod. For a slice the
+        IDs are the units the kubelet passed for it; after a restart of the plugin, which
+        does not know them, its device and percentage. Nothing new is handed out.
         """
+        done = self.ledger.done()
+        if any(next_container(w.pod, info.name, done) is not None for w in waiting):
+            return None
         sliced = info.kind in (ResourceKind.CORE, ResourceKind.MEMORY)
-        parents = {slice_unit_device(u) for u in ids} if sliced else set()
-        active = {p.uid: p for p in pods if p.active and p.uid not in waiting}
-        matches = []
-        for held in self.ledger.entries.values():
-            if info.name not in held.called or held.pod_uid not in active:
-                continue
-            mine = {s.device_id for s in held.shares if s.whole != sliced}
-            if (parents if sliced else set(ids)) == mine:
-                matches.append(held)
+        unserved = {w.pod.uid for w in waiting}
+        active = {p.uid: p for p in pods if p.active and p.uid not in unserved}
+        matches = [
+            held
+            for held in self.ledger.entries.values()
+            if info.name in held.called
+            and held.pod_uid in active
+            and self._holds_exactly(held, info.name, ids, sliced)
+        ]
         if len(matches) != 1:
             return None
         held = matches[0]
@@ -298,6 +303,17 @@ class Allocator:
         )
         response = await runtime_allocate(self._runtime, pod, container, held.shares)
         return container_response(response.spec)
+
+    def _holds_exactly(self, held: Held, resource: str, ids: Sequence[str], sliced: bool) -> bool:
+        """Whether the container holds exactly these IDs of `resource`."""
+        if not sliced:
+            mine = {s.device_id for s in held.shares if resource in self.ledger.resource_of(s)}
+            return mine == set(ids)
+        units = held.units.get(resource)
+        if units is not None:
+            return set(units) == set(ids)
+        parents = {slice_unit_device(u) for u in ids}
+        return {s.device_id for s in held.shares if not s.whole} == parents
 
     # records and clean-up
 

@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 import grpc
 
 from lj_runtimekit.deviceplugin.internal.allocate.ledger import Ledger, describe
-from lj_runtimekit.deviceplugin.internal.allocate.refusals import one_pod
 from lj_runtimekit.deviceplugin.internal.allocate.resolve import Waiting, next_container
 from lj_runtimekit.deviceplugin.internal.plugin.server import AllocationError
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import ContainerInfo
@@ -23,16 +22,15 @@ from lj_runtimekit.proto.pkg.runtimeclient import normalize
 
 
 def resolve_call(
-    waiting: Sequence[Waiting],
+    w: Waiting,
     info: ResourceInfo,
     ids: Sequence[str],
     ledger: Ledger,
     protocol: Protocol,
     node: str,
-) -> tuple[Waiting, ContainerInfo, tuple[DeviceShare, ...]]:
-    """The pod in admission, its container this call is for, and what it gets; or
+) -> tuple[ContainerInfo, tuple[DeviceShare, ...]]:
+    """The container of the pod in admission this call is for, and what it gets; or
     AllocationError saying why the call cannot be served exactly."""
-    w = one_pod(waiting, node, info.name, len(ids))
     pod = w.pod
     container = next_container(pod, info.name, ledger.done())
     if container is None:
@@ -76,7 +74,7 @@ def resolve_call(
             f"the kubelet passes {', '.join(clash)} for {ref}, which another container of"
             " the pod that runs beside it already holds",
         )
-    return w, container, part
+    return container, part
 
 
 def pool(

@@ -30,23 +30,25 @@ class RefusedPods:
         return uid in self._uids
 
 
-def one_pod(waiting: Sequence[Waiting], node: str, resource: str, count: int) -> Waiting:
-    """The only waiting pod; AllocationError when there are several or none."""
+def one_pod(waiting: Sequence[Waiting], node: str, resource: str, count: int, seen: str) -> Waiting:
+    """The only waiting pod; AllocationError when there are several or none (`seen`: the
+    lists the plugin read, for the message)."""
     if len(waiting) > 1:
         refs = sorted(w.pod.ref for w in waiting)
         names = ", ".join(refs[:5]) + (f" and {len(refs) - 5} more" if len(refs) > 5 else "")
         raise AllocationError(
             grpc.StatusCode.FAILED_PRECONDITION,
             f"cannot tell which pod the kubelet is admitting on node {node}:"
-            f" {len(refs)} pods wait for devices ({names}); with the Runtime Kit scheduler"
-            " only one can (docs/protocol.md), so one of them was bound around it"
-            " (spec.nodeName set at creation, or another scheduler); refusing rather than"
-            " guessing",
+            f" {len(refs)} pods wait for devices ({names}) in {seen}; only one can be in"
+            " admission at a time (docs/protocol.md), so either the kubelet rejected one of"
+            " them before its device calls and its Failed status has not reached these lists"
+            " yet, or one was bound around the Runtime Kit scheduler (spec.nodeName set at"
+            " creation, or another scheduler); refusing rather than guessing",
         )
     if not waiting:
         raise AllocationError(
             grpc.StatusCode.FAILED_PRECONDITION,
-            f"no pod on node {node} waits for devices, yet the kubelet asks for"
+            f"no pod on node {node} waits for devices in {seen}, yet the kubelet asks for"
             f" {count} of {resource}; was the pod deleted, or its resource limits changed?",
         )
     return waiting[0]
