@@ -428,7 +428,7 @@ def test_container_command_line_parses_with_the_real_flags(
         assert ns["kubelet_pods_url"] == "http://10.0.0.7:10255/pods"
         assert ns["node_name"] == "gpu-node-1"
         assert ns["label_node"] is True
-        assert load_protocol(ns["protocol"]).as_flat() == dict(DEFAULTS)
+        assert load_protocol(ns["protocol_file"]).as_flat() == dict(DEFAULTS)
     elif script == "lj-exporter":
         assert ns["port"] == manifests.METRICS_PORT
         assert ns["node_name"] == "gpu-node-1"
