@@ -35,6 +35,7 @@ from lj_runtimekit.deploy.components import (
     DeployError,
     image_ref,
 )
+from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import Protocol, parse_protocol_text
 from lj_runtimekit.proto.pkg.protocolinfo import NODE_ANNOTATION
 
@@ -794,12 +795,9 @@ def _security(root: bool) -> Obj:
 
 
 def _tolerations(protocol: Protocol) -> list[Obj]:
-    keys = [
-        protocol.resources.gpu,
-        protocol.resources.ppu,
-        protocol.resources.amd,
-        "nvidia.com/gpu",
-    ]
+    """The node DaemonSets tolerate a taint on each device kind's resource (the device-kind
+    table), on nvidia.com/gpu, and CriticalAddonsOnly."""
+    keys = [*devicekind.whole_resources(protocol.resources), "nvidia.com/gpu"]
     tolerations: list[Obj] = [
         {"key": key, "operator": "Exists", "effect": "NoSchedule"} for key in dict.fromkeys(keys)
     ]

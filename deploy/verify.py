@@ -13,7 +13,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, Component, DeployError
 from lj_runtimekit.deploy.manifests import config_checksum
 from lj_runtimekit.proto.pkg import devicekind
@@ -220,7 +219,10 @@ def check_nodes(nodes: Iterable[Obj], protocol: Protocol) -> Report:
         expected: dict[str, int] = {known.resource(res): count}
         if known.shareable:
             # TDM: 100 core and memory units per device; exclusive: the resources exist, empty.
-            tdm = mode == "tdm" or (mode == "" and (_int(capacity.get(res.core)) or 0) > 0)
+            # Without a mode label, either unit present means TDM: a renamed core (or memory)
+            # resource is then named as missing, not its partner as unexpected.
+            units = (_int(capacity.get(r)) or 0 for r in (res.core, res.memory))
+            tdm = mode == "tdm" or (mode == "" and any(u > 0 for u in units))
             expected[res.core] = 100 * count if tdm else 0
             expected[res.memory] = 100 * count if tdm else 0
         wrong = [
@@ -244,7 +246,7 @@ def check_nodes(nodes: Iterable[Obj], protocol: Protocol) -> Report:
 
 def _domains(protocol: Protocol) -> set[str]:
     res = protocol.resources
-    names = (res.gpu, res.core, res.memory, res.ppu, res.amd)
+    names = devicekind.resource_names(res)
     return {n.rpartition("/")[0] for n in names} | {res.mig_prefix}
 
 
@@ -252,7 +254,7 @@ def stale_resources(nodes: Iterable[Obj], protocol: Protocol) -> dict[str, list[
     """node -> extended resources under a protocol domain but not a current protocol name,
     with capacity > 0 and allocatable 0: the residue of a renamed resource."""
     res = protocol.resources
-    current = {res.gpu, res.core, res.memory, res.ppu, res.amd}
+    current = set(devicekind.resource_names(res))
     domains = _domains(protocol)
     stale: dict[str, list[str]] = {}
     for node in nodes:
@@ -576,9 +578,11 @@ def check_baked(
                 shown = ", ".join(f"{k}={v}" for k, v in selector.items()) or "none"
                 wrong.append(f"nodeSelector {shown} (labels.enable is {enable})")
             tolerated = {t.get("key") for t in spec.get("tolerations") or []}
-            for key, value in (("gpu", res.gpu), ("ppu", res.ppu), ("amd", res.amd)):
-                if value not in tolerated:
-                    wrong.append(f"no toleration of {value} (resources.{key})")
+            for kind in devicekind.kinds():
+                if kind.resource(res) not in tolerated:
+                    wrong.append(
+                        f"no toleration of {kind.resource(res)} (resources.{kind.resource_key})"
+                    )
         if component.name == "controller":
             args = [a for c in spec.get("containers") or [] for a in c.get("args") or []]
             keys = [a.split("=", 1)[1] for a in args if a.startswith("--label-key=")]

@@ -15,7 +15,6 @@ from typing import Literal, cast
 
 import yaml
 
-from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2
 from lj_runtimekit.proto.pkg.version import InvalidVersionError, parse_version
 
 Kind = Literal["gpu", "ppu", "amd"]
@@ -26,9 +25,9 @@ Topology = Literal["all-to-all", "pairs"]
 
 @dataclass(frozen=True)
 class KindFacts:
-    """What the simulated Runtime reports and injects for one device kind."""
+    """What the simulated Runtime reports and injects for one device kind (its contract
+    enum value and feature gate are the device-kind table's, proto/pkg/devicekind)."""
 
-    enum: runtime_pb2.DeviceKind.ValueType
     id_prefix: str
     """Device IDs are `<prefix>-<uuid>`."""
     cdi_kind: str
@@ -37,9 +36,9 @@ class KindFacts:
 
 
 KIND_FACTS: dict[Kind, KindFacts] = {
-    "gpu": KindFacts(runtime_pb2.DEVICE_KIND_GPU, "GPU", "lingjun.com/gpu", 60.0, 400.0),
-    "ppu": KindFacts(runtime_pb2.DEVICE_KIND_PPU, "PPU", "lingjun.com/ppu", 50.0, 350.0),
-    "amd": KindFacts(runtime_pb2.DEVICE_KIND_AMD, "AMD", "lingjun.com/amd", 45.0, 300.0),
+    "gpu": KindFacts("GPU", "lingjun.com/gpu", 60.0, 400.0),
+    "ppu": KindFacts("PPU", "lingjun.com/ppu", 50.0, 350.0),
+    "amd": KindFacts("AMD", "lingjun.com/amd", 45.0, 300.0),
 }
 """One row per kind the simulator serves (its device paths are in injection.py)."""
 KINDS: tuple[Kind, ...] = tuple(KIND_FACTS)

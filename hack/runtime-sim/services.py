@@ -11,6 +11,8 @@ import grpc
 
 from lj_runtimekit.controller.pkg.configpb import config_service_pb2, config_service_pb2_grpc
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2, runtime_pb2_grpc
+from lj_runtimekit.proto.pkg import devicekind
+from lj_runtimekit.proto.pkg.featuregate import FEATURE_MINIMUMS
 from lj_runtimekit.proto.pkg.version import Version, parse_version
 from lj_runtimekit.runtimesim.allocation import (
     WHOLE,
@@ -22,7 +24,6 @@ from lj_runtimekit.runtimesim.allocation import (
 )
 from lj_runtimekit.runtimesim.injection import build_spec
 from lj_runtimekit.runtimesim.metrics import MetricsModel
-from lj_runtimekit.runtimesim.node import KIND_FACTS
 from lj_runtimekit.runtimesim.state import DeviceView, Health, NodeState
 
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -42,18 +43,32 @@ _EVENTS = {
     "modified": runtime_pb2.DeviceEvent.TYPE_MODIFIED,
 }
 # Capabilities by the minimum Runtime version that has them (docs/architecture.md,
-# Versions and feature gates).
+# Versions and feature gates); a gated device kind's comes from the device-kind table.
 _CAPABILITIES: tuple[tuple[Version, tuple[str, ...]], ...] = (
     (Version(1, 13, 0), ("exclusive", "tdm", "metrics")),
-    (Version(1, 14, 0), ("mig", "ppu", "amd", "container-metrics")),
+    (Version(1, 14, 0), ("mig", "container-metrics")),
     (Version(1, 15, 0), ("topology",)),
 )
 
 
 def capabilities(version: str) -> list[str]:
-    """Capability names a Runtime of this version reports."""
+    """Capability names a Runtime of this version reports: the features', then the name of
+    each device kind behind a feature gate from that gate's minimum version on."""
     current = parse_version(version)
-    return [name for minimum, names in _CAPABILITIES if current >= minimum for name in names]
+    named = [name for minimum, names in _CAPABILITIES if current >= minimum for name in names]
+    return named + [
+        k.name
+        for k in devicekind.kinds()
+        if k.feature is not None and current >= FEATURE_MINIMUMS[k.feature]
+    ]
+
+
+def _kind_value(kind: str) -> runtime_pb2.DeviceKind.ValueType:
+    """The contract's enum value of a simulated kind: the device-kind table's."""
+    known = devicekind.by_name(kind)
+    if known is None:
+        raise KeyError(f"device kind {kind!r} is not in the device-kind table")
+    return runtime_pb2.DeviceKind.ValueType(known.value)
 
 
 def _health(health: Health) -> runtime_pb2.Health.ValueType:
@@ -66,7 +81,7 @@ def device_message(view: DeviceView) -> runtime_pb2.Device:
     return runtime_pb2.Device(
         id=info.id,
         index=info.index,
-        kind=KIND_FACTS[info.kind].enum,
+        kind=_kind_value(info.kind),
         model=info.model,
         memory_bytes=info.memory_bytes,
         numa_node=info.numa_node,

@@ -19,6 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.controller.pkg.featureclient import feature_state
 from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2, podresources_pb2_grpc
+from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import (
     AssignmentError,
     DeviceShare,
@@ -391,7 +392,7 @@ def kubelet_records(nodes: Sequence[NodeHandle], protocol: Protocol) -> KubeletR
     """Every node's kubelet record of the device IDs each container got (PodResources List),
     for the Runtime Kit's resources."""
     res = protocol.resources
-    ours = (res.gpu, res.core, res.memory, res.ppu, res.amd, res.mig(""))
+    ours = (*devicekind.resource_names(res), res.mig(""))
     out: KubeletRecords = {}
     for node in nodes:
         with grpc.insecure_channel(f"unix:{node.pod_resources_socket}") as channel:

@@ -70,6 +70,15 @@ def test_capacity_mismatch_and_missing_label_are_named() -> None:
     assert "node unlabelled: no lingjun.com/device-count label" in problems[1]
 
 
+def test_a_renamed_core_resource_is_what_the_problem_names() -> None:
+    # resources.core renamed; the node (no device-mode label) still has the old core units.
+    renamed = load_protocol_text("resources.core: example.com/gpu-core\n")
+    tdm = node("tdm", gpu_labels(8, None), {GPU: "8", CORE: "800", MEM: "800"})
+    (problem,) = verify.check_nodes([tdm], renamed).problems
+    assert "capacity example.com/gpu-core=<none> (want 800)" in problem
+    assert MEM not in problem
+
+
 def test_no_enabled_node_says_how_to_label() -> None:
     problems = verify.check_nodes([node("cpu", {}, {})], PROTOCOL).problems
     assert problems == [

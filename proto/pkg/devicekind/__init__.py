@@ -9,6 +9,7 @@ from lj_runtimekit.proto.pkg.devicekind.table import (
     kinds,
     name_of,
     names,
+    resource_names,
     whole_resources,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "kinds",
     "name_of",
     "names",
+    "resource_names",
     "whole_resources",
 ]

@@ -84,3 +84,9 @@ def names() -> tuple[str, ...]:
 def whole_resources(resources: Resources) -> dict[str, DeviceKind]:
     """Whole-device resource name -> its kind."""
     return {k.resource(resources): k for k in KINDS}
+
+
+def resource_names(resources: Resources) -> tuple[str, ...]:
+    """Every extended resource the protocol names but MIG's (`resources.mig(profile)`): each
+    kind's whole device, then the TDM core and memory units."""
+    return (*whole_resources(resources), resources.core, resources.memory)
