@@ -11,11 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from lj_runtimekit.deviceplugin.internal.allocate.allocator import Allocator
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods, PodInfo, parse_pod
+from lj_runtimekit.deviceplugin.internal.podresources.check import PodResourcesClient
 from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager, RuntimeAccess
+from lj_runtimekit.proto.k8s.deviceplugin.v1beta1 import api_pb2
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2 as prpb
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2_grpc as prgrpc
 from lj_runtimekit.proto.pkg.featuregate import evaluate
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, Protocol, encode_assignment
 from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy
@@ -120,6 +125,54 @@ class Parts:
         return Allocator(
             self.rm, self.runtime, self.node_pods, self.protocol, node_name="node-1", **kw
         )
+
+
+class KubeletPodResources(prgrpc.PodResourcesListerServicer):
+    """The kubelet's PodResources `List`, answering `listed` (set by the test)."""
+
+    def __init__(self) -> None:
+        self.listed = prpb.ListPodResourcesResponse()
+
+    def active(self, *refs: tuple[str, str]) -> None:
+        """List these (namespace, name) pods, without devices."""
+        self.listed = prpb.ListPodResourcesResponse(
+            pod_resources=[prpb.PodResources(namespace=ns, name=n) for ns, n in refs]
+        )
+
+    async def List(self, request: Any, context: Any) -> prpb.ListPodResourcesResponse:
+        return self.listed
+
+    async def Get(self, request: Any, context: Any) -> prpb.GetPodResourcesResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not used by the plugin")
+        return prpb.GetPodResourcesResponse()
+
+    async def GetAllocatableResources(
+        self, request: Any, context: Any
+    ) -> prpb.AllocatableResourcesResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not used by the plugin")
+        return prpb.AllocatableResourcesResponse()
+
+
+@pytest.fixture
+async def pod_resources(
+    workdir: Path,
+) -> AsyncIterator[tuple[KubeletPodResources, PodResourcesClient]]:
+    """A PodResources server on a unix socket, and the plugin's client of it."""
+    servicer = KubeletPodResources()
+    server = grpc.aio.server()
+    prgrpc.add_PodResourcesListerServicer_to_server(servicer, server)
+    path = workdir / "pod-resources.sock"
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    yield servicer, PodResourcesClient(str(path))
+    await server.stop(None)
+
+
+def allocate_request(ids: Sequence[str]) -> api_pb2.AllocateRequest:
+    """A kubelet Allocate call for one container."""
+    return api_pb2.AllocateRequest(
+        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=list(ids))]
+    )
 
 
 def info(pod: Mapping[str, Any]) -> PodInfo:

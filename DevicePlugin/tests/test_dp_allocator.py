@@ -11,19 +11,15 @@ import pytest
 
 from lj_runtimekit.deviceplugin.internal.allocate.allocator import Allocator
 from lj_runtimekit.deviceplugin.internal.plugin.server import AllocationError
-from lj_runtimekit.proto.k8s.deviceplugin.v1beta1 import api_pb2
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
 from lj_runtimekit.testkit.kubelet.bed import CORE, GPU, MEMORY
 
-from .conftest import Parts
+from .conftest import Parts, allocate_request
 
 
 async def call(allocator: Allocator, resource: str, ids: list[str]) -> dict[str, str]:
     """One kubelet Allocate for one container; the envs it answers."""
-    request = api_pb2.AllocateRequest(
-        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]
-    )
-    response = await allocator.allocate(resource, request)
+    response = await allocator.allocate(resource, allocate_request(ids))
     return dict(response.container_responses[0].envs)
 
 
