@@ -9,7 +9,9 @@
 #                            scheduling needs it), labelled nodes, kubectl within one
 #                            minor of the server, Pod Security privileged where the
 #                            node agents and the Job Agent run, the extender's Secrets
-#   deploy                   render and apply every object (server-side apply), wait for rollout
+#   deploy                   render and apply every object (server-side apply), wait for rollout;
+#                            your edits of the files under deploy/<component>/ are applied
+#                            (an option setting the same field wins, with a warning)
 #   status                   workloads, ready counts, images, pods and their nodes
 #   verify                   pods Running+ready, node capacity = device count, exporter
 #                            metrics, protocol ConfigMaps agree, no stale resources

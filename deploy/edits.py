@@ -174,10 +174,6 @@ def _image_key(component: Component, path: tuple[Step, ...], doc: Obj, value: An
     return None
 
 
-def _image_value(value: str) -> str:
-    return value.removeprefix(JOB_IMAGE_ARG)
-
-
 Files = dict[str, list[Obj]]
 
 
@@ -236,15 +232,19 @@ def apply_edits(
                     edit = Edit(shown, _name(doc), path, value)
                     target = targets[index] if targets else _MISSING
                     if not _same_along(base_doc, target, path):
-                        now = "left out" if target is _MISSING else _show(_at(target, path))
+                        now = (
+                            "leave this object out"
+                            if target is _MISSING
+                            else f"set it ({_show(_at(target, path))})"
+                        )
                         lines.append(
                             f"warning: {edit.where()}: your edit {_show(value)} is not applied:"
-                            f" the options set it ({now})"
+                            f" the options {now}"
                         )
                         continue
                     key = _image_key(component, path, doc, value) if component else None
                     if key and key not in opts.images:
-                        images[key] = _image_value(value)
+                        images[key] = value.removeprefix(JOB_IMAGE_ARG)
                     edits.append((directory, name, index, edit))
                     lines.append(f"applying your edit of {edit.where()} = {_show(value)}")
     final = files_of(dataclasses.replace(opts, images={**opts.images, **images}))

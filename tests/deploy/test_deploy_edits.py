@@ -268,3 +268,21 @@ def test_deploy_all_refuses_before_contacting_the_cluster(checkout: Path) -> Non
         check=False,
     )
     assert "kubectl not found" in status.stderr
+
+
+def test_an_edit_of_an_object_an_option_leaves_out_is_said_not_applied(
+    checkout: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    edit(
+        checkout,
+        "deploy/deviceplugin/04-admission.yaml",
+        "failurePolicy: Fail",
+        "failurePolicy: Ignore",
+    )
+    code, objs, out, _ = render(checkout, capsys, "--no-admission-policies")
+    assert code == 0
+    assert not [o for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert out.startswith(
+        "warning: deploy/deviceplugin/04-admission.yaml: ValidatingAdmissionPolicy"
+    )
+    assert 'your edit "Ignore" is not applied: the options leave this object out' in out
