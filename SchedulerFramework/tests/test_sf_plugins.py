@@ -78,7 +78,8 @@ def test_slices_share_a_device_up_to_100_percent(cluster: FakeCluster) -> None:
     pending = next(u for u in uids if u not in placed)
     assert cluster.events(pending, "FailedScheduling") == [
         "0/1 nodes are available: 1 node(s) had no GPU with the asked core and memory "
-        "percentage free."
+        "percentage free. preemption: 0/1 nodes are available: 1 No preemption victims found "
+        "for incoming pod."
     ]
     assert cluster.scheduler.cache.violations() == []
 
@@ -96,7 +97,8 @@ def test_a_slice_needs_both_core_and_memory_room(cluster: FakeCluster) -> None:
     assert cluster.node_of(second) == ""
     assert cluster.events(second, "FailedScheduling") == [
         "0/1 nodes are available: 1 node(s) had no GPU with the asked core and memory "
-        "percentage free."
+        "percentage free. preemption: 0/1 nodes are available: 1 No preemption victims found "
+        "for incoming pod."
     ]
     assert cluster.node_of(third) == "a"
     assert cluster.scheduler.cache.violations() == []
@@ -266,7 +268,9 @@ def test_core_predicates(cluster: FakeCluster) -> None:
     assert cluster.node_of(t) in ("tainted", "small")
     assert cluster.events(big, "FailedScheduling") == [
         "0/4 nodes are available: 1 node(s) had untolerated taint {dedicated: x}, "
-        "1 node(s) were unschedulable, 2 Insufficient cpu."
+        "1 node(s) were unschedulable, 2 Insufficient cpu. preemption: 0/4 nodes are "
+        "available: 2 No preemption victims found for incoming pod, 2 Preemption is not "
+        "helpful for scheduling."
     ]
 
 
@@ -316,7 +320,9 @@ def test_failed_scheduling_aggregates_reasons(cluster: FakeCluster) -> None:
     cluster.schedule()
     assert cluster.events(p, "FailedScheduling") == [
         "0/10 nodes are available: 4 node(s) had untolerated taint {k: v}, "
-        "6 Insufficient alibabacloud.com/gpu."
+        "6 Insufficient alibabacloud.com/gpu. preemption: 0/10 nodes are available: 4 "
+        "Preemption is not helpful for scheduling, 6 No preemption victims found for incoming "
+        "pod."
     ]
 
 
@@ -338,7 +344,9 @@ def test_nodes_sharing_an_untolerated_taint_are_ruled_out_as_a_group(
     assert cluster.node_of(q) == ""
     assert cluster.events(q, "FailedScheduling") == [
         "0/21 nodes are available: 1 Insufficient alibabacloud.com/gpu, "
-        f"20 node(s) had untolerated taint {{{unreachable}}}."
+        f"20 node(s) had untolerated taint {{{unreachable}}}. preemption: 0/21 nodes are "
+        "available: 1 No preemption victims found for incoming pod, 20 Preemption is not "
+        "helpful for scheduling."
     ]
     tolerant = cluster.add_pod(
         "t", {GPU: "1"}, tolerations=[{"key": unreachable, "operator": "Exists"}]

@@ -40,7 +40,7 @@ def test_freed_devices_are_kept_for_the_nominated_pod(cluster: FakeCluster) -> N
     assert done.node == "n0"
     assert len(done.victims) == 2
     assert cluster.node_of(high) == ""
-    assert any("preempting 2 lower-priority pod(s)" in e for e in cluster.events(high))
+    assert any("Preempting 2 lower-priority pod(s) on node n0" in e for e in cluster.events(high))
     # retried while its victims are still there: no second preemption
     cluster.scheduler.queue.activate([high])
     cluster.schedule()
@@ -84,6 +84,11 @@ def test_budgets_take_one_disruption_per_covered_pod() -> None:
                 "status": {"disruptionsAllowed": 1},
             },
             {"metadata": {"namespace": "ns"}, "spec": {}},  # no selector: covers nothing
+            {  # an empty selector covers nothing either (kube-scheduler's preemption)
+                "metadata": {"namespace": "ns"},
+                "spec": {"selector": {}},
+                "status": {"disruptionsAllowed": 0},
+            },
         ]
     )
     a, b, c = pod("a", 5, "db"), pod("b", 3, "db"), pod("c", 9, "web")
@@ -200,3 +205,32 @@ def test_no_second_preemption_after_a_restart_while_victims_terminate(
     cluster.schedule()
     assert cluster.node_of(high) == done.node
     assert [u for u in low if u in cluster.pods] == [u for u in low if u not in victims]
+
+
+def test_failure_messages_read_as_kube_schedulers(cluster: FakeCluster) -> None:
+    cluster.add_node("a", labels={"zone": "a"})
+    cluster.add_node("b", labels={"zone": "b"})
+    cluster.add_node("c", labels={"zone": "b"}, gpus=2)
+    cluster.add_pod("full", {GPU: "8"}, priority=10, nodeSelector={"zone": "a"})
+    cluster.schedule()
+    same = cluster.add_pod("same", {GPU: "4"}, priority=10, nodeSelector={"zone": "a"})
+    cpu = cluster.add_pod("cpu", {GPU: "1", "cpu": "200"}, priority=100, nodeSelector={"zone": "a"})
+    cluster.schedule()
+    assert cluster.events(same, "FailedScheduling") == [
+        f"0/3 nodes are available: 1 Insufficient {GPU}, 2 node(s) didn't match Pod's node "
+        "affinity/selector. preemption: 0/3 nodes are available: 1 No preemption victims found "
+        "for incoming pod, 2 Preemption is not helpful for scheduling."
+    ]
+    assert cluster.events(cpu, "FailedScheduling") == [
+        f"0/3 nodes are available: 1 Insufficient {GPU}, 2 node(s) didn't match Pod's node "
+        "affinity/selector. preemption: 0/3 nodes are available: 1 Insufficient cpu, 2 "
+        "Preemption is not helpful for scheduling."
+    ]
+    high = cluster.add_pod("high", {GPU: "4"}, priority=100, nodeSelector={"zone": "a"})
+    cluster.schedule()
+    # a preemption that nominates a node adds nothing to the message (as upstream)
+    assert cluster.events(high, "FailedScheduling") == [
+        f"0/3 nodes are available: 1 Insufficient {GPU}, 2 node(s) didn't match Pod's node "
+        "affinity/selector."
+    ]
+    assert any("Preempting 1 lower-priority pod(s) on node a" in e for e in cluster.events(high))

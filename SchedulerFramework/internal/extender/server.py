@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from lj_runtimekit.proto.pkg.kube import KubeError
-from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
     KubeObject,
     PodInfo,
@@ -83,15 +82,6 @@ GANG_REFUSED = (
     "gangs need lj-scheduler profile, extender mode cannot place all-or-nothing: pod {pod} "
     "belongs to gang {gang}; set its schedulerName to an lj-scheduler profile"
 )
-
-
-def node_status(
-    fwk: Framework, state: CycleState, pod: PodInfo, pre: PreFilterResult | None, node: NodeInfo
-) -> Status:
-    """The profile's verdict on `node` after PreFilter: outside its narrowed set, or Filter."""
-    if pre is not None and node.name not in pre.node_names:
-        return unschedulable(pre.excluded_reason or "node(s) left out by PreFilter")
-    return fwk.run_filters(state, pod, node)
 
 
 class Extender:
@@ -169,7 +159,7 @@ class Extender:
                     if node is None or not node.present:
                         failed[n] = "node not (yet) known to the lj-scheduler extender"
                         continue
-                    st = node_status(fwk, state, pod, pre, node)
+                    st = fwk.node_status(state, pod, pre, node)
                     if st.ok:
                         passed.append(n)
                     elif st.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
@@ -257,7 +247,7 @@ class Extender:
                 if target is None or not target.present:
                     status = unschedulable("node not (yet) known to the lj-scheduler extender")
                 else:
-                    status = node_status(fwk, state, pod, pre, target)
+                    status = fwk.node_status(state, pod, pre, target)
             if not status.ok:
                 why = f"pod {pod.key} cannot be bound to node {node_name}: {status.message()}"
                 log.warning("extender bind refused: %s", why)

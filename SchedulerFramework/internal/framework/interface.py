@@ -268,6 +268,11 @@ class Handle(Protocol):
         counted in (their PreFilter without `skip` too)."""
         ...
 
+    def filter_status(self, pod: PodInfo, node_name: str) -> Status:
+        """The profile's verdict on `pod` on one node: PreFilter (a node it leaves out gets
+        its reason), then Filter with the pods nominated to the node."""
+        ...
+
     def nominations(self) -> Mapping[str, Sequence[PodInfo]]:
         """Node -> pending pods nominated to it by preemption (read under the cache lock)."""
         ...

@@ -34,6 +34,7 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     PreFilterResult,
     Status,
     error,
+    unschedulable,
 )
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,23 @@ class Framework:
                 cache.forget_pod(other.uid)
         return status
 
+    def node_status(
+        self,
+        state: CycleState,
+        pod: PodInfo,
+        pre: PreFilterResult | None,
+        node: NodeInfo,
+        nominated: Sequence[PodInfo] = (),
+    ) -> Status:
+        """The profile's verdict on `node` after PreFilter (`pre`): outside its narrowed set
+        (the PreFilter's reason), or Filter with the node's `nominated` pods."""
+        if pre is not None and node.name not in pre.node_names:
+            return unschedulable(pre.excluded_reason or "node(s) left out by PreFilter")
+        ruled_out = state.ruled_out_status(node.name)
+        if ruled_out is not None:
+            return ruled_out
+        return self.run_filters_with_nominated(state, pod, node, nominated)
+
     def find_feasible(
         self, state: CycleState, pod: PodInfo, prefilter: PreFilterResult | None, all_nodes: int
     ) -> tuple[list[NodeInfo], Diagnosis]:
@@ -241,7 +259,35 @@ class Framework:
                 diagnosis.statuses[node.name] = status
         if prefilter is None and total:
             self._next_start = (self._next_start + processed) % total
+        if not feasible and diagnosis.excluded:
+            assert prefilter is not None
+            self._explain_excluded(state, pod, prefilter, diagnosis)
         return feasible, diagnosis
+
+    def _explain_excluded(
+        self, state: CycleState, pod: PodInfo, prefilter: PreFilterResult, diagnosis: Diagnosis
+    ) -> None:
+        """A node the PreFilter left out is reported with the reason of a Filter plugin
+        that runs before the narrowing plugin's and rejects it for good (node affinity,
+        taints, unschedulable), as upstream reports a node's first failing filter; the others
+        keep the PreFilter's reason. Run only when no node is feasible."""
+        first = next(
+            (i for i, p in enumerate(self.filters) if p.name in prefilter.plugins),
+            len(self.filters),
+        )
+        before = [p for p in self.filters[:first] if p.name not in state.skip_filter]
+        if not before:
+            return
+        kept = set(prefilter.node_names)
+        for node in self.handle.cache.nodes.values():
+            if not node.present or node.name in kept or node.name in diagnosis.statuses:
+                continue
+            for p in before:
+                status = p.filter(state, pod, node)
+                if status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
+                    diagnosis.statuses[node.name] = status.with_plugin(p.name)
+                    diagnosis.excluded = max(0, diagnosis.excluded - 1)
+                    break
 
     def run_post_filter(
         self, state: CycleState, pod: PodInfo, diagnosis: Diagnosis

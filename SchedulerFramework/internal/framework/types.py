@@ -7,8 +7,16 @@ The parsed pod (`PodInfo`) and Kubernetes quantities are the cache's object mode
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
+
+
+def nodes_unavailable(total: int, reasons: Mapping[str, int]) -> str:
+    """Upstream's FitError text: "0/N nodes are available: 2 reason, 3 reason." (reasons
+    with their node counts, sorted as text)."""
+    parts = sorted(f"{count} {reason}" for reason, count in reasons.items() if count)
+    return f"0/{total} nodes are available: {', '.join(parts) or 'no nodes'}."
 
 
 class Code(enum.IntEnum):

@@ -29,6 +29,7 @@ the first of them).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,9 +42,11 @@ from lj_runtimekit.schedulerframework.internal.framework.interface import (
     PostFilterPlugin,
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
+    SUCCESS,
     Code,
     CycleState,
     Status,
+    nodes_unavailable,
     unschedulable,
 )
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.plugin import (
@@ -63,6 +66,9 @@ NAME = "DefaultPreemption"
 PDB_PATH = "/apis/policy/v1/poddisruptionbudgets"
 NOTHING = Status(Code.UNSCHEDULABLE)
 """Preemption not tried (no reason added to the pod's failure message)."""
+NO_VICTIMS = "No preemption victims found for incoming pod"
+NOT_HELPFUL = "Preemption is not helpful for scheduling"
+"""Upstream's reasons for a node preemption cannot make room on."""
 TERMINATING = "not eligible due to a terminating pod on the nominated node."
 """Upstream's reason: the pod's last preemption still waits for its victims to go."""
 MIN_CANDIDATE_NODES_PERCENTAGE = 10
@@ -108,12 +114,15 @@ class Budget:
 
 
 def parse_budgets(items: Iterable[Mapping[str, Any]]) -> list[Budget]:
-    """policy/v1 PodDisruptionBudgets; one without a selector covers no pod."""
+    """policy/v1 PodDisruptionBudgets; one with no or an empty selector covers no pod (as
+    kube-scheduler's preemption counts them)."""
     out: list[Budget] = []
     for item in items:
         meta = item.get("metadata") or {}
         selector = (item.get("spec") or {}).get("selector")
-        if not isinstance(selector, dict):
+        if not isinstance(selector, dict) or not (
+            selector.get("matchLabels") or selector.get("matchExpressions")
+        ):
             continue
         status = item.get("status") or {}
         expressions = tuple(
@@ -228,22 +237,30 @@ class DefaultPreemption(PostFilterPlugin):
         ):  # a nominated node that can never take the pod does not hold it back (upstream)
             return None, unschedulable(TERMINATING)
         cache = self.handle.cache
+        # why each node cannot take the pod even by preemption (upstream's wording)
+        reasons: Counter[str] = Counter()
         with cache.lock:
             by_node = self._units(pod)
-            total = cache.node_count()
+            total = 0
+            for info in cache.node_infos():
+                total += 1
+                s = statuses.get(info.name)
+                if s is not None and s.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
+                    reasons[NOT_HELPFUL] += 1
+                elif info.name not in by_node:
+                    reasons[NO_VICTIMS] += 1
+            nodes = [n for n in by_node if n in cache.nodes and cache.nodes[n].present]
             nodes = [
                 n
-                for n in by_node
+                for n in nodes
                 if (s := statuses.get(n)) is None or s.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE
             ]
-            if not nodes:
-                return None, NOTHING  # no lower-priority pod anywhere: nothing to say
             self._cycle_budgets = None  # read once, when a node first would do
             best: Candidate | None = None
             enough = max(total * MIN_CANDIDATE_NODES_PERCENTAGE // 100, MIN_CANDIDATE_NODES)
             found = 0
             for node in nodes:
-                c = self._select_victims(pod, node, by_node[node])
+                c = self._select_victims(pod, node, by_node[node], reasons)
                 if c is None:
                     continue
                 if best is None or c.rank() < best.rank():
@@ -252,16 +269,10 @@ class DefaultPreemption(PostFilterPlugin):
                 if found >= enough:
                     break
         if best is None:
-            return None, unschedulable(
-                f"0/{total} nodes are available: the pod fits on none of the {len(nodes)} "
-                "node(s) with lower-priority pods even without them."
-            )
+            return None, unschedulable(nodes_unavailable(total, reasons))
         victims = [p for u in best.victims for p in u.pods]
         self.handle.preempt(pod, best.node, victims)
-        return best.node, Status(
-            Code.SUCCESS,
-            (f"nominated node {best.node}, preempting {len(victims)} lower-priority pod(s).",),
-        )
+        return best.node, SUCCESS  # as upstream: nothing added to the pod's message
 
     def _preempt_for_gang(self, pod: PodInfo, need: GangNeed) -> tuple[str | None, Status]:
         if any(self.handle.preemption_pending(m) is not None for m in (pod, *need.members)):
@@ -381,13 +392,19 @@ class DefaultPreemption(PostFilterPlugin):
         return parse_budgets(i for i in items if isinstance(i, dict))
 
     def _fits(self, pod: PodInfo, node: str) -> bool:
-        return bool(self.handle.filter_nodes(pod, "", (node,)))
+        return self.handle.filter_status(pod, node).ok
 
-    def _select_victims(self, pod: PodInfo, node: str, units: list[Unit]) -> Candidate | None:
+    def _select_victims(
+        self, pod: PodInfo, node: str, units: list[Unit], reasons: Counter[str]
+    ) -> Candidate | None:
         """The fewest units to evict from `node` for `pod` to fit (upstream's
-        selectVictimsOnNode), or None when even all of them are not enough."""
+        selectVictimsOnNode), or None when even all of them are not enough (the node's
+        reasons then counted in `reasons`)."""
         with RemovedPods(self.handle.cache, units) as removed:
-            if not self._fits(pod, node):
+            status = self.handle.filter_status(pod, node)
+            if not status.ok:
+                for r in status.reasons or (NOT_HELPFUL,):
+                    reasons[r] += 1
                 return None
             if self._cycle_budgets is None:
                 self._cycle_budgets = self._budgets()
@@ -401,8 +418,9 @@ class DefaultPreemption(PostFilterPlugin):
                 removed.take(unit.pods)
                 victims.append(unit)
                 violations += int(unit in violating)
-            if not victims:
-                return None  # fits as it is (what turned it away was not these pods)
+            if not victims:  # fits as it is (what turned it away was not these pods)
+                reasons[NO_VICTIMS] += 1
+                return None
             return Candidate(node, tuple(victims), violations)
 
 

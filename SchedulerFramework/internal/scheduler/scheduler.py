@@ -46,6 +46,7 @@ from lj_runtimekit.schedulerframework.internal.framework.types import (
     CycleState,
     Status,
     error,
+    nodes_unavailable,
     unresolvable,
 )
 from lj_runtimekit.schedulerframework.internal.plugins.registry import REGISTRY
@@ -106,8 +107,7 @@ def failure_message(total_nodes: int, diagnosis: Diagnosis) -> str:
         histogram[diagnosis.excluded_reason or "node(s) were ruled out at PreFilter"] += (
             diagnosis.excluded
         )
-    parts = sorted(f"{count} {reason}" for reason, count in histogram.items())
-    return f"0/{total_nodes} nodes are available: {', '.join(parts) or 'no nodes'}.{preemption}"
+    return nodes_unavailable(total_nodes, histogram) + preemption
 
 
 def rejecting_plugins(diagnosis: Diagnosis) -> frozenset[str]:
@@ -377,6 +377,22 @@ class Scheduler:
                     skip,
                 ).ok
             ]
+
+    def filter_status(self, pod: PodInfo, node_name: str) -> Status:
+        fwk = self.frameworks.get(pod.scheduler_name)
+        if pod.parse_errors:
+            return unresolvable(*pod.parse_errors)
+        if fwk is None:
+            return unresolvable(f"no profile {pod.scheduler_name}")
+        state = CycleState()
+        with self._cache.lock:
+            node = self._cache.nodes.get(node_name)
+            if node is None or not node.present:
+                return unresolvable(f"node {node_name} not found")
+            pre, status = fwk.run_pre_filter(state, pod)
+            if not status.ok:
+                return status
+            return fwk.node_status(state, pod, pre, node, self.nominator.by_node.get(node_name, ()))
 
     def nominations(self) -> Mapping[str, Sequence[PodInfo]]:
         return self.nominator.by_node
