@@ -234,3 +234,24 @@ def test_failure_messages_read_as_kube_schedulers(cluster: FakeCluster) -> None:
         "affinity/selector."
     ]
     assert any("Preempting 1 lower-priority pod(s) on node a" in e for e in cluster.events(high))
+
+
+def test_a_gang_does_not_preempt_again_after_a_restart_while_victims_terminate(
+    cluster: FakeCluster,
+) -> None:
+    for n in ("n0", "n1", "n2", "n3"):
+        cluster.add_node(n, gpus=8, labels={L.runtime_version: "v1.15.0"})
+    low = [cluster.add_pod(f"low-{i}", {GPU: "2"}, priority=0) for i in range(16)]
+    cluster.schedule()
+    members = high_gang(cluster, "g", 2, 8)
+    cluster.schedule()
+    done = cluster.scheduler.evictor.done
+    assert len([v for p in done for v in p.victims]) == 8
+    for p in done:
+        evicted(cluster, p.pod.uid, p.node, [v.uid for v in p.victims])
+    cluster.restart()
+    cluster.scheduler.queue.activate(members)
+    cluster.schedule()
+    assert cluster.scheduler.evictor.done == []  # the two other nodes' pods stay
+    assert any(e.endswith(NOT_ELIGIBLE) for u in members for e in cluster.events(u))
+    assert len([u for u in low if not cluster.pods[u]["metadata"].get("deletionTimestamp")]) == 8
