@@ -111,7 +111,7 @@ class Parts:
         pod = pod_object(
             name or f"pod-{self._n}",
             containers,
-            uid=f"uid-{self._n:04d}",
+            uid=kw.pop("uid", f"uid-{self._n:04d}"),
             node_name="node-1",
             annotations=annotations,
             **kw,

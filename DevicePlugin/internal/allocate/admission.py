@@ -18,7 +18,7 @@ from lj_runtimekit.deviceplugin.internal.allocate.resolve import DoneKey, Waitin
 from lj_runtimekit.deviceplugin.internal.plugin.server import AllocationError
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods, PodInfo, PodLookupError
 from lj_runtimekit.deviceplugin.internal.rm.manager import ResourceManager
-from lj_runtimekit.proto.pkg.protocol import Protocol
+from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATED, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,38 @@ class Admission:
             if active is not None:
                 waiting = [w for w in waiting if (w.pod.namespace, w.pod.name) in active]
                 seen.append("the kubelet's active pods (PodResources)")
-        return Admitting(waiting, pods, ", ".join(seen))
+        namesake = None
+        if len(waiting) == 1 and not self._pods.from_kubelet:
+            namesake = self._namesake(waiting[0].pod)
+        return Admitting(waiting, pods, ", ".join(seen), namesake)
+
+    def _namesake(self, pod: PodInfo) -> PodInfo | None:
+        """A pod of the same namespace and name, another UID, that the API server deleted
+        while Pending and not yet allocated: the kubelet may still be admitting it, and its
+        active pods (PodResources) name pods without their UIDs."""
+        phase_key = self._protocol.annotations.bind_phase
+        for gone in self._pods.deleted_pending():
+            if (
+                (gone.namespace, gone.name) == (pod.namespace, pod.name)
+                and gone.uid != pod.uid
+                and gone.annotations.get(phase_key) != BIND_PHASE_ALLOCATED
+            ):
+                return gone
+        return None
+
+    def refuse_namesake(self, pod: PodInfo, gone: PodInfo, node: str) -> AllocationError:
+        """The refusal of one call that may be `gone`'s rather than `pod`'s; `gone` is not
+        reported again: whichever pod the call was for, the kubelet rejects it and is past
+        `gone` (it takes a pod's removal before a later pod of the same name)."""
+        self._pods.forget_deleted(gone.uid)
+        return AllocationError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"cannot tell whether the kubelet on node {node} is admitting pod {pod.ref}"
+            f" (UID {pod.uid}) or the pod of the same name the API server deleted before it"
+            f" got its devices (UID {gone.uid}): the kubelet's active pods (PodResources)"
+            " carry names, not UIDs; refusing this one call rather than guessing (if it was"
+            f" {pod.ref}'s, the kubelet fails it and its controller creates it again)",
+        )
 
 
 class Admitting(NamedTuple):
@@ -113,3 +144,6 @@ class Admitting(NamedTuple):
     pods: list[PodInfo]
     seen: str
     """The lists that decided, for messages."""
+    namesake: PodInfo | None = None
+    """A deleted pod of the only waiting pod's name the kubelet may still admit
+    (`Admission.refuse_namesake`)."""

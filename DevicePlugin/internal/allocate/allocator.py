@@ -193,7 +193,9 @@ class Allocator:
     async def _allocate_one(
         self, info: ResourceInfo, ids: list[str]
     ) -> api_pb2.ContainerAllocateResponse:
-        waiting, pods, seen = await self._admission.admitting()
+        waiting, pods, seen, namesake = await self._admission.admitting()
+        if namesake is not None:
+            raise self._admission.refuse_namesake(waiting[0].pod, namesake, self._node)
         try:
             w = one_pod(waiting, self._node, info.name, len(ids), seen)
             container, part = resolve_call(w, info, ids, self.ledger, self._protocol, self._node)

@@ -301,6 +301,15 @@ class NodePods:
             self._source.logged.add(key)
             log.warning(message, extra=fields)
 
+    def deleted_pending(self) -> list[PodInfo]:
+        """Pods the API server watch saw deleted while Pending (none without a watch)."""
+        return self._watch.deleted_pending() if self._watch is not None else []
+
+    def forget_deleted(self, uid: str) -> None:
+        """Stop reporting a deleted pod."""
+        if self._watch is not None:
+            self._watch.forget_deleted(uid)
+
     async def aclose(self) -> None:
         """Stop the watch and close the kubelet connections."""
         if self._watch is not None:

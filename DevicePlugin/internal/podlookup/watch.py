@@ -18,6 +18,8 @@ from lj_runtimekit.deviceplugin.internal.podlookup.lookup import (
 )
 from lj_runtimekit.proto.pkg.kube import Informer, KubeClient, KubeObject
 
+_DELETED_KEPT = 1000
+
 
 class PodWatch:
     """A watch-fed copy of the node's pods, read from the event loop."""
@@ -25,6 +27,9 @@ class PodWatch:
     def __init__(self, kube: KubeClient, node_name: str) -> None:
         self._node = node_name
         self._pods: dict[str, PodInfo] = {}
+        self._deleted: dict[str, PodInfo] = {}
+        """Pods deleted while Pending, by UID (oldest first, bounded): the kubelet may still
+        admit such a pod (see `deleted_pending`)."""
         self._lock = threading.Lock()
         self._informer = Informer(
             kube,
@@ -49,6 +54,16 @@ class PodWatch:
         with self._lock:
             return list(self._pods.values())
 
+    def deleted_pending(self) -> list[PodInfo]:
+        """Pods the watch saw deleted while Pending, not yet forgotten."""
+        with self._lock:
+            return list(self._deleted.values())
+
+    def forget_deleted(self, uid: str) -> None:
+        """Stop reporting a deleted pod."""
+        with self._lock:
+            self._deleted.pop(uid, None)
+
     def wait_synced(self, timeout_s: float) -> bool:
         """Block until the first list is in (or `timeout_s`)."""
         return self._informer.synced.wait(timeout_s)
@@ -62,5 +77,9 @@ class PodWatch:
         with self._lock:
             if etype == "DELETED" or not on_node(pod, self._node):
                 self._pods.pop(pod.uid, None)
+                if etype == "DELETED" and pod.phase == "Pending" and on_node(pod, self._node):
+                    self._deleted[pod.uid] = pod
+                    while len(self._deleted) > _DELETED_KEPT:
+                        self._deleted.pop(next(iter(self._deleted)))
             else:
                 self._pods[pod.uid] = pod
