@@ -6,6 +6,7 @@ from __future__ import annotations
 from lj_runtimekit.deviceplugin.internal.allocate.ledger import Held, Ledger, describe
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as rpb
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment
+from lj_runtimekit.proto.pkg.protocol.assignment import ASSIGNED_POD_UID
 from lj_runtimekit.proto.pkg.runtimeclient import to_request
 from lj_runtimekit.testkit.kubelet.bed import ANN, CORE, GPU, MEMORY
 
@@ -40,6 +41,22 @@ def test_rebuild_from_the_runtime_then_the_pods_records(parts: Parts) -> None:
         "G": [f"{recorded['metadata']['uid']}/main"],
     }
     assert describe(ledger.entries["uid-a/main"].shares) == f"{parts.gpu(1)}(30% core, 0% memory)"
+
+
+def test_a_record_copied_from_another_pod_is_not_taken_at_rebuild(parts: Parts) -> None:
+    """A pod carrying another pod's annotations (its UID in them) has no allocation of its
+    own: its copied record is not taken into the ledger, so its calls count as not made."""
+    ledger = Ledger(parts.rm, parts.protocol)
+    record = encode_assignment({"main": (DeviceShare(parts.gpu(2)),)})
+    forged = parts.pod(
+        {"main": {GPU: 1}},
+        annotations={ANN.allocated_devices: record, ASSIGNED_POD_UID: "uid-original"},
+        listed=False,
+    )
+    own = parts.pod({"main": {GPU: 1}}, annotations={ANN.allocated_devices: record}, listed=False)
+    own["metadata"]["annotations"][ASSIGNED_POD_UID] = own["metadata"]["uid"]
+    ledger.rebuild([], [info(forged), info(own)])
+    assert set(ledger.entries) == {f"{own['metadata']['uid']}/main"}
 
 
 def test_clash_set_follows_which_containers_run_side_by_side(parts: Parts) -> None:

@@ -22,6 +22,7 @@ from lj_runtimekit.proto.pkg.protocol import (
     Protocol,
     decode_assignment,
 )
+from lj_runtimekit.proto.pkg.protocol.assignment import foreign_assignment
 from lj_runtimekit.proto.pkg.runtimeclient import from_request, normalize
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,8 @@ class Ledger:
 
     def rebuild(self, allocations: Iterable[rpb.Allocation], pods: Iterable[PodInfo]) -> None:
         """Start over from the Runtime's allocations, then the pods' records of allocations
-        the Runtime lacks (every implied resource counts as asked for)."""
+        the Runtime lacks (every implied resource counts as asked for); a record copied with
+        another pod's assignment (`foreign_assignment`) is not the pod's."""
         self.entries.clear()
         for a in allocations:
             shares = tuple(from_request(d) for d in a.devices)
@@ -112,7 +114,7 @@ class Ledger:
         key = self._protocol.annotations.allocated_devices
         for pod in pods:
             text = pod.annotations.get(key)
-            if text is None:
+            if text is None or foreign_assignment(pod.annotations, pod.uid) is not None:
                 continue
             try:
                 record = decode_assignment(text)
