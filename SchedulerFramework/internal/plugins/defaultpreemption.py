@@ -249,10 +249,9 @@ class DefaultPreemption(PostFilterPlugin):
                     reasons[NOT_HELPFUL] += 1
                 elif info.name not in by_node:
                     reasons[NO_VICTIMS] += 1
-            nodes = [n for n in by_node if n in cache.nodes and cache.nodes[n].present]
             nodes = [
                 n
-                for n in nodes
+                for n in by_node
                 if (s := statuses.get(n)) is None or s.code != Code.UNSCHEDULABLE_AND_UNRESOLVABLE
             ]
             self._cycle_budgets = None  # read once, when a node first would do
