@@ -1,4 +1,5 @@
-"""The kubelet `/pods` client over real loopback HTTP: chunked, sized and closing answers."""
+"""The kubelet `/pods` client over real loopback HTTP: chunked, sized and closing answers;
+the API server watch of the node's pods against the real control plane."""
 
 from __future__ import annotations
 
@@ -6,9 +7,14 @@ import asyncio
 import json
 
 import pytest
+from kubernetes import client as k8s_client
 
 from lj_runtimekit.deviceplugin.internal.podlookup.lookup import NodePods, PodLookupError
+from lj_runtimekit.deviceplugin.internal.podlookup.watch import PodWatch
+from lj_runtimekit.envtest.controlplane import ControlPlane
+from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.testkit.podserver import pod_object
+from lj_runtimekit.testkit.waits import wait_for
 
 BODY = json.dumps({"kind": "PodList", "items": [pod_object("a", {"c": {"x.io/gpu": 1}})]})
 
@@ -92,3 +98,37 @@ async def test_http_error_and_closed_port_fail_clearly() -> None:
             await closed.list_pods()
     finally:
         await closed.aclose()
+
+
+@pytest.mark.controlplane
+def test_the_watch_remembers_pods_deleted_while_pending(
+    control_plane: ControlPlane, api_client: k8s_client.ApiClient, namespace: str
+) -> None:
+    """The API server watch of the node's pods reports the pods deleted while Pending (the
+    kubelet may still admit them), not those deleted once finished, until forgotten."""
+    node = f"{namespace}-node"
+    kube = KubeClient.connect(str(control_plane.kubeconfig_path))
+    watch = PodWatch(kube, node)
+    core = k8s_client.CoreV1Api(api_client)
+    try:
+        watch.start()
+        assert watch.wait_synced(30)
+        for name in ("pending", "finished"):
+            spec = {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+            core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": spec})
+        core.patch_namespaced_pod_status("finished", namespace, {"status": {"phase": "Succeeded"}})
+        wait_for(
+            lambda: {p.name: p.phase for p in watch.pods()}.get("finished") == "Succeeded",
+            30,
+            "the watch to see the finished pod",
+        )
+        for name in ("pending", "finished"):
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        wait_for(lambda: not watch.pods(), 30, "the watch to see both deletions")
+        (gone,) = watch.deleted_pending()
+        assert (gone.namespace, gone.name) == (namespace, "pending")
+        watch.forget_deleted(gone.uid)
+        assert watch.deleted_pending() == []
+    finally:
+        watch.stop()
+        kube.close()
