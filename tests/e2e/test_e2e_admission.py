@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s_client
 
+from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATED, BIND_PHASE_ALLOCATING
+from lj_runtimekit.proto.pkg.protocol.assignment import ASSIGNED_POD_UID
 from lj_runtimekit.sandbox import Sandbox, workload
 from lj_runtimekit.sandbox.workload import pod_manifest
 from lj_runtimekit.testkit.waits import NotYet, wait_for
@@ -256,6 +258,35 @@ def test_a_pod_deleted_before_the_kubelet_admits_it_lends_its_call_to_no_one(
     assert row.name == "next"
     log = node.plugin.log_path.read_text()
     assert "kubelet record differs" not in log
+
+
+def test_a_copy_of_a_running_pods_annotations_is_refused(
+    bed: Sandbox, api: k8s_client.ApiClient, ns: str
+) -> None:
+    """Pods created on the node (spec.nodeName) with every annotation of a running slice
+    pod, its bind phase `allocating` or `allocated`: the kubelet fails each with the
+    plugin's reason, nothing is allocated in their names, the original keeps its slice."""
+    res, ann = bed.protocol.resources, bed.protocol.annotations
+    limits = {"main": {res.core: 30, res.memory: 20}}
+    workload.create_pods(api, ns, [_pinned(bed, "original", limits)])
+    _wait_phase(api, ns, {"original": "Running"})
+    live = k8s_client.CoreV1Api(api).read_namespaced_pod("original", ns).metadata
+    assert live.annotations[ASSIGNED_POD_UID] == live.uid
+    for phase in (BIND_PHASE_ALLOCATING, BIND_PHASE_ALLOCATED):
+        name = f"forged-{phase}"
+        forged = pod_manifest(name, limits, annotations={**live.annotations, ann.bind_phase: phase})
+        forged["spec"]["nodeName"] = bed.nodes[0].name
+        del forged["spec"]["schedulerName"]
+        workload.create_pods(api, ns, [forged])
+        reason = _wait_phase(api, ns, {name: "Failed"})[name][1]
+        assert reason.startswith("UnexpectedAdmissionError"), reason
+        assert f"written by the scheduler for the pod with UID {live.uid}" in reason, reason
+    rows = _ledgers(bed, api, ns)
+    assert {r.name: r.runtime == {} for r in rows} == {
+        "original": False,
+        f"forged-{BIND_PHASE_ALLOCATING}": True,
+        f"forged-{BIND_PHASE_ALLOCATED}": True,
+    }
 
 
 def _bound(core: k8s_client.CoreV1Api, ns: str, name: str) -> bool:
