@@ -160,7 +160,9 @@ def parse_image_overrides(items: list[str]) -> dict[str, str]:
     return overrides
 
 
-_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+"""A namespace name (a DNS-1123 label); also the chart's values.schema.json rule."""
+_DNS_LABEL_RE = re.compile(DNS_LABEL_PATTERN)
 
 
 def check_namespace(text: str) -> str:

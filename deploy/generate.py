@@ -21,12 +21,16 @@ from lj_runtimekit.deploy.alerts import alert_files, prometheus_rule
 from lj_runtimekit.deploy.components import (
     BY_NAME,
     COMPONENTS,
+    DEFAULT_JOBS_NAMESPACE,
     DEFAULT_REGISTRY,
+    DNS_LABEL_PATTERN,
     IMAGE_KEYS,
+    SHARED_NAMESPACES,
     Component,
 )
 from lj_runtimekit.deploy.manifests import (
     ADMISSION_FILE,
+    ADMISSION_POLICIES_MINOR,
     EXPORTER_PORT_NAME,
     EXTENDER_FILE,
     GENERATED_HEADER,
@@ -326,6 +330,17 @@ def _configmap_template(component: Component, opts: Options, cm: Obj) -> str:
     )
 
 
+_POLICIES_VERSION = f"1.{ADMISSION_POLICIES_MINOR}.0-0"
+_OLD_KUBERNETES = (
+    f"admissionPolicies.create: Kubernetes %s is older than 1.{ADMISSION_POLICIES_MINOR}: it has"
+    " no ValidatingAdmissionPolicy v1 and no node name in ServiceAccount tokens; fix: upgrade"
+    " the cluster, or set admissionPolicies.create=false (RBAC alone bounds the components"
+    " then; deploy/README.md, Rights)"
+)
+"""The chart's refusal to render the admission policies for an older cluster (as
+deploy-all.sh's)."""
+
+
 def _helpers() -> str:
     lines = [
         _TEMPLATE_HEADER.rstrip("\n"),
@@ -354,6 +369,12 @@ def _helpers() -> str:
         '{{- $ref := include "lj-runtimekit.image" . -}}',
         '{{- $ref = regexReplaceAll "@.*$" $ref "" -}}',
         '{{- regexReplaceAll ":[^:/]*$" $ref "" -}}',
+        "{{- end -}}",
+        "",
+        '{{- define "lj-runtimekit.admissionPoliciesServed" -}}',
+        f'{{{{- if semverCompare "<{_POLICIES_VERSION}" .Capabilities.KubeVersion.Version -}}}}',
+        f'{{{{- fail (printf "{_OLD_KUBERNETES}" .Capabilities.KubeVersion.Version) -}}}}',
+        "{{- end -}}",
         "{{- end -}}",
     ]
     for component in COMPONENTS:
@@ -446,11 +467,14 @@ def _values(opts: Options) -> str:
         + "components:\n"
         + "".join(f"  {VALUES_KEYS[c.name]}: true\n" for c in COMPONENTS)
         + "runtimeClass:\n  create: true\n"
-        + "# The Controller's Jobs: a namespace of their own (deploy/README.md).\n"
+        + "# The Controller's Jobs: a namespace of their own, not one the cluster shares\n"
+        + f"# ({', '.join(SHARED_NAMESPACES)}; deploy/README.md).\n"
         + f"jobsNamespace: {opts.jobs_namespace}\n"
         + "# false: the node agents do not use the kubelet read-only port 10255.\n"
         + "kubeletReadOnlyPort: true\n"
-        + "# The ValidatingAdmissionPolicies (Kubernetes >= 1.30) that bound the writes.\n"
+        + "# The ValidatingAdmissionPolicies that bound the writes (Kubernetes >="
+        + f" 1.{ADMISSION_POLICIES_MINOR});\n# below that the chart refuses to render them: set"
+        + " false there.\n"
         + "admissionPolicies:\n  create: true\n"
         + "# Component tunables: the ConfigMap keys each component reads into its flags.\n"
         + "settings:\n"
@@ -489,8 +513,26 @@ _FREE_VALUES: dict[str, Obj] = {
 """Values whose entries are the operator's (not keys of the chart), by key."""
 
 
+_JOBS_NAMESPACE_SCHEMA: Obj = {
+    "type": "string",
+    "pattern": DNS_LABEL_PATTERN,
+    # A shared namespace must equal a sentence, which none does: Helm then prints the
+    # sentence ("value must be '...'"), where `not` would print only "'not' failed".
+    "if": {"enum": list(SHARED_NAMESPACES)},
+    "then": {
+        "const": "a namespace of the Jobs own, not one the cluster shares"
+        f" ({', '.join(SHARED_NAMESPACES)}): the chart labels it privileged for Pod Security"
+        f" and helm uninstall deletes it; e.g. {DEFAULT_JOBS_NAMESPACE}"
+    },
+}
+"""A namespace name of the Jobs' own (the rule of components.check_jobs_namespace, which
+deploy-all.sh applies)."""
+
+
 def _schema_of(value: Any, path: tuple[str, ...]) -> Obj:
     """The JSON schema of one value of values.yaml: its type; a map's keys are closed."""
+    if path == ("jobsNamespace",):
+        return _JOBS_NAMESPACE_SCHEMA
     if path and path[-1] in _FREE_VALUES:
         return _FREE_VALUES[path[-1]]
     if len(path) == 3 and path[0] == "settings":
@@ -621,24 +663,10 @@ sys.exit(1 if failed else 0)
 """
 
 
-def _test_pod() -> str:
-    """The `helm test` hook: reads /metrics of the scheduler (at least one pod) and of every
-    running Exporter pod, found through the API with the scheduler's ServiceAccount."""
-    scheduler = BY_NAME["scheduler-framework"]
-    exporter = BY_NAME["exporter"]
-    image = f'(list . "{scheduler.images[0].key}" "{scheduler.images[0].repository}")'
-    script = "\n".join(f"      {line}" if line else "" for line in _TEST_SCRIPT.splitlines())
-    return (
-        _TEMPLATE_HEADER
-        + "{{- if and .Values.tests.enabled .Values.components.schedulerFramework }}\n"
-        + "{{- $checks := list (list "
-        + f'"{scheduler.app}" {SCHEDULER_METRICS_PORT} true) }}}}\n'
-        + "{{- if .Values.components.exporter }}\n"
-        + f'{{{{- $checks = append $checks (list "{exporter.app}" {METRICS_PORT} false) }}}}\n'
-        + "{{- end }}\n"
-        + f"""apiVersion: v1
-kind: Pod
-metadata:
+def _test_meta(weight: int) -> str:
+    """The metadata of a `helm test` hook object: made before the test (the lower `weight`
+    first), deleted once the test passed."""
+    return f"""metadata:
   name: {{{{ .Release.Name }}}}-lj-runtimekit-test
   namespace: {{{{ .Release.Namespace }}}}
   labels:
@@ -647,10 +675,58 @@ metadata:
     {{{{- include "lj-runtimekit.labels" . | nindent 4 }}}}
   annotations:
     helm.sh/hook: test
+    helm.sh/hook-weight: "{weight}"
     helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
-spec:
+"""
+
+
+def _test_pod() -> str:
+    """The `helm test` hook: reads /metrics of the scheduler (at least one pod) and of every
+    running Exporter pod, found through the API with a ServiceAccount of its own that may
+    only list the release namespace's pods."""
+    scheduler = BY_NAME["scheduler-framework"]
+    exporter = BY_NAME["exporter"]
+    image = f'(list . "{scheduler.images[0].key}" "{scheduler.images[0].repository}")'
+    script = "\n".join(f"      {line}" if line else "" for line in _TEST_SCRIPT.splitlines())
+    rbac = f"""apiVersion: v1
+kind: ServiceAccount
+{_test_meta(-1)}---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+{_test_meta(-1)}rules:
+- apiGroups:
+  - ''
+  resources:
+  - pods
+  verbs:
+  - list
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+{_test_meta(-1)}roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{{{ .Release.Name }}}}-lj-runtimekit-test
+subjects:
+- kind: ServiceAccount
+  name: {{{{ .Release.Name }}}}-lj-runtimekit-test
+  namespace: {{{{ .Release.Namespace }}}}
+---
+"""
+    return (
+        _TEMPLATE_HEADER
+        + "{{- if and .Values.tests.enabled .Values.components.schedulerFramework }}\n"
+        + "{{- $checks := list (list "
+        + f'"{scheduler.app}" {SCHEDULER_METRICS_PORT} true) }}}}\n'
+        + "{{- if .Values.components.exporter }}\n"
+        + f'{{{{- $checks = append $checks (list "{exporter.app}" {METRICS_PORT} false) }}}}\n'
+        + "{{- end }}\n"
+        + rbac
+        + f"""apiVersion: v1
+kind: Pod
+{_test_meta(0)}spec:
   restartPolicy: Never
-  serviceAccountName: {scheduler.service_account}
+  serviceAccountName: {{{{ .Release.Name }}}}-lj-runtimekit-test
   securityContext:
     seccompProfile:
       type: RuntimeDefault
@@ -822,6 +898,7 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
             condition = f".Values.components.{VALUES_KEYS[component.name]}"
             if name == ADMISSION_FILE:
                 condition = f"and {condition} .Values.admissionPolicies.create"
+                body = '{{- include "lj-runtimekit.admissionPoliciesServed" . }}\n' + body
             out[chart / "templates" / f"{component.directory}-{name}"] = (
                 _TEMPLATE_HEADER + f"{{{{- if {condition} }}}}\n" + body + "{{- end }}\n"
             )

@@ -46,6 +46,8 @@ JOB_AGENT_SERVICE_ACCOUNT = "lj-runtimekit-job-agent"
 """The Job Agent's pods talk to the Runtime only: a ServiceAccount without rights or token."""
 JOB_AGENT_COMMAND = "lj-job-agent"
 """The command of the Controller's Jobs (Controller jobspec)."""
+JOB_AGENT_ACTIONS = ("enable", "disable")
+"""The Job Agent's first argument in the Controller's Jobs."""
 METRICS_PORT = 9445
 SCHEDULER_METRICS_PORT = 10261
 CONTROLLER_HEALTH_PORT = 8080
@@ -497,8 +499,24 @@ def _policy(component: Component, opts: Options, suffix: str, spec: Obj) -> list
     ]
 
 
-def _check(expression: str, message: str) -> Obj:
-    return {"expression": expression, "message": message, "reason": "Forbidden"}
+def _check(expression: str, message: str, message_expression: str = "") -> Obj:
+    """A validation refusing with `message` (Forbidden); `message_expression` (CEL) names what
+    broke the rule, `message` is the server's fallback when it cannot be evaluated."""
+    check = {"expression": expression, "message": message}
+    if message_expression:
+        check["messageExpression"] = message_expression
+    return check | {"reason": "Forbidden"}
+
+
+def _only(value: str, fields: tuple[str, ...], say: str, what: str) -> Obj:
+    """A check that the map `value` (CEL) has no key outside `fields`; its message names the
+    other keys."""
+    allowed = _cel_list(list(fields))
+    return _check(
+        f"{value}.all(k, k in {allowed})",
+        say + f"no {what} other than {', '.join(fields)}",
+        f'"{say}no {what} " + {value}.filter(k, !(k in {allowed})).join(", ")',
+    )
 
 
 def image_name(ref: str) -> str:
@@ -508,12 +526,57 @@ def image_name(ref: str) -> str:
     return head + slash + last.split(":", 1)[0]
 
 
+_JOB_POD_FIELDS = (
+    "containers",
+    "volumes",
+    "serviceAccountName",
+    "serviceAccount",
+    "automountServiceAccountToken",
+    "enableServiceLinks",
+    "restartPolicy",
+    "affinity",
+    "tolerations",
+    "securityContext",
+    "dnsPolicy",
+    "schedulerName",
+    "terminationGracePeriodSeconds",
+)
+"""The fields of the Job Agent's pod as the Controller renders it (jobspec), with those the
+API server defaults (`serviceAccount` mirrors `serviceAccountName`; dnsPolicy,
+schedulerName, terminationGracePeriodSeconds)."""
+_JOB_CONTAINER_FIELDS = (
+    "name",
+    "image",
+    "imagePullPolicy",
+    "command",
+    "args",
+    "resources",
+    "securityContext",
+    "volumeMounts",
+    "terminationMessagePath",
+    "terminationMessagePolicy",
+)
+_JOB_SECURITY_FIELDS = (
+    "allowPrivilegeEscalation",
+    "privileged",
+    "readOnlyRootFilesystem",
+    "capabilities",
+    "runAsUser",
+    "runAsGroup",
+    "runAsNonRoot",
+    "seccompProfile",
+)
+
+
 def _jobs_policy(component: Component, opts: Options) -> list[Obj]:
-    """The Controller may create and change only the Job Agent's Job: one container of the
-    Job Agent image (any tag or digest of it, so an upgrade or a rollback of the Controller
-    needs no change here) running lj-job-agent, the Job Agent's service account, the
-    Runtime socket directory its only volume, mounted read-only, nothing privileged and no
-    host namespace.
+    """The Controller may create and change only the Job Agent's Job, the pod as its
+    jobspec renders it: one container of the Job Agent image (any tag or digest of it, so
+    an upgrade or a rollback of the Controller needs no change here) running lj-job-agent
+    with the Controller's arguments, no other container or pod field (no env, ports, host
+    namespaces, runtimeClassName, nodeName, priority class), the Job Agent's service
+    account without a token, the Runtime socket directory its only volume, mounted
+    read-only, cpu and memory its only resources, and its security context: no privilege
+    or escalation, every capability dropped, seccomp RuntimeDefault, a read-only root.
 
     No parameter object: a policy whose parameter is a built-in kind stops finding it once
     its binding was deleted and created again, until the API server restarts (Kubernetes
@@ -522,6 +585,12 @@ def _jobs_policy(component: Component, opts: Options) -> list[Obj]:
         image_ref(component.images[1], opts.registry, opts.version, dict(opts.images))
     )
     say = "the Controller may create only the Job Agent's Job: "
+    security = "variables.agent.?securityContext"
+    seccomp = "seccompProfile.?type.orValue('') == 'RuntimeDefault'"
+    actions = _cel_list(list(JOB_AGENT_ACTIONS))
+    socket_arg = f"--socket-dir={RUNTIME_SOCKET_DIR}"
+    # The checks after the first may read the one container (`variables.agent`): the
+    # server reports the first check a Job breaks.
     checks = [
         _check(
             "variables.pod.containers.size() == 1 && variables.pod.containers.all(c,"
@@ -529,38 +598,86 @@ def _jobs_policy(component: Component, opts: Options) -> list[Obj]:
             f" || c.image.startsWith('{agent}@'))",
             say + f"one container, the image {agent}",
         ),
-        _check(
-            f"variables.pod.containers.all(c, c.?command.orValue([]) == ['{JOB_AGENT_COMMAND}'])",
-            say + f"the command {JOB_AGENT_COMMAND}",
-        ),
-        _check(
-            "variables.pod.?initContainers.orValue([]).size() == 0 &&"
-            " variables.pod.?ephemeralContainers.orValue([]).size() == 0",
-            say + "no init or ephemeral containers",
-        ),
+        _only("variables.pod", _JOB_POD_FIELDS, say, "pod field"),
         _check(
             f"variables.pod.?serviceAccountName.orValue('') == '{JOB_AGENT_SERVICE_ACCOUNT}'",
             say + f"the service account {JOB_AGENT_SERVICE_ACCOUNT}",
         ),
         _check(
+            "variables.pod.?automountServiceAccountToken.orValue(true) == false",
+            say + "no service account token (automountServiceAccountToken: false)",
+        ),
+        _check(
             "variables.pod.?volumes.orValue([]).size() == 1 && variables.pod.volumes.all(v,"
-            f" v.?hostPath.?path.orValue('') == '{RUNTIME_SOCKET_DIR}')",
-            say + f"one volume, the Runtime socket directory {RUNTIME_SOCKET_DIR}",
+            " v.all(k, k in ['name', 'hostPath']) &&"
+            f" v.?hostPath.?path.orValue('') == '{RUNTIME_SOCKET_DIR}' &&"
+            " v.?hostPath.?type.orValue('') == 'Directory')",
+            say + f"one volume, the Runtime socket directory {RUNTIME_SOCKET_DIR} (hostPath,"
+            " type Directory)",
         ),
         _check(
-            "variables.pod.containers.all(c, c.?volumeMounts.orValue([]).all(m,"
-            " m.?readOnly.orValue(false)))",
-            say + "the socket directory mounted read-only",
+            "object.spec.template.?metadata.?annotations.orValue({}).all(k,"
+            f" k.startsWith('{CONTROLLER_KEY_PREFIX}'))",
+            say + f"pod annotations under {CONTROLLER_KEY_PREFIX} only (no AppArmor or seccomp"
+            " annotation)",
+        ),
+        _only("variables.agent", _JOB_CONTAINER_FIELDS, say, "container field"),
+        _check(
+            f"variables.agent.?command.orValue([]) == ['{JOB_AGENT_COMMAND}']",
+            say + f"the command {JOB_AGENT_COMMAND}",
         ),
         _check(
-            "!variables.pod.?hostPID.orValue(false) && !variables.pod.?hostNetwork.orValue(false)"
-            " && !variables.pod.?hostIPC.orValue(false)",
-            say + "no hostPID, hostNetwork or hostIPC",
+            "variables.agent.?args.orValue([]).size() == 6 &&"
+            f" variables.agent.args[0] in {actions} &&"
+            f" variables.agent.args[1] == '{socket_arg}' &&"
+            " variables.agent.args[2] == '--requester=' + request.namespace + '/' +"
+            " object.metadata.name &&"
+            " variables.agent.args[3].matches('^--retry-timeout=[1-9][0-9]*$') &&"
+            " variables.agent.args[4] == '--termination-log=/dev/termination-log' &&"
+            " variables.agent.args[5] == '--log-format=json'",
+            say + f"the arguments {'|'.join(JOB_AGENT_ACTIONS)} {socket_arg}"
+            " --requester=<namespace>/<Job name> --retry-timeout=<seconds>"
+            " --termination-log=/dev/termination-log --log-format=json",
         ),
         _check(
-            "variables.pod.containers.all(c, !c.?securityContext.?privileged.orValue(false) &&"
-            " c.?securityContext.?capabilities.?add.orValue([]).size() == 0)",
-            say + "not privileged, no added capabilities",
+            "variables.agent.?resources.orValue({}).all(k, k in ['requests', 'limits'] &&"
+            " variables.agent.resources[k].all(r, r in ['cpu', 'memory']))",
+            say + "cpu and memory its only resources (no GPU or other extended resource, no"
+            " resource claim)",
+        ),
+        _only(f"{security}.orValue({{}})", _JOB_SECURITY_FIELDS, say, "securityContext field"),
+        _check(
+            f"!{security}.?privileged.orValue(false) &&"
+            f" {security}.?capabilities.orValue({{}}).all(k, k == 'drop') &&"
+            f" {security}.?capabilities.?drop.orValue([]) == ['ALL']",
+            say + "not privileged, every capability dropped and none added",
+        ),
+        _check(
+            f"{security}.?allowPrivilegeEscalation.orValue(true) == false",
+            say + "allowPrivilegeEscalation: false",
+        ),
+        _check(
+            f"variables.pod.?securityContext.orValue({{}}).all(k, k == 'seccompProfile') &&"
+            f" variables.pod.?securityContext.?{seccomp} && {security}.?{seccomp}",
+            say + "seccomp RuntimeDefault in the pod's and the container's securityContext,"
+            " nothing else in the pod's",
+        ),
+        _check(
+            f"{security}.?readOnlyRootFilesystem.orValue(false) == true",
+            say + "a read-only root filesystem",
+        ),
+        _check(
+            f"{security}.?runAsUser.hasValue() && {security}.?runAsGroup.hasValue() &&"
+            f" {security}.?runAsNonRoot.orValue(false) =="
+            " (variables.agent.securityContext.runAsUser != 0)",
+            say + "runAsUser and runAsGroup set, runAsNonRoot exactly when runAsUser is not 0",
+        ),
+        _check(
+            "variables.agent.?volumeMounts.orValue([]).size() == 1 &&"
+            " variables.agent.volumeMounts.all(m, m.all(k, k in ['name', 'mountPath',"
+            f" 'readOnly']) && m.mountPath == '{RUNTIME_SOCKET_DIR}' &&"
+            " m.?readOnly.orValue(false))",
+            say + f"one mount, the socket directory {RUNTIME_SOCKET_DIR} read-only",
         ),
     ]
     spec: Obj = {
@@ -574,7 +691,10 @@ def _jobs_policy(component: Component, opts: Options) -> list[Obj]:
                 }
             ]
         },
-        "variables": [{"name": "pod", "expression": "object.spec.template.spec"}],
+        "variables": [
+            {"name": "pod", "expression": "object.spec.template.spec"},
+            {"name": "agent", "expression": "variables.pod.containers[0]"},
+        ],
         "validations": checks,
     }
     return _policy(component, opts, "jobs", spec)

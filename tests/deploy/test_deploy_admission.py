@@ -11,7 +11,7 @@ import json
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.controller.internal.config.config import JobSettings
 from lj_runtimekit.controller.internal.jobspec import jobspec
-from lj_runtimekit.controller.internal.nodestate.state import PREFIX
+from lj_runtimekit.controller.internal.nodestate.state import PREFIX, Action
 from lj_runtimekit.deploy import manifests
 from lj_runtimekit.deploy.components import BY_NAME, RUNTIME_SOCKET_DIR, Component
 from lj_runtimekit.deviceplugin.internal.nodelabels.labels import node_labels
@@ -110,8 +110,11 @@ def refusal(call: Any) -> str:
 # -- the Controller's Jobs ----------------------------------------------------------------------
 
 
-def controller_job(install: Install, node: dict[str, Any]) -> dict[str, Any]:
-    """The Job the Controller creates (its own jobspec) with its Deployment's flags."""
+def controller_job(
+    install: Install, node: dict[str, Any], action: Action = "enable", **settings: Any
+) -> dict[str, Any]:
+    """The Job the Controller creates (its own jobspec) with its Deployment's flags and
+    `settings` (JobSettings fields the Deployment leaves at their defaults)."""
     args = dict(
         a.removeprefix("--").split("=", 1)
         for a in manifests.workload(CONTROLLER, install.opts)["spec"]["template"]["spec"][
@@ -119,14 +122,190 @@ def controller_job(install: Install, node: dict[str, Any]) -> dict[str, Any]:
         ][0]["args"]
         if "=" in a
     )
-    settings = JobSettings(
+    job_settings = JobSettings(
         image=args["job-image"],
         namespace=install.opts.jobs_namespace,
         socket_dir=args["socket-dir"],
         service_account=args["job-service-account"],
+        **settings,
     )
     meta = node["metadata"]
-    return jobspec.build(settings, "enable", meta["name"], meta["uid"], node["spec"].get("taints"))
+    return jobspec.build(
+        job_settings, action, meta["name"], meta["uid"], node["spec"].get("taints")
+    )
+
+
+Change = Callable[[dict[str, Any], dict[str, Any]], Any]
+"""Changes the Job's pod spec (first argument) or its container (second)."""
+
+
+def _security(**fields: Any) -> Change:
+    return lambda _p, c: c["securityContext"].update(fields)
+
+
+# Each change alone, and the reason the policy gives (the server names the first rule a Job
+# breaks): what the Controller never renders.
+REFUSED: list[tuple[str, str, Change]] = [
+    ("another image", "the image", lambda _p, c: c.update(image="busybox")),
+    (
+        "an image beside it",
+        "the image",
+        lambda _p, c: c.update(image=c["image"].rsplit(":", 1)[0] + "-x:1"),
+    ),
+    (
+        "a second container",
+        "one container",
+        lambda p, c: p["containers"].append(dict(c, name="second")),
+    ),
+    ("another command", "the command lj-job-agent", lambda _p, c: c.update(command=["sh"])),
+    ("an extra argument", "the arguments", lambda _p, c: c["args"].append("--socket-name=x")),
+    ("another action", "the arguments", lambda _p, c: c["args"].__setitem__(0, "state")),
+    (
+        "another socket dir",
+        "the arguments",
+        lambda _p, c: c["args"].__setitem__(1, "--socket-dir=/"),
+    ),
+    (
+        "another requester",
+        "the arguments",
+        lambda _p, c: c["args"].__setitem__(2, "--requester=kube-system/x"),
+    ),
+    ("args replaced", "the arguments", lambda _p, c: c.update(args=["-c", "id"])),
+    ("env", "no container field env", lambda _p, c: c.update(env=[{"name": "A", "value": "b"}])),
+    (
+        "envFrom a Secret",
+        "no container field envFrom",
+        lambda _p, c: c.update(envFrom=[{"secretRef": {"name": "admin-token"}}]),
+    ),
+    (
+        "a hostPort",
+        "no container field ports",
+        lambda _p, c: c.update(ports=[{"containerPort": 22, "hostPort": 22}]),
+    ),
+    ("a working dir", "no container field workingDir", lambda _p, c: c.update(workingDir="/")),
+    (
+        "GPUs",
+        "cpu and memory its only resources",
+        lambda _p, c: c["resources"]["limits"].update({"nvidia.com/gpu": "1"}),
+    ),
+    (
+        "a resource claim",
+        "no pod field resourceClaims",
+        lambda p, c: (
+            p.update(resourceClaims=[{"name": "gpu", "resourceClaimName": "gpus"}]),
+            c["resources"].update(claims=[{"name": "gpu"}]),
+        ),
+    ),
+    ("escalation", "allowPrivilegeEscalation: false", _security(allowPrivilegeEscalation=True)),
+    (
+        "escalation unset",
+        "allowPrivilegeEscalation: false",
+        lambda _p, c: c["securityContext"].pop("allowPrivilegeEscalation"),
+    ),
+    (
+        "privileged",
+        "not privileged, every capability dropped",
+        _security(privileged=True, allowPrivilegeEscalation=True),
+    ),
+    (
+        "an added capability",
+        "every capability dropped and none added",
+        _security(capabilities={"drop": ["ALL"], "add": ["NET_ADMIN"]}),
+    ),
+    (
+        "capabilities kept",
+        "every capability dropped",
+        _security(capabilities={"drop": ["NET_RAW"]}),
+    ),
+    (
+        "seccomp Unconfined",
+        "seccomp RuntimeDefault",
+        _security(seccompProfile={"type": "Unconfined"}),
+    ),
+    (
+        "the pod's seccomp Unconfined",
+        "seccomp RuntimeDefault",
+        lambda p, _c: p["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+    ),
+    (
+        "a sysctl",
+        "nothing else in the pod's",
+        lambda p, _c: p["securityContext"].update(
+            sysctls=[{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}]
+        ),
+    ),
+    (
+        "AppArmor unconfined",
+        "no securityContext field appArmorProfile",
+        _security(appArmorProfile={"type": "Unconfined"}),
+    ),
+    ("a writable root", "a read-only root filesystem", _security(readOnlyRootFilesystem=False)),
+    (
+        "the image's user",
+        "runAsUser and runAsGroup set",
+        lambda _p, c: c["securityContext"].pop("runAsUser"),
+    ),
+    (
+        "a non-root uid allowed to be root",
+        "runAsNonRoot exactly when runAsUser is not 0",
+        _security(runAsUser=1000),
+    ),
+    ("a writable mount", "read-only", lambda _p, c: c["volumeMounts"][0].update(readOnly=False)),
+    (
+        "a mount elsewhere",
+        "one mount, the socket directory",
+        lambda _p, c: c["volumeMounts"][0].update(mountPath="/host"),
+    ),
+    (
+        "another volume",
+        "one volume",
+        lambda p, _c: p["volumes"].append({"name": "x", "emptyDir": {}}),
+    ),
+    (
+        "another hostPath",
+        "one volume",
+        lambda p, _c: p["volumes"][0]["hostPath"].update(path="/"),
+    ),
+    (
+        "a hostPath of any type",
+        "type Directory",
+        lambda p, _c: p["volumes"][0]["hostPath"].pop("type"),
+    ),
+    ("hostPID", "no pod field hostPID", lambda p, _c: p.update(hostPID=True)),
+    ("hostNetwork", "no pod field hostNetwork", lambda p, _c: p.update(hostNetwork=True)),
+    ("hostIPC", "no pod field hostIPC", lambda p, _c: p.update(hostIPC=True)),
+    (
+        "another runtime",
+        "no pod field runtimeClassName",
+        lambda p, _c: p.update(runtimeClassName="lj-runtime"),
+    ),
+    ("nodeName", "no pod field nodeName", lambda p, _c: p.update(nodeName="any")),
+    (
+        "an init container",
+        "no pod field initContainers",
+        lambda p, c: p.update(initContainers=[dict(c, name="init")]),
+    ),
+    (
+        "a priority class",
+        "no pod field priorityClassName",
+        lambda p, _c: p.update(priorityClassName="system-node-critical"),
+    ),
+    (
+        "another service account",
+        "the service account lj-runtimekit-job-agent",
+        lambda p, _c: p.update(serviceAccountName="default"),
+    ),
+    (
+        "a token",
+        "no service account token",
+        lambda p, _c: p.update(automountServiceAccountToken=True),
+    ),
+    (
+        "the token's default",
+        "no service account token",
+        lambda p, _c: p.pop("automountServiceAccountToken"),
+    ),
+]
 
 
 def test_the_jobs_namespace_enforces_pod_security_and_only_the_agent_job_is_admitted(
@@ -171,41 +350,47 @@ def test_the_jobs_namespace_enforces_pod_security_and_only_the_agent_job_is_admi
     message = refusal(create(attack))
     assert "lj-runtimekit-controller-jobs" in message
     assert "the service account lj-runtimekit-job-agent" in message
-    # Each rule alone (the server names the first one a Job breaks).
-    agent = job["spec"]["template"]["spec"]["containers"][0]["image"].rsplit(":", 1)[0]
-    variants: list[tuple[str, Any]] = [
-        ("the image", lambda p: p["containers"][0].update(image="busybox")),
-        ("the image", lambda p: p["containers"][0].update(image=f"{agent}-x:1")),
-        ("the command lj-job-agent", lambda p: p["containers"][0].update(command=["sh"])),
-        ("read-only", lambda p: p["containers"][0]["volumeMounts"][0].update(readOnly=False)),
-        ("one volume", lambda p: p["volumes"].append({"name": "x", "emptyDir": {}})),
-        ("one volume", lambda p: p["volumes"][0]["hostPath"].update(path="/")),
-        ("no hostPID", lambda p: p.update(hostPID=True)),
-        ("no hostPID, hostNetwork", lambda p: p.update(hostNetwork=True)),
-        (
-            "not privileged",
-            lambda p: p["containers"][0]["securityContext"].update(
-                privileged=True, allowPrivilegeEscalation=True
-            ),
-        ),
-        (
-            "no added capabilities",
-            lambda p: p["containers"][0]["securityContext"].update(
-                capabilities={"add": ["SYS_ADMIN"]}
-            ),
-        ),
-    ]
-    for expected, change in variants:
+    # The API server type-checks every expression against the Job's schema: no warning.
+    registration = k8s_client.AdmissionregistrationV1Api(api_client)
+
+    def type_checking() -> Any:
+        status = registration.read_validating_admission_policy(
+            "lj-runtimekit-controller-jobs"
+        ).status
+        return status and status.type_checking
+
+    wait_for(lambda: type_checking() is not None, 30, "the Jobs policy to be type-checked")
+    assert not type_checking().expression_warnings
+    wrong = []
+    for what, expected, change in REFUSED:
         variant = copy.deepcopy(job)
-        change(variant["spec"]["template"]["spec"])
-        assert expected in refusal(create(variant)), expected
-    # The Controller's own Job is admitted, in the Jobs' namespace only (RBAC); after an
-    # upgrade or a rollback too (another tag or a digest of the Job Agent image).
+        spec = variant["spec"]["template"]["spec"]
+        change(spec, spec["containers"][0])
+        message = refusal(create(variant))
+        if policy not in message or expected not in message:
+            wrong.append(f"{what}: {message or 'admitted'} (expected {expected!r})")
+    apparmor = copy.deepcopy(job)
+    key = "container.apparmor.security.beta.kubernetes.io/agent"
+    apparmor["spec"]["template"]["metadata"]["annotations"][key] = "unconfined"
+    if "pod annotations under lj-runtimekit.io/ only" not in refusal(create(apparmor)):
+        wrong.append(f"AppArmor annotation: {refusal(create(apparmor)) or 'admitted'}")
+    assert not wrong, "\n".join(wrong)
+    # The Controller's own Jobs are admitted, in the Jobs' namespace only (RBAC): both
+    # actions, its other identity and retry settings, after an upgrade or a rollback too
+    # (another tag or a digest of the Job Agent image).
     assert refusal(create(job)) == ""
+    own = [
+        controller_job(install, node_obj, "disable"),
+        controller_job(install, node_obj, run_as_user=65532, run_as_group=65532),
+        controller_job(install, node_obj, agent_retry_timeout_s=5, image_pull_policy="Always"),
+    ]
+    agent = job["spec"]["template"]["spec"]["containers"][0]["image"].rsplit(":", 1)[0]
     for image in (f"{agent}:v9.9.9", f"{agent}@sha256:{'a' * 64}"):
         other = copy.deepcopy(job)
         other["spec"]["template"]["spec"]["containers"][0]["image"] = image
-        assert refusal(create(other)) == "", image
+        own.append(other)
+    for other in own:
+        assert refusal(create(other)) == "", other["spec"]["template"]
     elsewhere = copy.deepcopy(job)
     elsewhere["metadata"]["namespace"] = install.opts.namespace
     assert "cannot create resource" in refusal(create(elsewhere, install.opts.namespace))

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from lj_runtimekit.deploy import manifests
-from lj_runtimekit.deploy.components import BY_NAME, COMPONENTS, Component
+from lj_runtimekit.deploy.components import BY_NAME, COMPONENTS, SHARED_NAMESPACES, Component
 from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.versions import find_tools
 
@@ -128,6 +128,28 @@ def test_helm_lint_and_template_equal_the_plain_yaml(control_plane: ControlPlane
     assert unhelmed(only_exporter) == plain("exporter")
 
 
+def test_helm_refuses_admission_policies_below_1_30_and_renders_without_them(
+    control_plane: ControlPlane,
+) -> None:
+    """The policies need admissionregistration.k8s.io/v1 (Kubernetes 1.30): for an older
+    cluster the chart fails in one line naming the way out, and renders the reduced mode
+    (RBAC alone) when told so."""
+    argv = [tool("helm"), "template", "lj", str(CHART), "--kube-version", "1.29.0"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode != 0, result.stdout
+    assert (
+        "admissionPolicies.create: Kubernetes v1.29.0 is older than 1.30: it has no"
+        " ValidatingAdmissionPolicy v1 and no node name in ServiceAccount tokens; fix: upgrade"
+        " the cluster, or set admissionPolicies.create=false (RBAC alone bounds the components"
+        " then; deploy/README.md, Rights)"
+    ) in result.stderr.splitlines()[0]
+    reduced = template("--kube-version", "1.29.0", "--set", "admissionPolicies.create=false")
+    assert ("Deployment", "default", "lj-runtimekit-controller") in reduced
+    assert not [k for k in reduced if k[0].startswith("ValidatingAdmissionPolicy")]
+    served = template("--kube-version", "1.30.0")
+    assert ("ValidatingAdmissionPolicy", None, "lj-runtimekit-controller-jobs") in served
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
@@ -136,10 +158,22 @@ def test_helm_lint_and_template_equal_the_plain_yaml(control_plane: ControlPlane
         ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
         ("images.exportr=x:1", "invalid propertyName 'exportr'"),
         ("imagePullSecrets[0].nam=x", "at '/imagePullSecrets/0'"),
+        # The Jobs need a namespace of their own, as deploy-all.sh's --jobs-namespace.
+        *(
+            (
+                f"jobsNamespace={ns}",
+                "at '/jobsNamespace': value must be 'a namespace of the Jobs own, not one the"
+                " cluster shares (default, kube-system, kube-public, kube-node-lease)",
+            )
+            for ns in SHARED_NAMESPACES
+        ),
+        ("jobsNamespace=", "at '/jobsNamespace': '' does not match pattern"),
+        ("jobsNamespace=Jobs_1", "at '/jobsNamespace': 'Jobs_1' does not match pattern"),
     ],
 )
 def test_helm_refuses_a_bad_value(value: str, message: str, control_plane: ControlPlane) -> None:
-    """values.schema.json: a typo'd key or a wrongly typed value stops `helm template`."""
+    """values.schema.json: a typo'd key, a wrongly typed value or a shared namespace for the
+    Jobs stops `helm template`."""
     argv = [tool("helm"), "template", "lj", str(CHART), "--set", value]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode != 0, result.stdout
@@ -232,6 +266,7 @@ def test_helm_test_hook_and_notes(control_plane: ControlPlane) -> None:
     hook = rendered[("Pod", "lj", "lj-lj-runtimekit-test")]
     assert hook["metadata"]["annotations"] == {
         "helm.sh/hook": "test",
+        "helm.sh/hook-weight": "0",
         "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
     }
     container = hook["spec"]["containers"][0]
@@ -241,7 +276,18 @@ def test_helm_test_hook_and_notes(control_plane: ControlPlane) -> None:
         ["lj-runtimekit-exporter", manifests.METRICS_PORT, False],
     ]
     compile(container["command"][2], "test-pod", "exec")
-    assert hook["spec"]["serviceAccountName"] == "lj-runtimekit-scheduler-framework"
+    # Its own ServiceAccount, which may only list pods (not the scheduler's, which binds and
+    # deletes them), made before the pod and deleted with it.
+    assert hook["spec"]["serviceAccountName"] == "lj-lj-runtimekit-test"
+    hooks = {k[0]: o for k, o in rendered.items() if k[2] == "lj-lj-runtimekit-test"}
+    assert set(hooks) == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        annotations = hooks[kind]["metadata"]["annotations"]
+        assert annotations == {**hook["metadata"]["annotations"], "helm.sh/hook-weight": "-1"}
+    assert hooks["Role"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    assert hooks["RoleBinding"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "lj-lj-runtimekit-test", "namespace": "lj"}
+    ]
     no_tests = objects(
         run(helm, "template", "lj", str(CHART), "--namespace", "lj", "--set", "tests.enabled=false")
     )
@@ -518,20 +564,37 @@ class _Metrics(http.server.BaseHTTPRequestHandler):
 def test_helm_test_pod_script_reads_metrics_through_the_api(
     control_plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
-    """The hook pod's script, run here as the scheduler's ServiceAccount against the real
-    API server: it finds the scheduler pod by label and reads its /metrics (a local server
-    at the pod's IP); once the server is gone it fails, naming the pod."""
+    """The hook pod's script, run here as the hook's own ServiceAccount (its Role applied)
+    against the real API server: it finds the scheduler pod by label and reads its /metrics
+    (a local server at the pod's IP); once the server is gone it fails, naming the pod.
+    That ServiceAccount may list pods and nothing else."""
     kubectl = control_plane.kubectl_argv()
     assert control_plane.pki is not None
     rbac = tmp_path / "rbac.yaml"
-    only_scheduler = template(
-        *("--namespace", namespace, "--set"),
-        "components.devicePlugin=false,components.exporter=false,components.controller=false",
-        *("--set", "runtimeClass.create=false,admissionPolicies.create=false"),
+    hook = objects(run(tool("helm"), "template", "lj", str(CHART), "--namespace", namespace))
+    test_account = "lj-lj-runtimekit-test"
+    kinds = ("ServiceAccount", "Role", "RoleBinding")
+    rbac.write_text(
+        yaml.safe_dump_all([o for k, o in hook.items() if k[0] in kinds and k[2] == test_account])
     )
-    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-    rbac.write_text(yaml.safe_dump_all([o for k, o in only_scheduler.items() if k[0] in kinds]))
     run(*kubectl, "apply", "-f", str(rbac))
+    user = f"system:serviceaccount:{namespace}:{test_account}"
+    for verb, resource, allowed in (
+        ("list", "pods", "yes"),
+        ("get", "pods", "no"),
+        ("delete", "pods", "no"),
+        ("create", "pods/binding", "no"),
+        ("patch", "pods/status", "no"),
+        ("list", "secrets", "no"),
+    ):
+        can_i = subprocess.run(
+            [*kubectl, "-n", namespace, "auth", "can-i", verb, resource, f"--as={user}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert can_i.stdout.strip() == allowed, (verb, resource, can_i.stdout, can_i.stderr)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -554,11 +617,10 @@ def test_helm_test_pod_script_reads_metrics_through_the_api(
         )
         sa = tmp_path / "serviceaccount"
         sa.mkdir()
-        token = run(*kubectl, "-n", namespace, "create", "token", app)
+        token = run(*kubectl, "-n", namespace, "create", "token", test_account)
         (sa / "token").write_text(token.strip())
         (sa / "namespace").write_text(namespace)
         (sa / "ca.crt").write_bytes(control_plane.pki.ca_cert.read_bytes())
-        hook = objects(run(tool("helm"), "template", "lj", str(CHART), "--namespace", namespace))
         command = hook[("Pod", namespace, "lj-lj-runtimekit-test")]["spec"]["containers"][0][
             "command"
         ]

@@ -26,6 +26,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- regexReplaceAll ":[^:/]*$" $ref "" -}}
 {{- end -}}
 
+{{- define "lj-runtimekit.admissionPoliciesServed" -}}
+{{- if semverCompare "<1.30.0-0" .Capabilities.KubeVersion.Version -}}
+{{- fail (printf "admissionPolicies.create: Kubernetes %s is older than 1.30: it has no ValidatingAdmissionPolicy v1 and no node name in ServiceAccount tokens; fix: upgrade the cluster, or set admissionPolicies.create=false (RBAC alone bounds the components then; deploy/README.md, Rights)" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "lj-runtimekit.configData.deviceplugin" -}}
 {{- $d := dict "protocol.yaml" (.Files.Get "files/protocol.yaml") -}}
 {{- range $k, $v := .Values.settings.devicePlugin }}
