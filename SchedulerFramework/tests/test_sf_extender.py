@@ -209,3 +209,50 @@ def test_gangs_and_filtered_nodes_are_refused_not_bound(
     assert "cannot be bound to node" in str(body["Error"])
     assert "didn't match Pod's node affinity/selector" in str(body["Error"])
     assert bound(core, namespace) == {}
+
+
+def test_a_bind_sent_twice_keeps_the_bound_pods_devices(
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: NodeFactory,
+    extender: tuple[SchedulerProcess, int],
+) -> None:
+    # A caller that timed out on a Binding which landed sends the bind again.
+    core = k8s_client.CoreV1Api(api_client)
+    node = node_factory.create(f"{namespace}-n0")
+    annotate_inventory(core, node)
+
+    def bind_request(name: str, uid: str) -> tuple[int, dict[str, object]]:
+        body = {"PodName": name, "PodNamespace": namespace, "PodUID": uid, "Node": node}
+        return post(extender[1], "bind", json.dumps(body).encode())
+
+    first = core.create_namespaced_pod(
+        namespace, pod("first", "nobody", node_factory.selector, {GPU: "4"})
+    )
+    # the extender's watch may not have the node's devices yet: asked until it binds
+    wait_for(
+        lambda: bind_request("first", first.metadata.uid) == (200, {"Error": ""}),
+        30,
+        "first bound by the extender",
+        describe=lambda: extender[0].text()[-3000:],
+    )
+    wait_for(lambda: "first" in bound(core, namespace), 30, "first bound")
+    code, body = bind_request("first", first.metadata.uid)
+    assert code == 200
+    assert body["Error"] == f"pod {namespace}/first is bound to node {node} already"
+    second = core.create_namespaced_pod(
+        namespace, pod("second", "nobody", node_factory.selector, {GPU: "4"})
+    )
+    assert bind_request("second", second.metadata.uid) == (200, {"Error": ""})
+    pods = bound(core, namespace)
+    held = [
+        {
+            s.device_id
+            for s in decode_assignment(
+                pods[n].metadata.annotations[P.annotations.assigned_devices]
+            )["main"]
+        }
+        for n in ("first", "second")
+    ]
+    assert len(held[0]) == len(held[1]) == 4
+    assert not held[0] & held[1]

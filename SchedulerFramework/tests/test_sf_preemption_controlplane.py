@@ -10,6 +10,7 @@ import pytest
 from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
 
+from lj_runtimekit.envtest.kwok import KEEP_TERMINATING_ANNOTATION
 from lj_runtimekit.envtest.nodes import NodeFactory
 from lj_runtimekit.proto.pkg.protocol import load_protocol
 from lj_runtimekit.testkit.scheduler.process import (
@@ -297,3 +298,72 @@ def test_gang_preempts_as_a_whole_or_not_at_all(
         describe=lambda: str(disruption_conditions),
     )
     assert set(disruption_conditions.values()) == {"PreemptionByScheduler"}
+
+
+HOLD = "lj-test/hold"
+"""A finalizer that keeps a deleted pod terminating until the test removes it (KWOK leaves
+pods annotated KEEP_TERMINATING_ANNOTATION alone)."""
+
+
+def test_no_second_preemption_after_a_restart_while_the_victim_terminates(
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node_factory: NodeFactory,
+    scheduler: SchedulerProcess,
+    disruption_conditions: dict[str, str],
+) -> None:
+    core = k8s_client.CoreV1Api(api_client)
+    ns, sel = namespace, node_factory.selector
+    for slot in ("a", "b"):
+        annotate_inventory(core, node_factory.create(f"{ns}-{slot}", labels={"slot": slot}))
+    low = {}
+    for slot, prio in (("a", "lj-test-low"), ("b", "lj-test-mid")):
+        body = make(f"low-{slot}", ns, {**sel, "slot": slot}, {GPU: "8"}, prio)
+        body["metadata"]["finalizers"] = [HOLD]
+        body["metadata"]["annotations"] = {KEEP_TERMINATING_ANNOTATION: "true"}
+        low[f"low-{slot}"] = body
+
+    def terminating() -> set[str]:
+        items = core.list_namespaced_pod(ns).items
+        return {p.metadata.name for p in items if p.metadata.deletion_timestamp}
+
+    try:
+        fill(core, ns, low)
+        core.create_namespaced_pod(ns, make("high", ns, sel, {GPU: "8"}, "lj-test-high"))
+        wait_for(terminating, 60, "a victim terminating", describe=scheduler.text)
+        assert terminating() == {"low-a"}  # the lower priority of the two
+        wait_for(
+            lambda: core.read_namespaced_pod("high", ns).status.nominated_node_name,
+            30,
+            "the preemptor nominated",
+        )
+        scheduler.kill()  # what it chose to evict lives only in the cluster now
+        before = len(scheduler.text())
+        scheduler.start()
+        wait_for(
+            lambda: (
+                "not eligible due to a terminating pod on the nominated node."
+                in scheduler.text()[before:]
+            ),
+            60,
+            "the restarted scheduler's refusal to preempt again",
+            describe=lambda: scheduler.text()[before:][-3000:],
+        )
+        assert terminating() == {"low-a"}  # low-b was not preempted in its place
+        assert set(disruption_conditions) == {"low-a"}
+        core.patch_namespaced_pod("low-a", ns, {"metadata": {"finalizers": None}})
+        wait_for(
+            lambda: "high" in bound(core, ns),
+            60,
+            "the preemptor bound where its victim was",
+            describe=lambda: str(events(core, ns, "high")) + scheduler.text()[before:][-3000:],
+        )
+        assert bound(core, ns)["high"].spec.node_name == f"{ns}-a"
+        assert "low-b" in bound(core, ns)
+    finally:
+        for name in low:
+            try:
+                core.patch_namespaced_pod(name, ns, {"metadata": {"finalizers": None}})
+            except k8s_client.ApiException as exc:
+                if exc.status != 404:
+                    raise

@@ -11,7 +11,9 @@ pod stages:
 - a Running pod annotated with FAIL_EXIT_CODE_ANNOTATION becomes Failed with
   that exit code, FAIL_REASON_ANNOTATION (default "Error") and the termination
   message FAIL_MESSAGE_ANNOTATION (default "failed by envtest"), on every
-  container and in the pod status. `failure_annotations()` builds them.
+  container and in the pod status. `failure_annotations()` builds them;
+- a pod being deleted is removed, unless annotated KEEP_TERMINATING_ANNOTATION
+  (it stays terminating until its finalizers are removed).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ FAKE_NODE_VALUE = "fake"
 FAIL_EXIT_CODE_ANNOTATION = "envtest.lj-runtimekit.io/exit-code"
 FAIL_REASON_ANNOTATION = "envtest.lj-runtimekit.io/reason"
 FAIL_MESSAGE_ANNOTATION = "envtest.lj-runtimekit.io/message"
+KEEP_TERMINATING_ANNOTATION = "envtest.lj-runtimekit.io/keep-terminating"
 
 
 def failure_annotations(exit_code: int, message: str, reason: str = "Error") -> dict[str, str]:
