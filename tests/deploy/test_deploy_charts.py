@@ -78,9 +78,15 @@ def unhelmed(objs: dict[Key, dict[str, Any]]) -> dict[Key, dict[str, Any]]:
     return objs
 
 
+SERVED = ("--kube-version", f"1.{manifests.ADMISSION_POLICIES_MINOR}.0")
+"""Renders for a cluster that serves the admission policies: without a cluster Helm assumes
+the pinned release, the oldest supported one under `make test-oldest-k8s`, where the chart
+refuses them."""
+
+
 def template(*args: str) -> dict[Key, dict[str, Any]]:
     """`helm template lj` of the chart (test hooks left out) with `args`."""
-    return objects(run(tool("helm"), "template", "lj", str(CHART), "--skip-tests", *args))
+    return objects(run(tool("helm"), "template", "lj", str(CHART), "--skip-tests", *SERVED, *args))
 
 
 def plain(*dirs: str) -> dict[Key, dict[str, Any]]:
@@ -97,7 +103,7 @@ ALL = ("common", "deviceplugin", "scheduler", "exporter", "controller")
 
 def test_helm_lint_and_template_equal_the_plain_yaml(control_plane: ControlPlane) -> None:
     helm = tool("helm")
-    run(helm, "lint", "--strict", str(CHART))
+    run(helm, "lint", "--strict", *SERVED, str(CHART))
     rendered = unhelmed(template("--namespace", "kube-system"))
     assert rendered == plain(*ALL)
     off = template(
@@ -262,7 +268,7 @@ def test_helm_test_hook_and_notes(control_plane: ControlPlane) -> None:
     """`helm test` runs a pod (a test hook, deleted on success) that reads the scheduler's and
     the Exporters' /metrics; NOTES.txt says what was installed and how to verify it."""
     helm = tool("helm")
-    rendered = objects(run(helm, "template", "lj", str(CHART), "--namespace", "lj"))
+    rendered = objects(run(helm, "template", "lj", str(CHART), *SERVED, "--namespace", "lj"))
     hook = rendered[("Pod", "lj", "lj-lj-runtimekit-test")]
     assert hook["metadata"]["annotations"] == {
         "helm.sh/hook": "test",
@@ -289,7 +295,7 @@ def test_helm_test_hook_and_notes(control_plane: ControlPlane) -> None:
         {"kind": "ServiceAccount", "name": "lj-lj-runtimekit-test", "namespace": "lj"}
     ]
     no_tests = objects(
-        run(helm, "template", "lj", str(CHART), "--namespace", "lj", "--set", "tests.enabled=false")
+        run(helm, "template", "lj", str(CHART), *SERVED, "-n", "lj", "--set", "tests.enabled=false")
     )
     assert not [k for k in no_tests if k[0] == "Pod"]
     policies = f"admissionPolicies.create={str(POLICIES_SERVED).lower()}"
@@ -409,7 +415,15 @@ def test_helm_extender_refuses_without_tls_and_an_authenticated_caller(
     values: str, message: str, control_plane: ControlPlane
 ) -> None:
     result = subprocess.run(
-        [tool("helm"), "template", "lj", str(CHART), "--set", f"{EXTENDER}.enabled=true{values}"],
+        [
+            tool("helm"),
+            "template",
+            "lj",
+            str(CHART),
+            *SERVED,
+            "--set",
+            f"{EXTENDER}.enabled=true{values}",
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -571,7 +585,9 @@ def test_helm_test_pod_script_reads_metrics_through_the_api(
     kubectl = control_plane.kubectl_argv()
     assert control_plane.pki is not None
     rbac = tmp_path / "rbac.yaml"
-    hook = objects(run(tool("helm"), "template", "lj", str(CHART), "--namespace", namespace))
+    hook = objects(
+        run(tool("helm"), "template", "lj", str(CHART), *SERVED, "--namespace", namespace)
+    )
     test_account = "lj-lj-runtimekit-test"
     kinds = ("ServiceAccount", "Role", "RoleBinding")
     rbac.write_text(
