@@ -94,7 +94,8 @@ class Admission:
                 # pods the kubelet lists can be the one it is admitting.
                 waiting = [w for w in fresh_waiting if w.pod.uid in listed] or fresh_waiting
                 pods = fresh
-                seen.append("the API server's pod list read now")
+                if self._pods.from_kubelet:
+                    seen.append("the API server's pod list read now")
         if len(waiting) > 1 or not self._pods.from_kubelet:
             # The API server lists every pod bound to the node at once, and forgets a pod
             # deleted while the kubelet may still be admitting it; a pod the kubelet
