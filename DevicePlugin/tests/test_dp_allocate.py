@@ -113,6 +113,32 @@ async def test_a_copy_of_another_pods_assignment_is_refused(make_bed: BedFactory
             ]
 
 
+async def test_required_uid_refuses_a_copy_with_its_uid_removed(make_bed: BedFactory) -> None:
+    """With --require-assignment-uid, a copy of a running pod's annotations with the UID key
+    removed (`allocating` or `allocated`) is refused, nothing allocated in its name; the
+    scheduler's own pod, UID included, is served."""
+    async with make_bed(plugin_args=["--require-assignment-uid=true"]) as bed:
+        share = DeviceShare(bed.gpu(3), 30, 20)
+        original = bed.pod({"main": {CORE: 30, MEMORY: 20}}, {"main": [share]})
+        original["metadata"]["annotations"][ASSIGNED_POD_UID] = original["metadata"]["uid"]
+        bed.pods.put(original)
+        await bed.kubelet.admit(original)
+        for phase in ("allocating", "allocated"):
+            forged = copy.deepcopy(original)
+            forged["metadata"].update(uid=f"stripped-{phase}", name=f"stripped-{phase}")
+            forged["metadata"]["annotations"][ANN.bind_phase] = phase
+            del forged["metadata"]["annotations"][ASSIGNED_POD_UID]
+            bed.pods.put(forged)
+            with pytest.raises(AdmissionError) as err:
+                await bed.kubelet.admit(forged)
+            message = str(err.value)
+            assert "FAILED_PRECONDITION" in message
+            assert f"{ASSIGNED_POD_UID} is missing" in message, message
+            bed.pods.remove(forged["metadata"]["uid"])
+            (alloc,) = await bed.allocations()
+            assert alloc.container_key == f"{original['metadata']['uid']}/main"
+
+
 async def test_kubelet_devices_outside_the_assignment_are_refused(make_bed: BedFactory) -> None:
     """What a container gets is exactly the kubelet's IDs: other IDs than the scheduler's
     assignment are refused, not swapped for the assignment."""

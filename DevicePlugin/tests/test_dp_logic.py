@@ -142,6 +142,35 @@ def test_an_assignment_copied_from_another_pod_waits_with_its_problem() -> None:
         assert only.assignment == {"c": (DeviceShare("GPU-1"),)}
 
 
+def test_required_uid_makes_an_assignment_without_one_wait_with_its_problem() -> None:
+    """With require_uid an assignment naming no pod (an older scheduler's, or a copy whose UID
+    was removed) is not served, whatever its phase; one with the pod's own UID is."""
+    served = {RES.gpu}.__contains__
+    text = encode_assignment({"c": (DeviceShare("GPU-1"),)})
+    for phase in ("allocating", "allocated"):
+        ann = {ANN.assigned_devices: text, ANN.bind_phase: phase}
+        stripped = _pod("stripped", {"c": {RES.gpu: 1}}, **ann)
+        (only,) = waiting_pods(
+            [stripped], served, set(), ANN.assigned_devices, ANN.bind_phase, require_uid=True
+        )
+        assert only.assignment is None
+        assert only.problem is not None
+        assert f"{ASSIGNED_POD_UID} is missing" in only.problem
+    own = parse_pod(
+        pod_object(
+            "own",
+            {"c": {RES.gpu: 1}},
+            uid="uid-own",
+            annotations={ANN.assigned_devices: text, ASSIGNED_POD_UID: "uid-own"},
+        )
+    )
+    (only,) = waiting_pods(
+        [own], served, set(), ANN.assigned_devices, ANN.bind_phase, require_uid=True
+    )
+    assert only.problem is None
+    assert only.assignment == {"c": (DeviceShare("GPU-1"),)}
+
+
 def test_malformed_assignment_and_empty_pod_list() -> None:
     served = {RES.gpu}.__contains__
     bad = _pod("bad", {"c": {RES.gpu: 1}}, **{ANN.assigned_devices: "[1]"})

@@ -132,6 +132,14 @@ def _parser() -> argparse.ArgumentParser:
         "seconds between clean-up rounds of finished pods' allocations",
         type=float,
     )
+    p.env_flag(
+        "--require-assignment-uid",
+        "LJ_DP_REQUIRE_ASSIGNMENT_UID",
+        "false",
+        "refuse a pod whose assignment names no pod UID (written by an older scheduler, or"
+        " copied with its UID removed); turn on once the scheduler is upgraded",
+        type=boolean,
+    )
     p.add_argument(
         "--grace-period",
         type=float,
@@ -158,6 +166,7 @@ class Config:
     release_grace_s: float
     collect_interval_s: float
     grace_s: float
+    require_assignment_uid: bool
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -203,6 +212,7 @@ def _config(args: argparse.Namespace) -> Config:
         release_grace_s=args.release_grace,
         collect_interval_s=max(args.collect_interval, 0.1),
         grace_s=args.grace_period,
+        require_assignment_uid=args.require_assignment_uid,
     )
 
 
@@ -258,6 +268,7 @@ async def _serve(cfg: Config, runtime: RuntimeAccess, pods: NodePods, rm: Resour
         pod_resources=(
             PodResourcesClient(cfg.pod_resources_socket) if cfg.pod_resources_socket else None
         ),
+        require_assignment_uid=cfg.require_assignment_uid,
     )
     try:
         await allocator.rebuild()

@@ -35,6 +35,8 @@ class Admission:
         refused: RefusedPods,
         collector: Collector,
         crosscheck: CrossCheck,
+        *,
+        require_uid: bool = False,
     ) -> None:
         self._pods = pods
         self._rm = rm
@@ -43,13 +45,21 @@ class Admission:
         self._refused = refused
         self._collector = collector
         self._crosscheck = crosscheck
+        self._require_uid = require_uid
 
     def waiting(self, pods: Sequence[PodInfo], done: set[DoneKey]) -> list[Waiting]:
         """The pods of `pods` waiting for devices, those refused before left out."""
         served = self._rm.resources()
         ann = self._protocol.annotations
         listed = [p for p in pods if p.uid not in self._refused]
-        return waiting_pods(listed, served.__contains__, done, ann.assigned_devices, ann.bind_phase)
+        return waiting_pods(
+            listed,
+            served.__contains__,
+            done,
+            ann.assigned_devices,
+            ann.bind_phase,
+            require_uid=self._require_uid,
+        )
 
     async def pods(self) -> list[PodInfo]:
         """The node's pods; AllocationError (UNAVAILABLE) when no source answers."""

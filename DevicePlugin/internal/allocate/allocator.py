@@ -64,6 +64,7 @@ class Allocator:
         node_name: str = "",
         release_grace_s: float = 60.0,
         pod_resources: PodResourcesClient | None = None,
+        require_assignment_uid: bool = False,
     ) -> None:
         self._rm = rm
         self._runtime = runtime
@@ -77,7 +78,14 @@ class Allocator:
         self._collector = Collector(self.ledger, runtime, release_grace_s)
         self._crosscheck = CrossCheck(pod_resources, self.ledger, rm, protocol)
         self._admission = Admission(
-            pods, rm, protocol, self.ledger, self._refused, self._collector, self._crosscheck
+            pods,
+            rm,
+            protocol,
+            self.ledger,
+            self._refused,
+            self._collector,
+            self._crosscheck,
+            require_uid=require_assignment_uid,
         )
 
     @property

@@ -31,7 +31,7 @@ from lj_runtimekit.proto.pkg.protocol import (
     DeviceShare,
     decode_assignment,
 )
-from lj_runtimekit.proto.pkg.protocol.assignment import foreign_assignment
+from lj_runtimekit.proto.pkg.protocol.assignment import ASSIGNED_POD_UID, foreign_assignment
 
 DoneKey = tuple[str, str, str]
 """(pod uid, container name, resource name): what the kubelet already got."""
@@ -69,16 +69,25 @@ def waiting_pods(
     done: Collection[DoneKey],
     assigned_key: str,
     bind_phase_key: str,
+    *,
+    require_uid: bool = False,
 ) -> list[Waiting]:
     """The active pods that ask for the plugin's resources and have not got all of them.
 
     A pod whose assignment was written for another pod (copied, with its `allocated`
-    phase or not) waits like any other, with that as its problem."""
+    phase or not) waits like any other, with that as its problem; with `require_uid`, so
+    does one whose assignment names no pod (an older scheduler's, or a copy whose UID was
+    removed)."""
     out: list[Waiting] = []
     for pod in pods:
         owner = foreign_assignment(pod.annotations, pod.uid)
+        unbound = (
+            require_uid
+            and assigned_key in pod.annotations
+            and ASSIGNED_POD_UID not in pod.annotations
+        )
         settled = pod.annotations.get(bind_phase_key) == BIND_PHASE_ALLOCATED
-        if not pod.active or (settled and owner is None):
+        if not pod.active or (settled and owner is None and not unbound):
             continue
         pairs = device_containers(pod, served)
         if not pairs or all((pod.uid, c, r) in done for c, r in pairs):
@@ -91,6 +100,12 @@ def waiting_pods(
                 f"annotation {assigned_key} of pod {pod.ref} was written by the scheduler for"
                 f" the pod with UID {owner}, not for this one ({pod.uid}): it was copied from"
                 " another pod; a device pod must be placed by the Runtime Kit scheduler"
+            )
+        elif unbound:
+            problem = (
+                f"annotation {assigned_key} of pod {pod.ref} names no pod ({ASSIGNED_POD_UID}"
+                " is missing): it was written by a scheduler older than this Device Plugin or"
+                " copied from another pod, and --require-assignment-uid refuses both"
             )
         elif text is not None:
             decoded = _decode(text)
