@@ -1358,7 +1358,7 @@ GENERATED_HEADER = (
     "# deploy/manifests.py and deploy/protocol.yaml with the default options\n"
     "# (namespace kube-system, the default registry, VERSION). deploy-all.sh\n"
     "# deploy/upgrade render the same objects with your options and apply your\n"
-    "# edits of this file on top (deploy/README.md, \"Editing the files\").\n"
+    '# edits of this file on top (deploy/README.md, "Editing the files").\n'
 )
 
 
