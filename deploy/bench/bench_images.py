@@ -25,6 +25,8 @@ from lj_runtimekit.deploy.components import COMPONENTS
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "deploy" / "docker" / "build.sh"
 REGISTRY = "localhost/lj-runtimekit-bench"
+SIZE = re.compile(r"^([0-9.]+)\s*(B|kB|MB|GB)$")
+UNITS = {"B": 1e-6, "kB": 1e-3, "MB": 1.0, "GB": 1e3}
 FRESH_CI = re.compile(r"^fresh-ci: green in (\d+) min (\d+) s", re.MULTILINE)
 
 
@@ -34,6 +36,14 @@ def fresh_ci_seconds(log: str) -> int:
     if match is None:
         raise ValueError("no 'fresh-ci: green in M min S s' line: the run was not green")
     return int(match.group(1)) * 60 + int(match.group(2))
+
+
+def size_mb(text: str) -> float:
+    """Megabytes (10^6 bytes) from buildah's human size ("152 MB", "1.07 GB")."""
+    match = SIZE.match(text.strip())
+    if match is None:
+        raise ValueError(f"buildah reported an image size of {text!r}")
+    return round(float(match.group(1)) * UNITS[match.group(2)], 1)
 
 
 def cold_build(work: Path) -> dict[str, float]:
@@ -61,7 +71,7 @@ def cold_build(work: Path) -> dict[str, float]:
         for name in image.get("names") or []:
             repository = name.rsplit(":", 1)[0].removeprefix(f"{REGISTRY}/lj-runtimekit-")
             if name.startswith(f"{REGISTRY}/"):
-                result[f"image_mb.{repository}"] = round(image["size"] / 1e6, 1)
+                result[f"image_mb.{repository}"] = size_mb(str(image["size"]))
     subprocess.run(["buildah", "rmi", "--all", "--force"], env=env, capture_output=True)
     return result
 
