@@ -7,6 +7,7 @@ import contextlib
 import copy
 import time
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -86,16 +87,23 @@ async def test_a_pod_not_placed_by_the_scheduler_is_refused(make_bed: BedFactory
         assert await bed.allocations() == []
 
 
+async def _admit_slice_with_uid(bed: Bed) -> dict[str, Any]:
+    """A 30 %/20 % slice pod on GPU 3, its UID in its assignment as the scheduler writes it,
+    admitted by the kubelet."""
+    share = DeviceShare(bed.gpu(3), 30, 20)
+    original = bed.pod({"main": {CORE: 30, MEMORY: 20}}, {"main": [share]})
+    original["metadata"]["annotations"][ASSIGNED_POD_UID] = original["metadata"]["uid"]
+    bed.pods.put(original)
+    await bed.kubelet.admit(original)
+    return original
+
+
 async def test_a_copy_of_another_pods_assignment_is_refused(make_bed: BedFactory) -> None:
     """A pod created on the node with a copy of a running pod's annotations (the scheduler
     wrote that pod's UID in them), `allocating` or `allocated`: refused with the reason,
     nothing allocated in its name; the original keeps its slice."""
     async with make_bed() as bed:
-        share = DeviceShare(bed.gpu(3), 30, 20)
-        original = bed.pod({"main": {CORE: 30, MEMORY: 20}}, {"main": [share]})
-        original["metadata"]["annotations"][ASSIGNED_POD_UID] = original["metadata"]["uid"]
-        bed.pods.put(original)
-        await bed.kubelet.admit(original)
+        original = await _admit_slice_with_uid(bed)
         for phase in ("allocating", "allocated"):
             forged = copy.deepcopy(original)
             forged["metadata"].update(uid=f"forged-{phase}", name=f"forged-{phase}")
@@ -118,11 +126,7 @@ async def test_required_uid_refuses_a_copy_with_its_uid_removed(make_bed: BedFac
     removed (`allocating` or `allocated`) is refused, nothing allocated in its name; the
     scheduler's own pod, UID included, is served."""
     async with make_bed(plugin_args=["--require-assignment-uid=true"]) as bed:
-        share = DeviceShare(bed.gpu(3), 30, 20)
-        original = bed.pod({"main": {CORE: 30, MEMORY: 20}}, {"main": [share]})
-        original["metadata"]["annotations"][ASSIGNED_POD_UID] = original["metadata"]["uid"]
-        bed.pods.put(original)
-        await bed.kubelet.admit(original)
+        original = await _admit_slice_with_uid(bed)
         for phase in ("allocating", "allocated"):
             forged = copy.deepcopy(original)
             forged["metadata"].update(uid=f"stripped-{phase}", name=f"stripped-{phase}")

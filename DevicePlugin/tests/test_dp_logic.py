@@ -113,6 +113,12 @@ def test_waiting_pods_and_kubelet_container_order() -> None:
     assert side.name == "side"
 
 
+def _own_pod(assignment: str) -> PodInfo:
+    """A pod carrying `assignment` with its own UID, as the scheduler writes it."""
+    annotations = {ANN.assigned_devices: assignment, ASSIGNED_POD_UID: "uid-own"}
+    return parse_pod(pod_object("own", {"c": {RES.gpu: 1}}, uid="uid-own", annotations=annotations))
+
+
 def test_an_assignment_copied_from_another_pod_waits_with_its_problem() -> None:
     """A pod carrying another pod's assignment (UID of that pod) is not served it, and a
     copied `allocated` phase does not hide it: it is the pod waiting, with the reason. An
@@ -127,14 +133,7 @@ def test_an_assignment_copied_from_another_pod_waits_with_its_problem() -> None:
         assert only.problem is not None
         assert "written by the scheduler for the pod with UID uid-orig" in only.problem
         assert f"not for this one ({forged.uid})" in only.problem
-    own = parse_pod(
-        pod_object(
-            "own",
-            {"c": {RES.gpu: 1}},
-            uid="uid-own",
-            annotations={ANN.assigned_devices: text, ASSIGNED_POD_UID: "uid-own"},
-        )
-    )
+    own = _own_pod(text)
     older = _pod("older", {"c": {RES.gpu: 1}}, **{ANN.assigned_devices: text})
     for pod in (own, older):
         (only,) = waiting_pods([pod], served, set(), ANN.assigned_devices, ANN.bind_phase)
@@ -156,14 +155,7 @@ def test_required_uid_makes_an_assignment_without_one_wait_with_its_problem() ->
         assert only.assignment is None
         assert only.problem is not None
         assert f"{ASSIGNED_POD_UID} is missing" in only.problem
-    own = parse_pod(
-        pod_object(
-            "own",
-            {"c": {RES.gpu: 1}},
-            uid="uid-own",
-            annotations={ANN.assigned_devices: text, ASSIGNED_POD_UID: "uid-own"},
-        )
-    )
+    own = _own_pod(text)
     (only,) = waiting_pods(
         [own], served, set(), ANN.assigned_devices, ANN.bind_phase, require_uid=True
     )
