@@ -234,10 +234,10 @@ def test_what_cannot_be_applied_is_refused_in_one_line_naming_the_file(
     assert "Traceback" not in err
 
 
-def test_deploy_all_refuses_before_contacting_the_cluster(checkout: Path) -> None:
-    edit(checkout, DAEMONSET, "name: lj-runtimekit-device-plugin-ds", "name: my-device-plugin")
-    result = subprocess.run(
-        ["bash", str(checkout / "deploy/deploy-all.sh"), "deploy", "--components=device-plugin"],
+def _deploy_all_without_kubectl(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """deploy-all.sh ARGS in `checkout`, with a kubectl that does not exist."""
+    return subprocess.run(
+        ["bash", str(checkout / "deploy/deploy-all.sh"), *args],
         env={
             **os.environ,
             "LJ_DEPLOY_PYTHON": sys.executable,
@@ -249,24 +249,17 @@ def test_deploy_all_refuses_before_contacting_the_cluster(checkout: Path) -> Non
         timeout=60,
         check=False,
     )
+
+
+def test_deploy_all_refuses_before_contacting_the_cluster(checkout: Path) -> None:
+    edit(checkout, DAEMONSET, "name: lj-runtimekit-device-plugin-ds", "name: my-device-plugin")
+    result = _deploy_all_without_kubectl(checkout, "deploy", "--components=device-plugin")
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1
     assert f"error: {DAEMONSET}: holds DaemonSet my-device-plugin" in errors[0]
     # status reads the cluster only: the files are not its business.
-    status = subprocess.run(
-        ["bash", str(checkout / "deploy/deploy-all.sh"), "status"],
-        env={
-            **os.environ,
-            "LJ_DEPLOY_PYTHON": sys.executable,
-            "LJ_DEPLOY_LOG_DIR": str(checkout / "logs"),
-            "KUBECTL": "/nonexistent/kubectl",
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    status = _deploy_all_without_kubectl(checkout, "status")
     assert "kubectl not found" in status.stderr
 
 
