@@ -14,7 +14,9 @@ from lj_runtimekit.proto.pkg.protocol.assignment import (
 )
 from lj_runtimekit.proto.pkg.protocol.constants import (
     DEFAULTS,
+    DRA_MODE,
     Annotations,
+    Dra,
     Labels,
     Protocol,
     ProtocolError,
@@ -37,10 +39,12 @@ __all__ = [
     "BIND_PHASE_ALLOCATED",
     "BIND_PHASE_ALLOCATING",
     "DEFAULTS",
+    "DRA_MODE",
     "Annotations",
     "AssignmentError",
     "DeviceLink",
     "DeviceShare",
+    "Dra",
     "InventoryError",
     "Labels",
     "MigSlot",

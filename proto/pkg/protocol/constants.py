@@ -29,6 +29,7 @@ DEFAULTS: Mapping[str, str] = MappingProxyType(
         "labels.runtime_version": "lingjun.com/runtime-version",
         "labels.topology_block": "lingjun.com/topology-block",
         "labels.topology_switch": "lingjun.com/topology-switch",
+        "labels.device_api": "lingjun.com/device-api",
         "annotations.assigned_devices": "lingjun.com/assigned-devices",
         "annotations.assume_time": "lingjun.com/assume-time",
         "annotations.bind_phase": "lingjun.com/bind-phase",
@@ -40,6 +41,7 @@ DEFAULTS: Mapping[str, str] = MappingProxyType(
         "annotations.gang_topology": "lingjun.com/gang-topology",
         "annotations.node_devices": "lingjun.com/node-devices",
         "annotations.node_admission": "lingjun.com/device-admission",
+        "dra.driver": "dra.lingjun.com",
     }
 )
 
@@ -93,7 +95,7 @@ def _check_key(value: str) -> str | None:
 
 
 def _checker(key: str) -> Callable[[str], str | None]:
-    if key == "resources.mig_prefix":
+    if key in ("resources.mig_prefix", "dra.driver"):
         return _check_prefix
     if key.startswith("resources."):
         return _check_extended_resource
@@ -133,6 +135,9 @@ class Labels:
     runtime_version: str
     topology_block: str
     topology_switch: str
+    device_api: str
+    """Node label choosing the node's device API: `dra` runs the DRA kubelet plugin
+    (DRA_MODE); absent or anything else runs the device plugin."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +160,33 @@ class Annotations:
     (`ADMISSION_KUBELET_ORDER` or `ADMISSION_SERIAL`; absent means serial)."""
 
 
+DRA_MODE = "dra"
+"""The value of `labels.device_api` that puts a node in DRA mode."""
+
+
+@dataclass(frozen=True)
+class Dra:
+    """Dynamic Resource Allocation names (docs/dra.md): the driver, and the DeviceClass
+    names derived from it."""
+
+    driver: str
+    """The DRA driver name: ResourceSlices' `spec.driver`, the kubelet plugin's name, and the
+    suffix of every DeviceClass name."""
+
+    def whole_class(self, kind: str) -> str:
+        """DeviceClass of a whole device of a kind, e.g. `gpu.dra.lingjun.com`."""
+        return f"{kind}.{self.driver}"
+
+    def share_class(self, kind: str) -> str:
+        """DeviceClass of a TDM slice (consumable core and memory) of a kind."""
+        return f"{kind}-share.{self.driver}"
+
+    @property
+    def mig_class(self) -> str:
+        """DeviceClass of MIG instances (the profile is chosen by the claim's selector)."""
+        return f"mig.{self.driver}"
+
+
 @dataclass(frozen=True)
 class Protocol:
     """All protocol constants, grouped as in `protocol.yaml`."""
@@ -162,12 +194,13 @@ class Protocol:
     resources: Resources
     labels: Labels
     annotations: Annotations
+    dra: Dra
     source: str = "<built-in defaults>"
 
     def as_flat(self) -> dict[str, str]:
         """The flat dotted-key form, as written in `protocol.yaml`."""
         flat: dict[str, str] = {}
-        for group in ("resources", "labels", "annotations"):
+        for group in ("resources", "labels", "annotations", "dra"):
             for name, value in vars(getattr(self, group)).items():
                 flat[f"{group}.{name}"] = value
         return flat
@@ -181,6 +214,7 @@ def _build(values: Mapping[str, str], source: str) -> Protocol:
         resources=Resources(**group("resources")),
         labels=Labels(**group("labels")),
         annotations=Annotations(**group("annotations")),
+        dra=Dra(**group("dra")),
         source=source,
     )
 
