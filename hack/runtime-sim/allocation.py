@@ -63,11 +63,14 @@ class AllocationRequest:
     container_name: str
     grants: tuple[Grant, ...]
     init_container: bool = False
+    claim_uid: str = ""
+    claim_name: str = ""
 
     @property
     def pod(self) -> str:
-        """The pod's identity: its UID, else the container key's pod part."""
-        return self.pod_uid or self.container_key.partition("/")[0]
+        """The holder's identity: a DRA claim's UID, else the pod's UID, else the container
+        key's pod part."""
+        return self.claim_uid or self.pod_uid or self.container_key.partition("/")[0]
 
 
 @dataclass(frozen=True)

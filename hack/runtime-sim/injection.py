@@ -46,6 +46,7 @@ def build_spec(allocation: ContainerAllocation) -> runtime_pb2.InjectionSpec:
             f"{ANNOTATION_PREFIX}pod-name": request.pod_name,
             f"{ANNOTATION_PREFIX}pod-uid": request.pod_uid,
             f"{ANNOTATION_PREFIX}container-name": request.container_name,
+            f"{ANNOTATION_PREFIX}claim-uid": request.claim_uid,
             f"{ANNOTATION_PREFIX}devices": ",".join(ids),
         }
     )

@@ -139,6 +139,8 @@ def allocation_message(allocation: ContainerAllocation) -> runtime_pb2.Allocatio
             for g in request.grants
         ],
         init_container=request.init_container,
+        claim_uid=request.claim_uid,
+        claim_name=request.claim_name,
     )
 
 
@@ -215,6 +217,8 @@ class AllocationService(runtime_pb2_grpc.AllocationServiceServicer):
             container_name=request.container_name,
             grants=tuple(grant(d) for d in request.devices),
             init_container=request.init_container,
+            claim_uid=request.claim_uid,
+            claim_name=request.claim_name,
         )
         try:
             allocation = self._allocator.allocate(asked)

@@ -104,6 +104,33 @@ def test_init_containers_overlap_their_own_pod_only(mig: tuple[NodeState, Alloca
     assert "held whole by" in error.message
 
 
+def test_claims_are_holders_of_their_own(mig: tuple[NodeState, Allocator]) -> None:
+    """A DRA claim's allocation (key `claim/<uid>`, no pod) is one holder: two claims' slices
+    add up on a device, and a claim never overlaps another as init containers of one pod do."""
+    state, allocator = mig
+    gpu = state.devices[0].id
+
+    def claim(uid: str, core: int, memory: int) -> AllocationRequest:
+        return AllocationRequest(
+            container_key=f"claim/{uid}",
+            pod_namespace="ns",
+            pod_name="",
+            pod_uid="",
+            container_name="",
+            grants=(Grant(gpu, core, memory),),
+            claim_uid=uid,
+            claim_name=f"name-{uid}",
+        )
+
+    allocator.allocate(claim("u1", 60, 50))
+    allocator.allocate(claim("u2", 40, 50))
+    assert allocator.allocate(claim("u1", 60, 50)).request.claim_uid == "u1"  # idempotent
+    error = _refused(allocator, claim("u3", 1, 0))
+    assert error.message == f"container claim/u3 asks for 1% core of device {gpu}; only 0% is free"
+    allocator.release("claim/u1")
+    allocator.allocate(claim("u3", 60, 0))
+
+
 def test_whole_device_is_not_given_twice_nor_sliced(mig: tuple[NodeState, Allocator]) -> None:
     state, allocator = mig
     gpu = state.devices[0].id

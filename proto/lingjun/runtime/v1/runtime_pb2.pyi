@@ -507,6 +507,8 @@ class AllocateRequest(_message.Message):
     DEVICES_FIELD_NUMBER: _builtins.int
     POD_UID_FIELD_NUMBER: _builtins.int
     INIT_CONTAINER_FIELD_NUMBER: _builtins.int
+    CLAIM_UID_FIELD_NUMBER: _builtins.int
+    CLAIM_NAME_FIELD_NUMBER: _builtins.int
     container_key: _builtins.str
     """Unique key of the container: "<pod uid>/<container name>"."""
     pod_namespace: _builtins.str
@@ -524,6 +526,15 @@ class AllocateRequest(_message.Message):
     lets this allocation overlap the same pod's other containers; towards
     other pods the pod holds, per device, the larger of its init and app use.
     """
+    claim_uid: _builtins.str
+    """UID of a DRA ResourceClaim when the allocation is a claim's rather than one
+    container's: the claim is prepared once for every container and pod that
+    shares it, and the Runtime counts it as one holder of its own. container_key
+    is then "claim/<claim uid>", pod_namespace the claim's namespace,
+    container_name empty, pod_uid empty.
+    """
+    claim_name: _builtins.str
+    """Name of the DRA ResourceClaim (for records and metrics); set with claim_uid."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceRequest]:
         """Devices (or slices) the container gets."""
@@ -538,10 +549,12 @@ class AllocateRequest(_message.Message):
         devices: _abc.Iterable[Global___DeviceRequest] | None = ...,
         pod_uid: _builtins.str = ...,
         init_container: _builtins.bool = ...,
+        claim_uid: _builtins.str = ...,
+        claim_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_key", b"container_key", "container_name", b"container_name", "devices", b"devices", "init_container", b"init_container", "pod_name", b"pod_name", "pod_namespace", b"pod_namespace", "pod_uid", b"pod_uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_name", b"claim_name", "claim_uid", b"claim_uid", "container_key", b"container_key", "container_name", b"container_name", "devices", b"devices", "init_container", b"init_container", "pod_name", b"pod_name", "pod_namespace", b"pod_namespace", "pod_uid", b"pod_uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -738,6 +751,8 @@ class Allocation(_message.Message):
     DEVICES_FIELD_NUMBER: _builtins.int
     POD_UID_FIELD_NUMBER: _builtins.int
     INIT_CONTAINER_FIELD_NUMBER: _builtins.int
+    CLAIM_UID_FIELD_NUMBER: _builtins.int
+    CLAIM_NAME_FIELD_NUMBER: _builtins.int
     container_key: _builtins.str
     """Unique key of the container: "<pod uid>/<container name>"."""
     pod_namespace: _builtins.str
@@ -750,6 +765,10 @@ class Allocation(_message.Message):
     """UID of the pod."""
     init_container: _builtins.bool
     """True when the allocation is an init container's (see AllocateRequest)."""
+    claim_uid: _builtins.str
+    """UID of the DRA ResourceClaim the allocation is for (see AllocateRequest)."""
+    claim_name: _builtins.str
+    """Name of that ResourceClaim."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeviceRequest]:
         """Devices (or slices) reserved."""
@@ -764,10 +783,12 @@ class Allocation(_message.Message):
         devices: _abc.Iterable[Global___DeviceRequest] | None = ...,
         pod_uid: _builtins.str = ...,
         init_container: _builtins.bool = ...,
+        claim_uid: _builtins.str = ...,
+        claim_name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["container_key", b"container_key", "container_name", b"container_name", "devices", b"devices", "init_container", b"init_container", "pod_name", b"pod_name", "pod_namespace", b"pod_namespace", "pod_uid", b"pod_uid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_name", b"claim_name", "claim_uid", b"claim_uid", "container_key", b"container_key", "container_name", b"container_name", "devices", b"devices", "init_container", b"init_container", "pod_name", b"pod_name", "pod_namespace", b"pod_namespace", "pod_uid", b"pod_uid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
