@@ -20,7 +20,7 @@ from lj_runtimekit.proto.pkg.protocol import DeviceShare
 GIB = 1 << 30
 
 
-def _gpu(index: int, mode: int, memory: int = 80 * GIB) -> pb.Device:
+def _gpu(index: int, mode: pb.DeviceMode.ValueType, memory: int = 80 * GIB) -> pb.Device:
     return pb.Device(
         id=f"GPU-{index}", index=index, kind=pb.DEVICE_KIND_GPU, memory_bytes=memory, mode=mode
     )
