@@ -4,6 +4,7 @@ The Python counterpart of controller-runtime's envtest (docs/architecture.md, Te
 """
 
 from lj_runtimekit.envtest.controlplane import (
+    DRA_GATES,
     ControlPlane,
     ControlPlaneConfig,
     ControlPlaneError,
@@ -25,6 +26,7 @@ from lj_runtimekit.envtest.nodes import (
 from lj_runtimekit.envtest.versions import ToolsMissingError, find_tools, load_versions
 
 __all__ = [
+    "DRA_GATES",
     "FAIL_EXIT_CODE_ANNOTATION",
     "FAIL_MESSAGE_ANNOTATION",
     "FAIL_REASON_ANNOTATION",

@@ -37,6 +37,25 @@ SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.128.0.0/16"
 
 
+DRA_GATES: dict[str, bool] = {
+    "DRAConsumableCapacity": True,
+    "DRAPartitionableDevices": True,
+    "DRAExtendedResource": True,
+    "DRADeviceTaints": True,
+}
+"""The alpha DRA parts the DRA mode uses on Kubernetes 1.34 (beta and on by default from
+1.36): TDM slices, MIG counter sets, extended-resource mapping, device taints."""
+
+
+def feature_gate_args(gates: dict[str, bool]) -> list[str]:
+    """`--feature-gates=A=true,B=false`, or nothing when no gate is set."""
+    if not gates:
+        return []
+    return [
+        "--feature-gates=" + ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
+    ]
+
+
 class ControlPlaneError(RuntimeError):
     """The control plane could not start; the message names the component and its log."""
 
@@ -64,6 +83,9 @@ class ControlPlaneConfig:
     extra_apiserver_args: list[str] = field(default_factory=list)
     verbosity: int = 1
     die_with_parent: bool = True
+    feature_gates: dict[str, bool] = field(default_factory=dict)
+    """Feature gates given to kube-apiserver, kube-controller-manager and kube-scheduler
+    alike (`DRA_GATES` turns on the alpha DRA parts of 1.34, docs/dra.md)."""
     kwok_stages: str | None = None
     """KWOK Stage documents to use instead of kwok-stages.yaml (the sandbox gates pods on
     its kubelet shim's admission)."""
@@ -267,6 +289,7 @@ class ControlPlane:
                 f"--max-mutating-requests-inflight={self.config.max_mutating_requests_inflight}",
                 "--profiling=false",
                 f"--v={self.config.verbosity}",
+                *feature_gate_args(self.config.feature_gates),
                 *self.config.extra_apiserver_args,
             ],
         )
@@ -296,6 +319,7 @@ class ControlPlane:
                     "--kube-api-burst=1000",
                     "--concurrent-job-syncs=10",
                     f"--v={self.config.verbosity}",
+                    *feature_gate_args(self.config.feature_gates),
                 ],
             )
         if self.config.scheduler:
@@ -334,6 +358,7 @@ class ControlPlane:
             f"--tls-cert-file={self.pki.serving_cert}",
             f"--tls-private-key-file={self.pki.serving_key}",
             f"--v={self.config.verbosity}",
+            *feature_gate_args(self.config.feature_gates),
         ]
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
