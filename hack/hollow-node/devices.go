@@ -5,10 +5,11 @@ package main
 // real device manager, wired the way pkg/kubelet/cm/container_manager_linux.go
 // wires it (a topology manager with policy "none" whose pod admit handler
 // calls the device manager's Allocate for every init container, then every
-// app container).
+// app container). The DRA methods are in dra.go.
 
 import (
 	"context"
+	"fmt"
 	_ "unsafe" // for go:linkname
 
 	cadvisorapi "github.com/google/cadvisor/info/v1"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/cm"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/resourceupdates"
 	"k8s.io/kubernetes/pkg/kubelet/cm/topologymanager"
 	"k8s.io/kubernetes/pkg/kubelet/config"
@@ -44,14 +46,18 @@ func newDeviceManager(socketPath string, topology []cadvisorapi.Node, topologyAf
 
 // deviceContainerManager is kubemark's stub container manager (no cgroups, no
 // CPU or memory manager) with the real device manager behind every method
-// that concerns device plugin resources.
+// that concerns device plugin resources, and the real DRA manager (nil when
+// the DynamicResourceAllocation gate is off) behind every method that
+// concerns dynamic resources.
 type deviceContainerManager struct {
 	cm.ContainerManager
 	devices  *devicemanager.ManagerImpl
 	topology topologymanager.Manager
+	dra      *dra.Manager
+	updates  <-chan resourceupdates.Update
 }
 
-func newDeviceContainerManager(socketPath string) (*deviceContainerManager, error) {
+func newDeviceContainerManager(socketPath string, draManager *dra.Manager) (*deviceContainerManager, error) {
 	// Policy "none": NewManager ignores the topology and scope and builds the
 	// none scope, whose Admit calls each hint provider's Allocate for
 	// append(pod.Spec.InitContainers, pod.Spec.Containers...) and turns an
@@ -65,11 +71,17 @@ func newDeviceContainerManager(socketPath string) (*deviceContainerManager, erro
 		return nil, err
 	}
 	topology.AddHintProvider(devices)
-	return &deviceContainerManager{
+	c := &deviceContainerManager{
 		ContainerManager: cm.NewStubContainerManager(),
 		devices:          devices,
 		topology:         topology,
-	}, nil
+		dra:              draManager,
+		updates:          devices.Updates(),
+	}
+	if c.draHealth() {
+		c.updates = mergeUpdates(devices.Updates(), draManager.Updates())
+	}
+	return c, nil
 }
 
 var _ cm.ContainerManager = &deviceContainerManager{}
@@ -86,14 +98,22 @@ func (c *deviceContainerManager) Start(ctx context.Context, node *v1.Node, activ
 	// empty every time, so after a restart no container is running: the
 	// device manager then re-allocates from its checkpoint, as the kubelet
 	// does after a runtime restart.
+	if err := c.startDRA(ctx, activePods, getNode, sourcesReady); err != nil {
+		return fmt.Errorf("start dra manager error: %w", err)
+	}
 	return c.devices.Start(devicemanager.ActivePodsFunc(activePods), sourcesReady,
 		containermap.NewContainerMap(), sets.New[string]())
 }
 
 // GetPluginRegistrationHandlers: device plugins may also register through the
-// plugin watcher (<root-dir>/plugins_registry), as on a real kubelet.
+// plugin watcher (<root-dir>/plugins_registry), as on a real kubelet; DRA
+// plugins register there (type DRAPlugin).
 func (c *deviceContainerManager) GetPluginRegistrationHandlers() map[string]cache.PluginHandler {
-	return map[string]cache.PluginHandler{pluginwatcherapi.DevicePlugin: c.devices.GetWatcherHandler()}
+	handlers := map[string]cache.PluginHandler{pluginwatcherapi.DevicePlugin: c.devices.GetWatcherHandler()}
+	if c.dra != nil {
+		handlers[pluginwatcherapi.DRAPlugin] = c.dra.GetWatcherHandler()
+	}
+	return handlers
 }
 
 func (c *deviceContainerManager) GetHealthCheckers() []healthz.HealthChecker {
@@ -112,11 +132,19 @@ func (c *deviceContainerManager) UpdatePluginResources(node *schedulerframework.
 	return c.devices.UpdatePluginResources(node, attrs)
 }
 
-// GetResources returns the device runtime options (envs, mounts, device
-// nodes, annotations, CDI devices) of the container's allocation; this is
-// where the kubelet calls PreStartContainer when a plugin asks for it.
+// GetResources returns the CDI devices of the container's prepared claims,
+// then the device runtime options (envs, mounts, device nodes, annotations,
+// CDI devices) of the container's allocation; this is where the kubelet calls
+// PreStartContainer when a plugin asks for it.
 func (c *deviceContainerManager) GetResources(ctx context.Context, pod *v1.Pod, container *v1.Container) (*kubecontainer.RunContainerOptions, error) {
 	opts := &kubecontainer.RunContainerOptions{}
+	if c.dra != nil {
+		resOpts, err := c.dra.GetResources(pod, container)
+		if err != nil {
+			return nil, err
+		}
+		opts.CDIDevices = append(opts.CDIDevices, resOpts.CDIDevices...)
+	}
 	devOpts, err := c.devices.GetDeviceRunContainerOptions(pod, container)
 	if err != nil || devOpts == nil {
 		return opts, err
@@ -135,10 +163,13 @@ func (c *deviceContainerManager) ShouldResetExtendedResourceCapacity() bool {
 
 func (c *deviceContainerManager) UpdateAllocatedResourcesStatus(pod *v1.Pod, status *v1.PodStatus) {
 	c.devices.UpdateAllocatedResourcesStatus(pod, status)
+	if c.draHealth() {
+		c.dra.UpdateAllocatedResourcesStatus(pod, status)
+	}
 }
 
 func (c *deviceContainerManager) Updates() <-chan resourceupdates.Update {
-	return c.devices.Updates()
+	return c.updates
 }
 
 // The PodResources API (served by the kubelet on

@@ -4,7 +4,12 @@
 // of kubemark's stub, so that a device plugin can be tested against the real
 // kubelet: registration on its own plugin directory, ListAndWatch into the
 // Node's capacity, Allocate at pod admission (init containers first, device
-// reuse), PreStartContainer, the checkpoint, and the PodResources API.
+// reuse), PreStartContainer, the checkpoint, and the PodResources API. And the
+// kubelet's real DRA manager (dra.go), so that a DRA kubelet plugin can be
+// tested the same way: registration through <root-dir>/plugins_registry,
+// NodePrepareResources before the pod's sandbox, the claims' CDI devices in
+// CreateContainer (written down by cdi.go), NodeUnprepareResources, the DRA
+// checkpoint, and the claims in the PodResources API.
 //
 // A test tool: no cgroups, no CPU or memory manager, containers "run" at
 // once in the fake runtime (and forever, unless --exec-command-prefix makes
@@ -26,6 +31,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/trace/noop"
 	v1 "k8s.io/api/core/v1"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	clientset "k8s.io/client-go/kubernetes"
 	typedv1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
@@ -57,6 +63,7 @@ type options struct {
 	memoryGiB    int
 	execPrefix   string
 	execPathMap  map[string]string
+	featureGates map[string]bool
 }
 
 // machine is cadvisor's fake machine with the node size of the flags: the fake
@@ -93,7 +100,7 @@ func init() {
 }
 
 func main() {
-	o := options{nodeLabels: map[string]string{}, execPathMap: map[string]string{}}
+	o := options{nodeLabels: map[string]string{}, execPathMap: map[string]string{}, featureGates: map[string]bool{}}
 	var dieWithParent bool
 	fs := pflag.NewFlagSet("lj-hollow-node", pflag.ExitOnError)
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the API server (the node registers itself with it)")
@@ -109,6 +116,7 @@ func main() {
 	fs.IntVar(&o.memoryGiB, "memory-gib", 512, "memory the node reports (capacity), GiB")
 	fs.StringVar(&o.execPrefix, "exec-command-prefix", "", "containers whose command[0] starts with this are run as local processes (environment from the pod spec and the device plugin's Allocate), their exit code ends the container; logs in <root-dir>/exec-logs. Others run forever in the fake runtime. Empty: none")
 	fs.Var(cliflag.NewMapStringString(&o.execPathMap), "exec-path-map", "for containers run by --exec-command-prefix: HOST=LOCAL,... replaces the prefix HOST of every argument and environment value by LOCAL (a pod's hostPath, e.g. the Runtime socket directory, onto this node's directory)")
+	fs.Var(cliflag.NewMapStringBool(&o.featureGates), "feature-gates", "kubelet feature gates (A=true,B=false,...), as the kubelet's --feature-gates; match the control plane's (the DRA manager needs DynamicResourceAllocation, on by default)")
 	fs.BoolVar(&dieWithParent, "die-with-parent", false, "exit (SIGKILL) when the parent process exits (Linux; exactly this spelling)")
 	verflag.AddFlags(fs)
 	logs.AddFlags(fs) // -v, --vmodule, ...
@@ -138,6 +146,11 @@ func run(ctx context.Context, o *options) error {
 	}
 	if pluginDir, err = filepath.Abs(pluginDir); err != nil {
 		return err
+	}
+	// As the kubelet: the gates go to the process's registry (read by the
+	// kubelet's code) and to its configuration.
+	if err := utilfeature.DefaultMutableFeatureGate.SetFromMap(o.featureGates); err != nil {
+		return fmt.Errorf("--feature-gates: %w", err)
 	}
 	klog.InfoS("Starting lj-hollow-node", "version", version.Get().GitVersion, "node", o.nodeName,
 		"address", o.address, "rootDir", rootDir, "pluginDir", pluginDir,
@@ -170,6 +183,7 @@ func run(ctx context.Context, o *options) error {
 	c.PodLogsDir = filepath.Join(rootDir, "pod-logs")
 	c.NodeStatusUpdateFrequency.Duration = 2 * time.Second // quicker capacity updates than kubemark's 10s
 	c.SyncFrequency.Duration = 5 * time.Second
+	c.FeatureGates = o.featureGates
 	for _, d := range []string{c.StaticPodPath, c.PodLogsDir} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return err
@@ -188,7 +202,11 @@ func run(ctx context.Context, o *options) error {
 		return err
 	}
 
-	containerManager, err := newDeviceContainerManager(filepath.Join(pluginDir, "kubelet.sock"))
+	draManager, err := newDRAManager(client, rootDir)
+	if err != nil {
+		return fmt.Errorf("dra manager: %w", err)
+	}
+	containerManager, err := newDeviceContainerManager(filepath.Join(pluginDir, "kubelet.sock"), draManager)
 	if err != nil {
 		return fmt.Errorf("device manager: %w", err)
 	}
@@ -226,6 +244,9 @@ func run(ctx context.Context, o *options) error {
 			return err
 		}
 		runtimeService = newExecRuntime(runtimeService, fakeRuntime.RuntimeService, o.execPrefix, logDir, o.execPathMap)
+	}
+	if runtimeService, err = newCDIRecorder(runtimeService, filepath.Join(rootDir, "cdi-devices")); err != nil {
+		return err
 	}
 
 	hollow := kubemark.NewHollowKubelet(f, c, client, heartbeatClient,
