@@ -16,6 +16,12 @@ CHECKSUM_ANNOTATION = "lj-runtimekit.io/config-checksum"
 RUNTIME_CLASS = "lj-runtime"
 RUNTIME_SOCKET_DIR = "/run/amp/eKitC/xdm/sockets"
 DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_DIR = "/var/lib/kubelet"
+"""The kubelet's root: the DRA plugin registers under plugins_registry/ and serves under
+plugins/<driver>/."""
+CDI_DIR = "/var/run/cdi"
+"""Where the DRA plugin writes the CDI specs of prepared claims (the container runtime reads
+them)."""
 CONFIG_DIR = "/etc/lj-runtimekit"
 FIELD_MANAGER = "lj-runtimekit-deploy"
 
@@ -117,6 +123,18 @@ COMPONENTS: tuple[Component, ...] = (
 
 BY_NAME = {c.name: c for c in COMPONENTS}
 IMAGE_KEYS = tuple(image.key for c in COMPONENTS for image in c.images)
+
+DRA_PLUGIN = Component(
+    name="dra-plugin",
+    directory="draplugin",
+    member="DevicePlugin",
+    kind="DaemonSet",
+    workload="lj-runtimekit-dra-plugin-ds",
+    images=COMPONENTS[0].images,
+)
+"""The DRA kubelet plugin (DRA mode, Kubernetes >= 1.34): the Device Plugin's image on the
+nodes labelled `labels.device_api` = `dra`. Not one of COMPONENTS: it is deployed with
+`--dra` (Helm: `dra.enabled`), as its DeviceClasses need resource.k8s.io/v1."""
 
 
 def parse_components(text: str | None) -> tuple[Component, ...]:

@@ -21,6 +21,7 @@ import yaml
 
 from lj_runtimekit.deploy.components import (
     BY_NAME,
+    CDI_DIR,
     CHECKSUM_ANNOTATION,
     COMPONENTS,
     CONFIG_DIR,
@@ -28,6 +29,8 @@ from lj_runtimekit.deploy.components import (
     DEFAULT_NAMESPACE,
     DEFAULT_REGISTRY,
     DEVICE_PLUGIN_DIR,
+    DRA_PLUGIN,
+    KUBELET_DIR,
     PART_OF,
     RUNTIME_CLASS,
     RUNTIME_SOCKET_DIR,
@@ -36,7 +39,7 @@ from lj_runtimekit.deploy.components import (
     image_ref,
 )
 from lj_runtimekit.proto.pkg import devicekind
-from lj_runtimekit.proto.pkg.protocol import Protocol, parse_protocol_text
+from lj_runtimekit.proto.pkg.protocol import DRA_MODE, Protocol, parse_protocol_text
 from lj_runtimekit.proto.pkg.protocolinfo import NODE_ANNOTATION
 
 Obj = dict[str, Any]
@@ -80,6 +83,12 @@ class Options:
     """A Secret with ca.crt: callers present a client certificate that CA signed."""
     extender_token_secret: str = ""
     """A Secret with token: callers send `Authorization: Bearer <token>`."""
+    dra: bool = False
+    """DRA mode (Kubernetes >= 1.34): the DRA kubelet plugin and its DeviceClasses
+    (`dra_files`) are rendered with the components."""
+    dra_extended_resources: bool = False
+    """The whole-device DeviceClasses name their kind's extended resource, so a pod asking
+    for it without a claim is served by DRA (the DRAExtendedResource gate)."""
 
     def __post_init__(self) -> None:
         check_extender(self)
@@ -167,6 +176,7 @@ SETTINGS: Mapping[str, tuple[Setting, ...]] = {
         Setting("collect-interval-seconds", "LJ_DP_COLLECT_INTERVAL_S", "30"),
     ),
     "scheduler-framework": (Setting("log-level", "LJ_SCHEDULER_LOG_LEVEL", "info"),),
+    "dra-plugin": (Setting("log-level", "LJ_DRA_LOG_LEVEL", "INFO"),),
     "exporter": (
         Setting("log-level", "LJ_EXPORTER_LOG_LEVEL", "INFO"),
         Setting("collection-interval-seconds", "LJ_EXPORTER_COLLECTION_INTERVAL", "15"),
@@ -308,6 +318,19 @@ def _rules(component: Component, opts: Options) -> list[Obj]:
         return [
             _rule([""], ["nodes"], ["get", "patch"]),
             _rule([""], ["pods"], ["list", "watch", "patch"]),
+        ]
+    if component.name == "dra-plugin":
+        # Its node's ResourceSlices (published, updated, removed; read back to reconcile;
+        # the admission policy fences writes to its own node and driver); the claim read
+        # by UID at NodePrepareResources; its Node, the slices' owner reference.
+        return [
+            _rule(
+                ["resource.k8s.io"],
+                ["resourceslices"],
+                ["create", "update", "patch", "delete", *_READ],
+            ),
+            _rule(["resource.k8s.io"], ["resourceclaims"], ["get"]),
+            _rule([""], ["nodes"], ["get"]),
         ]
     if component.name == "scheduler-framework" and opts.extender:
         # Extender mode: the kube-scheduler keeps the queue, the PodScheduled condition and
@@ -465,6 +488,8 @@ OLDEST_MINOR = 28
 """The oldest Kubernetes 1.x minor the manifests support (docs/compatibility.md)."""
 ADMISSION_POLICIES_MINOR = 30
 """The Kubernetes 1.x minor from which the policies below can be installed."""
+DRA_MINOR = 34
+"""The Kubernetes 1.x minor from which DRA mode can be installed (resource.k8s.io/v1)."""
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 """The node of the pod a ServiceAccount token is bound to (Kubernetes >= 1.30)."""
 _VAP_API = "admissionregistration.k8s.io/v1"
@@ -864,10 +889,66 @@ def _node_agent_policy(component: Component, opts: Options) -> list[Obj]:
     return _policy(component, opts, "own-node", spec)
 
 
+def _dra_slices_policy(component: Component, opts: Options) -> list[Obj]:
+    """The DRA plugin writes only its own node's ResourceSlices of our driver (the node of
+    the pod its token is bound to), and never moves one to another node or driver; a token
+    without a node writes none."""
+    driver = opts.protocol.dra.driver
+    say = f"{component.app} may write only its own node's ResourceSlices of driver {driver}: "
+    extra = f"request.userInfo.?extra[?'{NODE_NAME_EXTRA}'].orValue([])"
+    node_of = "variables.slice.spec.?nodeName.orValue('')"
+    checks = [
+        _check(
+            "variables.node != ''",
+            say + f"its token carries no node name ({NODE_NAME_EXTRA}: a token bound to"
+            " its pod, Kubernetes >= 1.30)",
+        ),
+        _check(
+            "request.operation != 'UPDATE' ||"
+            " (object.spec.?nodeName.orValue('') == oldObject.spec.?nodeName.orValue('') &&"
+            " object.spec.driver == oldObject.spec.driver)",
+            say + "a ResourceSlice keeps its node and driver (no move)",
+        ),
+        _check(
+            f"{node_of} == variables.node",
+            say + "the ResourceSlice of another node",
+            f'"{say}the ResourceSlice of node " + {node_of} + " (its own: " + variables.node + ")"',
+        ),
+        _check(
+            f"variables.slice.spec.driver == '{driver}'",
+            say + "the ResourceSlice of another driver",
+            f'"{say}the ResourceSlice of driver " + variables.slice.spec.driver',
+        ),
+    ]
+    spec: Obj = {
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "apiVersions": ["*"],
+                    "operations": ["CREATE", "UPDATE", "DELETE"],
+                    "resources": ["resourceslices"],
+                }
+            ]
+        },
+        "variables": [
+            {"name": "node", "expression": f"size({extra}) == 1 ? {extra}[0] : ''"},
+            {
+                "name": "slice",
+                "expression": "request.operation == 'DELETE' ? oldObject : object",
+            },
+        ],
+        "validations": checks,
+    }
+    return _policy(component, opts, "own-slices", spec)
+
+
 def admission(component: Component, opts: Options) -> list[Obj]:
     """The component's admission policies (none without `opts.admission_policies`)."""
     if not opts.admission_policies:
         return []
+    if component.name == "dra-plugin":
+        return _dra_slices_policy(component, opts)
     if component.name == "controller":
         return _jobs_policy(component, opts) + _controller_nodes_policy(component, opts)
     if component.kind == "DaemonSet":
@@ -942,13 +1023,15 @@ def _http_probes(path: str, port: str) -> tuple[Obj, Obj]:
     return liveness, readiness
 
 
-def _socket_probes() -> tuple[Obj, Obj]:
-    """The plugin serves a socket per resource in the plugin dir (`lj-<resource>.sock`).
+def _socket_probes(sockets: str) -> tuple[Obj, Obj]:
+    """The plugin serves its sockets (`sockets`, a shell pattern): the device plugin one per
+    resource in the plugin dir (`lj-<resource>.sock`), the DRA plugin its gRPC socket in
+    its own plugin directory once it has registered.
 
     The kubelet removes every socket there when it restarts and the plugin serves
     them again within seconds, so liveness allows a minute and a half.
     """
-    check = ["sh", "-c", f"ls {DEVICE_PLUGIN_DIR}/lj-*.sock >/dev/null 2>&1"]
+    check = ["sh", "-c", f"ls {sockets} >/dev/null 2>&1"]
     liveness = {
         "exec": {"command": check},
         "initialDelaySeconds": 30,
@@ -963,6 +1046,17 @@ def _socket_probes() -> tuple[Obj, Obj]:
         "failureThreshold": 3,
     }
     return liveness, readiness
+
+
+DRA_REGISTRY_DIR = f"{KUBELET_DIR}/plugins_registry"
+"""Where the kubelet finds plugins' registration sockets."""
+RUNTIME_SOCKET_NAME = "runtime.sock"
+"""The Runtime's socket in RUNTIME_SOCKET_DIR (runtimeclient's default name)."""
+
+
+def dra_plugin_dir(protocol: Protocol) -> str:
+    """The DRA plugin's socket and state directory: `<kubelet dir>/plugins/<driver>`."""
+    return f"{KUBELET_DIR}/plugins/{protocol.dra.driver}"
 
 
 def _container(component: Component, opts: Options) -> Obj:
@@ -989,7 +1083,29 @@ def _container(component: Component, opts: Options) -> Obj:
             {"name": "runtime-sockets", "mountPath": RUNTIME_SOCKET_DIR, "readOnly": True},
         ]
         resources = _resources("50m", "64Mi", "500m", "256Mi")
-        liveness, readiness = _socket_probes()
+        liveness, readiness = _socket_probes(f"{DEVICE_PLUGIN_DIR}/lj-*.sock")
+        root = True
+    elif component.name == "dra-plugin":
+        plugin_dir = dra_plugin_dir(opts.protocol)
+        env.append(_env_field("NODE_NAME", "spec.nodeName"))
+        args = [
+            "lj-dra-plugin",
+            "--node-name=$(NODE_NAME)",
+            f"--runtime-socket={RUNTIME_SOCKET_DIR}/{RUNTIME_SOCKET_NAME}",
+            f"--kubelet-dir={KUBELET_DIR}",
+            f"--cdi-dir={CDI_DIR}",
+            f"--state-dir={plugin_dir}",
+            f"--protocol-file={protocol}",
+            "--log-format=json",
+        ]
+        mounts += [
+            {"name": "plugins-registry", "mountPath": DRA_REGISTRY_DIR},
+            {"name": "plugin", "mountPath": plugin_dir},
+            {"name": "cdi", "mountPath": CDI_DIR},
+            {"name": "runtime-sockets", "mountPath": RUNTIME_SOCKET_DIR, "readOnly": True},
+        ]
+        resources = _resources("50m", "64Mi", "500m", "256Mi")
+        liveness, readiness = _socket_probes(f"{plugin_dir}/*.sock")
         root = True
     elif component.name == "exporter":
         env += [_env_field("NODE_NAME", "spec.nodeName"), _env_field("HOST_IP", "status.hostIP")]
@@ -1090,7 +1206,19 @@ def _volumes(component: Component, opts: Options) -> list[Obj]:
         volumes.append(
             {"name": "device-plugins", "hostPath": {"path": DEVICE_PLUGIN_DIR, "type": "Directory"}}
         )
-    if component.name in ("device-plugin", "exporter"):
+    if component.name == "dra-plugin":
+        volumes += [
+            {
+                "name": "plugins-registry",
+                "hostPath": {"path": DRA_REGISTRY_DIR, "type": "Directory"},
+            },
+            {
+                "name": "plugin",
+                "hostPath": {"path": dra_plugin_dir(opts.protocol), "type": "DirectoryOrCreate"},
+            },
+            {"name": "cdi", "hostPath": {"path": CDI_DIR, "type": "DirectoryOrCreate"}},
+        ]
+    if component.name in ("device-plugin", "exporter", "dra-plugin"):
         volumes.append(
             {
                 "name": "runtime-sockets",
@@ -1117,6 +1245,18 @@ def _spread(component: Component) -> Obj:
     }
 
 
+def _not_dra(protocol: Protocol) -> Obj:
+    """Not on a DRA-mode node: there the DRA plugin serves the devices (one API per node)."""
+    term = {"key": protocol.labels.device_api, "operator": "NotIn", "values": [DRA_MODE]}
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [term]}]
+            }
+        }
+    }
+
+
 def workload(component: Component, opts: Options) -> Obj:
     """The DaemonSet or Deployment, its pod template carrying the config checksum."""
     protocol = opts.protocol
@@ -1131,10 +1271,14 @@ def workload(component: Component, opts: Options) -> Obj:
     if component.kind == "DaemonSet":
         pod_spec["priorityClassName"] = (
             "system-node-critical"
-            if component.name == "device-plugin"
+            if component.name in ("device-plugin", "dra-plugin")
             else NODE_AGENT_PRIORITY_CLASS
         )
         pod_spec["nodeSelector"] = {protocol.labels.enable: "true"}
+        if component.name == "dra-plugin":
+            pod_spec["nodeSelector"][protocol.labels.device_api] = DRA_MODE
+        if component.name == "device-plugin":
+            pod_spec["affinity"] = _not_dra(protocol)
         pod_spec["tolerations"] = _tolerations(protocol)
     else:
         pod_spec["priorityClassName"] = "system-cluster-critical"
@@ -1331,6 +1475,36 @@ def component_files(component: Component, opts: Options) -> dict[str, list[Obj]]
     return files
 
 
+DEVICE_CLASSES_FILE = "05-deviceclasses.yaml"
+
+
+def device_classes(opts: Options) -> list[Obj]:
+    """The DRA driver's DeviceClasses (the Device Plugin's DRA package renders them from the
+    protocol), labelled as the DRA plugin's objects."""
+    try:
+        from lj_runtimekit.deviceplugin.internal.dra import classes
+    except ImportError as exc:
+        raise DeployError(
+            "--dra: the Device Plugin package (it renders the DeviceClasses) is not installed"
+            " beside lj-deploy; run: make sync"
+        ) from exc
+    out: list[Obj] = classes.device_classes(
+        opts.protocol, extended_resources=opts.dra_extended_resources
+    )
+    for obj in out:
+        obj["metadata"]["labels"] = labels(DRA_PLUGIN) | obj["metadata"].get("labels", {})
+    return out
+
+
+def dra_files(opts: Options) -> dict[str, list[Obj]]:
+    """The DRA plugin's manifest files (deploy/draplugin/): its RBAC, ConfigMap, DaemonSet
+    (on the nodes labelled `labels.device_api` = dra), admission policy and the
+    DeviceClasses."""
+    files = component_files(DRA_PLUGIN, opts)
+    files[DEVICE_CLASSES_FILE] = device_classes(opts)
+    return files
+
+
 def common_files(opts: Options) -> dict[str, list[Obj]]:
     """Cluster-wide objects shared by every component (deploy/common/)."""
     return {"runtimeclass.yaml": [runtime_class(opts)]}
@@ -1344,6 +1518,9 @@ def render(components: tuple[Component, ...], opts: Options, *, common: bool = T
             objs += docs
     for component in components:
         for docs in component_files(component, opts).values():
+            objs += docs
+    if opts.dra:
+        for docs in dra_files(opts).values():
             objs += docs
     return objs
 
@@ -1376,4 +1553,6 @@ def plain_files(deploy_dir: Path) -> dict[Path, str]:
     for component in COMPONENTS:
         for name, docs in component_files(component, opts).items():
             out[deploy_dir / component.directory / name] = dump(docs, GENERATED_HEADER)
+    for name, docs in dra_files(opts).items():
+        out[deploy_dir / DRA_PLUGIN.directory / name] = dump(docs, GENERATED_HEADER)
     return out

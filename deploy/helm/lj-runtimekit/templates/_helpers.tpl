@@ -32,6 +32,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{- define "lj-runtimekit.draServed" -}}
+{{- if semverCompare "<1.34.0-0" .Capabilities.KubeVersion.Version -}}
+{{- fail (printf "dra.enabled: Kubernetes %s is older than 1.34: it has no resource.k8s.io/v1 (DeviceClass, ResourceSlice) for DRA mode; fix: upgrade the cluster, or set dra.enabled=false (deploy/README.md, DRA mode)" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "lj-runtimekit.configData.deviceplugin" -}}
 {{- $d := dict "protocol.yaml" (.Files.Get "files/protocol.yaml") -}}
 {{- range $k, $v := .Values.settings.devicePlugin }}
@@ -60,6 +66,14 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "lj-runtimekit.configData.controller" -}}
 {{- $d := dict -}}
 {{- range $k, $v := .Values.settings.controller }}
+{{- $_ := set $d $k (toString $v) -}}
+{{- end -}}
+{{- toJson $d -}}
+{{- end -}}
+
+{{- define "lj-runtimekit.configData.draplugin" -}}
+{{- $d := dict "protocol.yaml" (.Files.Get "files/protocol.yaml") -}}
+{{- range $k, $v := .Values.settings.draPlugin }}
 {{- $_ := set $d $k (toString $v) -}}
 {{- end -}}
 {{- toJson $d -}}
