@@ -1,0 +1,243 @@
+"""The ResourceSlice model: every example node of the Runtime simulator as slices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lj_runtimekit.deviceplugin.internal.dra.naming import memory_step, resolve
+from lj_runtimekit.deviceplugin.internal.dra.slices import (
+    MAX_SHARED_COUNTERS,
+    build_slices,
+    slice_name,
+)
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
+from lj_runtimekit.proto.pkg.protocol import load_protocol
+from lj_runtimekit.testkit.dra import example_devices
+
+PROTOCOL = load_protocol()
+DRIVER = PROTOCOL.dra.driver
+GIB = 1 << 30
+
+
+def _build(devices: list[pb.Device], **kw: Any) -> list[dict[str, Any]]:
+    return build_slices(devices, node_name="node-1", protocol=PROTOCOL, generation=3, **kw)
+
+
+def _devices(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+
+
+def _attr(device: dict[str, Any], name: str) -> object:
+    return next(iter(device["attributes"][name].values()))
+
+
+def test_tdm_node_is_one_pool_of_shareable_gpus() -> None:
+    devices = example_devices("tdm-8gpu")
+    slices = _build(devices)
+    assert len(slices) == 1
+    spec = slices[0]["spec"]
+    assert slices[0]["metadata"]["name"] == f"node-1-{DRIVER}-0"
+    assert "ownerReferences" not in slices[0]["metadata"]
+    assert spec["driver"] == DRIVER
+    assert spec["nodeName"] == "node-1"
+    assert spec["pool"] == {"name": "node-1", "generation": 3, "resourceSliceCount": 1}
+    assert "sharedCounters" not in spec
+    published = _devices(slices)
+    assert sorted(published) == [f"gpu-{i}" for i in range(8)]
+    for device in devices:
+        out = published[f"gpu-{device.index}"]
+        ref = resolve(devices, out["name"])
+        assert ref is not None
+        assert ref.runtime_id == device.id
+        assert out["allowMultipleAllocations"] is True
+        assert "consumesCounters" not in out
+        assert "taints" not in out
+        assert {k: _attr(out, k) for k in out["attributes"]} == {
+            "type": "gpu",
+            "model": "A100-SXM4-80GB",
+            "uuid": device.id,
+            "index": device.index,
+            "numaNode": device.index // 4,
+            "mode": "tdm",
+            "pciBusID": device.pci_bus_id,
+            "nvlinkDomain": 0,
+        }
+        step = memory_step(device)
+        assert out["capacity"] == {
+            "cores": {
+                "value": "100",
+                "requestPolicy": {"default": "100", "validRange": {"min": "0", "step": "1"}},
+            },
+            "memory": {
+                "value": str(80 * GIB),
+                "requestPolicy": {
+                    "default": str(100 * step),
+                    "validRange": {"min": "0", "step": str(step)},
+                },
+            },
+        }
+        assert 80 * GIB - 100 * step < step
+
+
+def test_mig_node_publishes_instances_with_counters_of_their_gpu() -> None:
+    devices = example_devices("mig-8gpu")
+    slices = _build(devices)
+    assert len(slices) == 1
+    published = _devices(slices)
+    assert "gpu-6" not in published
+    assert "gpu-7" not in published
+    assert sorted(n for n in published if "-mig-" not in n) == [f"gpu-{i}" for i in range(6)]
+    counter_sets = {c["name"]: c["counters"] for c in slices[0]["spec"]["sharedCounters"]}
+    assert sorted(counter_sets) == ["gpu-6", "gpu-7"]
+    for parent in devices[6:]:
+        assert counter_sets[f"gpu-{parent.index}"] == {
+            "slices": {"value": "7"},
+            "memory": {"value": str(80 * GIB)},
+        }
+        consumed = {"slices": 0, "memory": 0}
+        for instance in parent.mig_instances:
+            out = published[f"gpu-{parent.index}-mig-{instance.instance_id}"]
+            ref = resolve(devices, out["name"])
+            assert ref is not None
+            assert ref.runtime_id == instance.id
+            assert "allowMultipleAllocations" not in out
+            assert _attr(out, "type") == "mig"
+            assert _attr(out, "mode") == "mig"
+            assert _attr(out, "profile") == instance.profile
+            assert _attr(out, "uuid") == instance.id
+            assert _attr(out, "parentUUID") == parent.id
+            assert _attr(out, "parentIndex") == parent.index
+            assert _attr(out, "nvlinkDomain") == 0
+            assert out["capacity"] == {"memory": {"value": str(instance.memory_bytes)}}
+            (use,) = out["consumesCounters"]
+            assert use["counterSet"] == f"gpu-{parent.index}"
+            for name in consumed:
+                consumed[name] += int(use["counters"][name]["value"])
+        assert consumed["slices"] <= 7
+        assert consumed["memory"] <= 80 * GIB
+    assert sorted(_attr(published[n], "profile") for n in published if n.startswith("gpu-7-")) == [
+        "3g.40gb",
+        "4g.40gb",
+    ]
+    assert sum(n.startswith("gpu-6-mig-") for n in published) == 7
+
+
+def test_ppu_node_is_whole_devices_with_pairwise_nvlink_domains() -> None:
+    devices = example_devices("ppu-16")
+    published = _devices(_build(devices))
+    assert sorted(published) == sorted(f"ppu-{i}" for i in range(16))
+    for device in devices:
+        out = published[f"ppu-{device.index}"]
+        assert _attr(out, "type") == "ppu"
+        assert _attr(out, "nvlinkDomain") == device.index - device.index % 2
+        # PPUs are not sliceable: no consumable capacity, one claim at a time.
+        assert "allowMultipleAllocations" not in out
+        assert out["capacity"] == {"memory": {"value": str(96 * GIB)}}
+
+
+def test_unhealthy_devices_are_tainted_or_left_out() -> None:
+    devices = example_devices("mig-8gpu")
+    devices[1].health = pb.HEALTH_UNHEALTHY
+    devices[1].health_reason = "XID 79: fallen off the bus"
+    devices[6].mig_instances[2].health = pb.HEALTH_UNHEALTHY
+    devices[7].health = pb.HEALTH_UNHEALTHY
+    devices[7].health_reason = "ECC"
+    published = _devices(_build(devices))
+    assert published["gpu-1"]["taints"] == [
+        {"key": f"{DRIVER}/unhealthy", "value": "XID-79-fallen-off-the-bus", "effect": "NoSchedule"}
+    ]
+    assert "taints" not in published["gpu-0"]
+    tainted = sorted(n for n, d in published.items() if "taints" in d)
+    mig7 = [f"gpu-7-mig-{i.instance_id}" for i in devices[7].mig_instances]
+    mig6 = f"gpu-6-mig-{devices[6].mig_instances[2].instance_id}"
+    assert tainted == sorted(["gpu-1", mig6, *mig7])
+    assert {published[n]["taints"][0]["value"] for n in mig7} == {"ECC"}
+
+    without = _devices(_build(devices, taints_supported=False))
+    assert sorted(without) == sorted(set(published) - set(tainted))
+    assert not any("taints" in d for d in without.values())
+    # The counter set of gpu-7 left with its instances.
+    (sliced,) = _build(devices, taints_supported=False)
+    assert [c["name"] for c in sliced["spec"]["sharedCounters"]] == ["gpu-6"]
+
+
+def test_unknown_kinds_and_modes_are_never_published() -> None:
+    devices = example_devices("tdm-8gpu")
+    devices[2].kind = 99  # type: ignore[assignment]
+    devices[3].kind = pb.DEVICE_KIND_UNSPECIFIED
+    devices[4].mode = pb.DEVICE_MODE_UNSPECIFIED
+    published = _devices(_build(devices))
+    assert sorted(published) == ["gpu-0", "gpu-1", "gpu-5", "gpu-6", "gpu-7"]
+
+
+def test_an_empty_node_is_one_empty_slice() -> None:
+    (only,) = _build([])
+    assert only["spec"]["devices"] == []
+    assert only["spec"]["pool"]["resourceSliceCount"] == 1
+
+
+def _gpus(count: int, mode: pb.DeviceMode.ValueType) -> list[pb.Device]:
+    return [
+        pb.Device(
+            id=f"GPU-{i}",
+            index=i,
+            kind=pb.DEVICE_KIND_GPU,
+            model="A100",
+            memory_bytes=80 * GIB,
+            mode=mode,
+            health=pb.HEALTH_HEALTHY,
+        )
+        for i in range(count)
+    ]
+
+
+def test_large_pools_split_at_the_api_limits() -> None:
+    slices = _build(_gpus(300, pb.DEVICE_MODE_TDM))
+    assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
+    assert len({s["metadata"]["name"] for s in slices}) == 3
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
+
+    # Exclusive GPUs consume a counter set each (two counters): 16 per slice.
+    slices = _build(_gpus(40, pb.DEVICE_MODE_EXCLUSIVE))
+    assert [len(s["spec"]["devices"]) for s in slices] == [16, 16, 8]
+    for s in slices:
+        sets = {c["name"] for c in s["spec"]["sharedCounters"]}
+        assert sum(len(c["counters"]) for c in s["spec"]["sharedCounters"]) <= MAX_SHARED_COUNTERS
+        used = {u["counterSet"] for d in s["spec"]["devices"] for u in d["consumesCounters"]}
+        assert used == sets
+
+    # A MIG GPU's instances stay in the slice of its counter set.
+    mig = _gpus(20, pb.DEVICE_MODE_MIG)
+    for gpu in mig:
+        for n in range(7):
+            gpu.mig_instances.add(
+                id=f"MIG-{gpu.index}-{n}",
+                profile="1g.10gb",
+                instance_id=n + 7,
+                memory_bytes=10 * GIB,
+                compute_slices=1,
+                health=pb.HEALTH_HEALTHY,
+                parent_id=gpu.id,
+            )
+    slices = _build(mig)
+    assert [len(s["spec"]["devices"]) for s in slices] == [16 * 7, 4 * 7]
+    for s in slices:
+        sets = {c["name"] for c in s["spec"]["sharedCounters"]}
+        used = {u["counterSet"] for d in s["spec"]["devices"] for u in d["consumesCounters"]}
+        assert used == sets
+
+
+def test_slices_are_owned_by_the_node_when_its_uid_is_given() -> None:
+    (only,) = _build(_gpus(1, pb.DEVICE_MODE_TDM), node_uid="uid-1")
+    assert only["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": "uid-1"}
+    ]
+
+
+@pytest.mark.parametrize("node", ["n" * 240, "node-1"])
+def test_slice_names_are_valid_object_names(node: str) -> None:
+    names = {slice_name(node, DRIVER, n) for n in range(3)}
+    assert len(names) == 3
+    assert all(len(n) <= 253 for n in names)
