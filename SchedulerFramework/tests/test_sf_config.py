@@ -38,6 +38,7 @@ def test_defaults_and_sample_agree() -> None:
     assert profile.scheduler_name == "lj-scheduler"
     assert [p.name for p in profile.plugins] == [
         "Coscheduling",
+        "DynamicResources",
         "NodeUnschedulable",
         "NodeAffinity",
         "TaintToleration",
@@ -96,6 +97,14 @@ def test_scheduler_name_flag_weights_and_args() -> None:
         (
             {"profiles": [{"plugins": {"multiPoint": {"disabled": [{"name": "*"}]}}}]},
             "no bind plugin enabled",
+        ),
+        (
+            {
+                "profiles": [
+                    {"plugins": {"multiPoint": {"disabled": [{"name": "DynamicResources"}]}}}
+                ]
+            },
+            r"profiles\[0\]\.plugins: DynamicResources disabled: pods with ResourceClaims",
         ),
         ({"profiles": [{}, {}]}, "duplicate schedulerName"),
         (

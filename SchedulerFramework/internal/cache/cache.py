@@ -128,6 +128,8 @@ class Cache:
         self.ownership: NodeOwnership | None = None
         self._foreign: set[str] = set()
         """Nodes another scheduler owns (NodeOwnership)."""
+        self.dra_nodes: set[str] = set()
+        """Nodes serving their devices through DRA (NodeInfo.dra): they offer no device."""
         self._shared_warned: set[str] = set()
 
     def set_ownership(self, ownership: NodeOwnership | None) -> None:
@@ -169,6 +171,10 @@ class Cache:
                         del self._capacity_count[kind][old_cap]
                 self._capacity_of[kind][name] = cap
                 self._capacity_count[kind][cap] += 1
+        if present and node.dra:
+            self.dra_nodes.add(name)
+        else:
+            self.dra_nodes.discard(name)
         if present and node.soft_taints:
             self.soft_tainted.add(name)
         else:
@@ -218,6 +224,7 @@ class Cache:
         self.soft_tainted.discard(name)
         self._group_hard_taints(name, ())
         self._foreign.discard(name)
+        self.dra_nodes.discard(name)
         self.slice_room.move(name, self._slice_room_of.pop(name, None), None)
         for prof in self._mig_of.pop(name, {}):
             self.mig_nodes.get(prof, set()).discard(name)

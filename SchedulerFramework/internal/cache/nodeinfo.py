@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import (
     ADMISSION_KUBELET_ORDER,
+    DRA_MODE,
     InventoryError,
     Protocol,
     decode_inventory,
@@ -72,6 +73,7 @@ class NodeInfo:
         "allocatable",
         "device_source",
         "devices",
+        "dra",
         "foreign",
         "inventory_error",
         "labels",
@@ -105,6 +107,10 @@ class NodeInfo:
         place pods on it. Such a node carries a NoSchedule taint saying so (its key is no
         valid taint key, so only a pod tolerating every taint passes it), and its devices
         are offered to nobody (held as unhealthy; the pods on them are still counted)."""
+        self.dra = False
+        """The node serves its devices through DRA (`labels.device_api` = `dra`), not the
+        Device Plugin: it offers no device here, whatever inventory annotation it still
+        carries from before it was switched."""
         self.serial_admission = True
         """The node's Device Plugin needs its device pods bound one at a time (it says
         otherwise in `annotations.node_admission`; docs/protocol.md)."""
@@ -123,6 +129,7 @@ class NodeInfo:
         spec = obj.get("spec") or {}
         status = obj.get("status") or {}
         self.labels = meta.get("labels") or {}
+        self.dra = self.labels.get(protocol.labels.device_api) == DRA_MODE
         taints = [
             Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
             for t in spec.get("taints") or ()
@@ -150,7 +157,7 @@ class NodeInfo:
     def _update_devices(self, annotations: Mapping[str, str], protocol: Protocol) -> None:
         text = annotations.get(protocol.annotations.node_devices)
         kinds = whole_kinds(protocol)
-        source = (text, self.foreign, *(self.allocatable.get(r, 0) for r in kinds))
+        source = (text, self.foreign, self.dra, *(self.allocatable.get(r, 0) for r in kinds))
         if source == self.device_source:
             return
         self.device_source = source
@@ -164,7 +171,10 @@ class NodeInfo:
     def _devices(
         self, text: str | None, kinds: Mapping[str, str], protocol: Protocol
     ) -> tuple[list[DeviceState], bool]:
-        """The device table from the inventory annotation, else from the allocatable."""
+        """The device table from the inventory annotation, else from the allocatable; none
+        on a DRA node."""
+        if self.dra:
+            return [], False
         if text is not None:
             try:
                 inventory = decode_inventory(text)

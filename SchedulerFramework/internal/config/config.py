@@ -37,6 +37,9 @@ from typing import Any
 import yaml
 
 from lj_runtimekit.schedulerframework.internal.framework.args import ArgsError
+from lj_runtimekit.schedulerframework.internal.plugins.dynamicresources import (
+    NAME as DYNAMIC_RESOURCES,
+)
 from lj_runtimekit.schedulerframework.internal.plugins.registry import DEFAULT_PLUGINS, REGISTRY
 
 API_VERSION = "scheduler.lingjun.com/v1"
@@ -203,6 +206,12 @@ def _profile(r: _Reader, raw: object, where: str) -> Profile:
         settings.append(PluginSetting(pname, weight, args))
     if not any(s.name == "DefaultBinder" for s in settings):
         raise r.fail(f"{where}.plugins", "no bind plugin enabled (enable DefaultBinder)")
+    if not any(s.name == DYNAMIC_RESOURCES for s in settings):
+        raise r.fail(
+            f"{where}.plugins",
+            f"{DYNAMIC_RESOURCES} disabled: pods with ResourceClaims would be bound with their "
+            f"claims unallocated (enable {DYNAMIC_RESOURCES})",
+        )
     return Profile(name, tuple(settings))
 
 

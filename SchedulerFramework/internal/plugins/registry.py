@@ -14,6 +14,7 @@ from lj_runtimekit.schedulerframework.internal.plugins import (
     defaultbinder,
     defaultpreemption,
     devicetopology,
+    dynamicresources,
     nodeaffinity,
     noderesources,
     nodeunschedulable,
@@ -33,6 +34,7 @@ class Registration:
 
 REGISTRY: dict[str, Registration] = {
     nodeunschedulable.NAME: Registration(nodeunschedulable.Args.parse, nodeunschedulable.new),
+    dynamicresources.NAME: Registration(dynamicresources.Args.parse, dynamicresources.new),
     tainttoleration.NAME: Registration(tainttoleration.Args.parse, tainttoleration.new),
     nodeaffinity.NAME: Registration(nodeaffinity.Args.parse, nodeaffinity.new),
     noderesources.NAME: Registration(noderesources.Args.parse, noderesources.new),
@@ -45,6 +47,7 @@ REGISTRY: dict[str, Registration] = {
 
 DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
     (coscheduling.NAME, 0),  # first: its PreFilter narrows gang members to their planned nodes
+    (dynamicresources.NAME, 0),  # before GpuShare: says why a DRA node is left out
     (nodeunschedulable.NAME, 0),
     (nodeaffinity.NAME, 2),  # scores preferred node affinity (upstream's weight)
     (tainttoleration.NAME, 3),  # scores PreferNoSchedule taints (upstream's weight)

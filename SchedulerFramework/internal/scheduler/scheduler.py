@@ -463,6 +463,8 @@ class Scheduler:
         events = node_events(old, signature)
         if before is not None and before.foreign != node.foreign:  # its owner changed
             events += [ClusterEvent.NODE_TAINT, ClusterEvent.NODE_ALLOCATABLE]
+        if before is not None and before.dra != node.dra:  # its devices came or went
+            events.append(ClusterEvent.NODE_ALLOCATABLE)
 
         def hint(pod: PodInfo, plugin: str) -> bool:
             h = self._hints.get(plugin)

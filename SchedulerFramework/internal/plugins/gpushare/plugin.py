@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATING, encode_assignment
+from lj_runtimekit.proto.pkg.protocol import BIND_PHASE_ALLOCATING, DRA_MODE, encode_assignment
 from lj_runtimekit.proto.pkg.protocol.assignment import ASSIGNED_POD_UID
 from lj_runtimekit.schedulerframework.internal.cache.cache import held_shares
 from lj_runtimekit.schedulerframework.internal.cache.nodeinfo import NodeInfo, whole_kinds
@@ -161,7 +161,7 @@ class GpuShare(PreFilterPlugin, FilterPlugin, ScorePlugin, ReservePlugin, Enqueu
             if total > largest:
                 return None, unresolvable(
                     f"pod asks for {total} {self.resource_of[kind]} in all but the largest node "
-                    f"has {largest}"
+                    f"has {largest}{self._dra_note()}"
                 )
         if req.only_whole:
             kind = req.asks[0].kind
@@ -188,6 +188,17 @@ class GpuShare(PreFilterPlugin, FilterPlugin, ScorePlugin, ReservePlugin, Enqueu
             reason = "node(s) had no GPU with the asked core and memory percentage free"
             return PreFilterResult(names, reason, self.args.ranked_nodes_to_score), SUCCESS
         return None, SUCCESS
+
+    def _dra_note(self) -> str:
+        """Why some nodes offer no device: they serve theirs through DRA."""
+        count = len(self.handle.cache.dra_nodes)
+        if not count:
+            return ""
+        label = self.protocol.labels.device_api
+        return (
+            f" ({count} node(s) serve devices through DRA, label {label}={DRA_MODE}: device "
+            "pods there need ResourceClaims and the default scheduler)"
+        )
 
     def _check_runtime_class(self, pod: PodInfo) -> None:
         if not self.args.warn_missing_runtime_class:

@@ -1,0 +1,130 @@
+"""DRA mode: pods with ResourceClaims and nodes labelled for DRA are left alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lj_runtimekit.proto.pkg.protocol import DRA_MODE, NodeDevice, encode_inventory
+from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
+from lj_runtimekit.schedulerframework.internal.plugins.dynamicresources import claim_names
+from lj_runtimekit.testkit.scheduler.fake import CORE, GPU, MEM, PROTOCOL, FakeCluster
+from lj_runtimekit.testkit.waits import wait_for
+
+DRA_LABEL = {PROTOCOL.labels.device_api: DRA_MODE}
+NO_BACKOFF = {"podInitialBackoffSeconds": 0.001, "podMaxBackoffSeconds": 0.001}
+MakeCluster = Callable[[Mapping[str, Any] | None], FakeCluster]
+CLAIMS = [{"name": "gpu", "resourceClaimName": "train-gpu"}]
+
+
+def stale_inventory(count: int = 8) -> dict[str, str]:
+    """The inventory annotation a node kept from its Device Plugin days."""
+    devices = tuple(NodeDevice(id=str(i), index=i) for i in range(count))
+    return {PROTOCOL.annotations.node_devices: encode_inventory(devices)}
+
+
+def placed_on(cluster: FakeCluster, node: str, *uids: str) -> None:
+    """Schedules until the pods are on `node` (they come back once their 1 ms backoff ends)."""
+
+    def placed() -> bool:
+        cluster.schedule()
+        return all(cluster.node_of(u) == node for u in uids)
+
+    wait_for(placed, 5, f"pods {uids} placed on node {node}", interval_s=0.01)
+
+
+def test_claim_pod_is_never_bound_and_says_why(cluster: FakeCluster) -> None:
+    cluster.add_node("a")
+    uid = cluster.add_pod("claims", {"cpu": "1"}, resourceClaims=CLAIMS)
+    cluster.schedule()
+    assert cluster.node_of(uid) == ""
+    (message,) = cluster.events(uid, "FailedScheduling")
+    assert "pod has spec.resourceClaims (gpu)" in message
+    assert "set spec.schedulerName to default-scheduler" in message
+    ((written, condition),) = cluster.scheduler.conditions.written
+    assert written == uid
+    assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
+    assert condition["message"] == message
+    # the claims never go, so no node event brings the pod back
+    cluster.add_node("b")
+    assert cluster.schedule() == 0
+    assert cluster.node_of(uid) == ""
+
+
+def test_claim_pod_with_device_resources_is_refused_too(cluster: FakeCluster) -> None:
+    cluster.add_node("a")
+    uid = cluster.add_pod("both", {GPU: "1"}, resourceClaims=CLAIMS)
+    cluster.schedule()
+    assert cluster.node_of(uid) == ""
+    assert "resourceClaims" in cluster.events(uid, "FailedScheduling")[0]
+    assert cluster.scheduler.cache.nodes["a"].devices.free_whole_count("gpu") == 8
+
+
+def test_pod_without_claims_is_untouched(cluster: FakeCluster) -> None:
+    cluster.add_node("a")
+    plain = cluster.add_pod("plain", {"cpu": "1"}, resourceClaims=[])
+    cluster.schedule()
+    assert cluster.node_of(plain) == "a"
+
+
+def test_dra_node_with_stale_inventory_offers_no_device() -> None:
+    cache = Cache(PROTOCOL)
+    obj = {
+        "metadata": {"name": "n", "labels": DRA_LABEL, "annotations": stale_inventory()},
+        "status": {"allocatable": {GPU: "8"}},
+    }
+    node = cache.update_node(obj)
+    assert node.dra
+    assert node.devices.devices == []
+    assert node.inventory_error == ""
+    assert cache.nodes_with_free("gpu", 1, ascending=True) == []
+    assert cache.max_whole_capacity("gpu") == 0
+    assert cache.nodes_with_slice_room(1, ascending=True) == []
+    # switched back to the Device Plugin: the inventory counts again
+    obj["metadata"]["labels"] = {}
+    node = cache.update_node(obj)
+    assert not node.dra
+    assert len(node.devices.devices) == 8
+    assert cache.nodes_with_free("gpu", 8, ascending=True) == ["n"]
+
+
+def test_device_pod_never_lands_on_a_dra_node(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(NO_BACKOFF)
+    cluster.add_node("dra", labels=DRA_LABEL, annotations=stale_inventory())
+    whole = cluster.add_pod("whole", {GPU: "1"})
+    piece = cluster.add_pod("slice", {CORE: "50", MEM: "50"})
+    cpu = cluster.add_pod("cpu-only", {"cpu": "1"})
+    cluster.schedule()
+    assert cluster.node_of(whole) == cluster.node_of(piece) == ""
+    assert cluster.node_of(cpu) == "dra"  # not a device pod: DRA nodes take it
+    label = f"label {PROTOCOL.labels.device_api}=dra"
+    (message,) = cluster.events(whole, "FailedScheduling")
+    assert message == (
+        "0/1 nodes are available: pod asks for 1 alibabacloud.com/gpu in all but the largest "
+        f"node has 0 (1 node(s) serve devices through DRA, {label}: device pods there need "
+        "ResourceClaims and the default scheduler)."
+    )
+    (message,) = cluster.events(piece, "FailedScheduling")
+    assert message.startswith(
+        f"0/1 nodes are available: 1 node(s) serve devices through DRA ({label})"
+    ), message
+    cluster.add_node("dp", annotations=stale_inventory())
+    placed_on(cluster, "dp", whole, piece)
+
+
+def test_node_leaving_dra_mode_brings_device_pods_back(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(NO_BACKOFF)
+    cluster.add_node("n", labels=DRA_LABEL, annotations=stale_inventory())
+    uid = cluster.add_pod("whole", {GPU: "2"})
+    cluster.schedule()
+    assert cluster.node_of(uid) == ""
+    cluster.add_node("n", annotations=stale_inventory())  # the label removed
+
+    placed_on(cluster, "n", uid)
+
+
+def test_claim_names_reads_the_spec() -> None:
+    obj = {"metadata": {"name": "p", "uid": "u"}, "spec": {"resourceClaims": CLAIMS}}
+    assert claim_names(parse_pod(obj)) == ["gpu"]
+    assert claim_names(parse_pod({"metadata": {"name": "p"}, "spec": {}})) == []
