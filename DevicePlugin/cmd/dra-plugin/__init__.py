@@ -1,0 +1,1 @@
+"""lj-dra-plugin command."""
