@@ -7,6 +7,7 @@ hidden temporary file and renamed, so it never sees half a spec.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -74,7 +75,8 @@ class CdiSpecs:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             raise CdiError(f"cannot write CDI spec {path}: {exc.strerror or exc}") from exc
         return self.device_id(claim_uid)
 

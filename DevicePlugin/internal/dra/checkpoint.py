@@ -7,6 +7,7 @@ tells a damaged file from a good one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -143,5 +144,6 @@ class Checkpoint:
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             raise CheckpointError(f"cannot write checkpoint {self.path}: {exc}") from exc
