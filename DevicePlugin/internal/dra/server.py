@@ -5,6 +5,7 @@ socket `<kubelet dir>/plugins/<driver>/dra.sock`, and plugin Registration on
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -69,8 +70,9 @@ class DraPluginServicer(v1_grpc.DRAPluginServicer):
     async def NodePrepareResources(
         self, request: v1.NodePrepareResourcesRequest, context: Context
     ) -> v1.NodePrepareResourcesResponse:
-        """Prepare each claim (once; repeated calls answer the same)."""
-        outcomes = await self._claims.prepare(_refs(request.claims))
+        """Prepare each claim (once; repeated calls answer the same). A call the kubelet
+        gives up on still finishes: its claims end prepared and recorded, or not held."""
+        outcomes = await asyncio.shield(self._claims.prepare(_refs(request.claims)))
         response = v1.NodePrepareResourcesResponse()
         for uid, outcome in outcomes.items():
             entry = response.claims[uid]
@@ -91,8 +93,8 @@ class DraPluginServicer(v1_grpc.DRAPluginServicer):
     async def NodeUnprepareResources(
         self, request: v1.NodeUnprepareResourcesRequest, context: Context
     ) -> v1.NodeUnprepareResourcesResponse:
-        """Release each claim (an unknown one too)."""
-        outcomes = await self._claims.unprepare(_refs(request.claims))
+        """Release each claim (an unknown one too); finishes like NodePrepareResources."""
+        outcomes = await asyncio.shield(self._claims.unprepare(_refs(request.claims)))
         response = v1.NodeUnprepareResourcesResponse()
         for uid, error in outcomes.items():
             response.claims[uid].error = error
