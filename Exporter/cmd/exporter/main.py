@@ -21,6 +21,10 @@ from lj_runtimekit.exporter.internal.metrics.labels import LabelConfig, pod_labe
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics
 from lj_runtimekit.exporter.internal.pods.apiserver import ApiServerPods
 from lj_runtimekit.exporter.internal.pods.kubelet import KubeletPods
+from lj_runtimekit.exporter.internal.pods.podresources import (
+    DEFAULT_POD_RESOURCES_SOCKET,
+    PodResourcesReader,
+)
 from lj_runtimekit.exporter.internal.pods.source import NodePods
 from lj_runtimekit.exporter.internal.server.http import MetricsServer, make_app
 from lj_runtimekit.proto.pkg import logs, protocolinfo
@@ -84,6 +88,13 @@ def _parser() -> FlagParser:
         "5",
         "seconds a /pods request, or the API server watch's first list, may take",
         type=positive_seconds,
+    )
+    p.env_flag(
+        "--pod-resources-socket",
+        "LJ_EXPORTER_POD_RESOURCES_SOCKET",
+        DEFAULT_POD_RESOURCES_SOCKET,
+        "the kubelet's PodResources socket: which containers use the DRA claims the Runtime"
+        " holds (read only while it holds some); empty: not read",
     )
     p.env_flag(
         "--apiserver-fallback",
@@ -215,8 +226,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     kubelet = (
         KubeletPods(args.kubelet_pods_url, args.kubelet_timeout) if args.kubelet_pods_url else None
     )
+    pod_resources = (
+        PodResourcesReader(args.pod_resources_socket, args.kubelet_timeout)
+        if args.pod_resources_socket
+        else None
+    )
     loop = CollectionLoop(
         client=client,
+        pod_resources=pod_resources,
         pods=NodePods(kubelet, fallback),
         protocol=protocol,
         metrics=metrics,
@@ -246,12 +263,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "interval_s": args.collection_interval,
             "runtime_socket": client.socket_path,
             "kubelet": args.kubelet_pods_url or "not used",
+            "pod_resources": args.pod_resources_socket or "not used",
             "apiserver_watch": ("only" if kubelet is None else "fallback") if fallback else "off",
             "protocol": protocol.source,
         },
     )
     try:
-        asyncio.run(_run(loop, client, kubelet))
+        asyncio.run(_run(loop, client, kubelet, pod_resources))
     finally:
         if fallback is not None:
             fallback.stop()
@@ -260,7 +278,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-async def _run(loop: CollectionLoop, client: RuntimeClient, kubelet: KubeletPods | None) -> None:
+async def _run(
+    loop: CollectionLoop,
+    client: RuntimeClient,
+    kubelet: KubeletPods | None,
+    pod_resources: PodResourcesReader | None,
+) -> None:
     stop = asyncio.Event()
     running = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -270,6 +293,8 @@ async def _run(loop: CollectionLoop, client: RuntimeClient, kubelet: KubeletPods
     finally:
         if kubelet is not None:
             await kubelet.aclose()
+        if pod_resources is not None:
+            await pod_resources.close()
         await client.close()
 
 

@@ -13,13 +13,23 @@ import time
 
 from prometheus_client.core import Metric
 
-from lj_runtimekit.exporter.internal.allocation.assignments import Allocations, pod_allocations
+from lj_runtimekit.exporter.internal.allocation.assignments import (
+    Allocations,
+    pod_allocations,
+    with_claims,
+)
 from lj_runtimekit.exporter.internal.collector.runtime import read_runtime
 from lj_runtimekit.exporter.internal.metrics.families import build_families
 from lj_runtimekit.exporter.internal.metrics.labels import LabelConfig
 from lj_runtimekit.exporter.internal.metrics.registry import ExporterMetrics, status_families
 from lj_runtimekit.exporter.internal.metrics.view import RuntimeView
 from lj_runtimekit.exporter.internal.metrics.xid import XidCodes
+from lj_runtimekit.exporter.internal.pods.podresources import (
+    ClaimKey,
+    ClaimUser,
+    PodResourcesError,
+    PodResourcesReader,
+)
 from lj_runtimekit.exporter.internal.pods.source import NodePods, PodRead
 from lj_runtimekit.proto.pkg.featuregate import GateReport, RuntimeTooOldError
 from lj_runtimekit.proto.pkg.protocol import Protocol
@@ -50,9 +60,11 @@ class CollectionLoop:
         interval_s: float,
         component_version: str,
         label_config: LabelConfig,
+        pod_resources: PodResourcesReader | None = None,
     ) -> None:
         self._client = client
         self._pods = pods
+        self._pod_resources = pod_resources
         self._protocol = protocol
         self._metrics = metrics
         self._node = node_name
@@ -65,6 +77,8 @@ class CollectionLoop:
         self._last_gates: GateReport | None = None
         self._xids = XidCodes()
         self._container_error: str | None = None
+        self._claims_error: str | None = None
+        self._pod_resources_error: str | None = None
         self._logged_problems: set[str] = set()
         self.started_at = time.monotonic()
         self.last_completed: float | None = None
@@ -109,6 +123,9 @@ class CollectionLoop:
         if pod_read.view is not None:
             allocations = pod_allocations(pod_read.view.pods, self._protocol.annotations)
             self._note_problems(allocations.problems)
+            if runtime is not None and runtime.claims:
+                users = await self._claim_users()
+                allocations = with_claims(allocations, runtime.claims, users, pod_read.view.pods)
         families: list[Metric] = build_families(
             self._node,
             self._protocol.resources,
@@ -157,6 +174,15 @@ class CollectionLoop:
                     "per-container metrics unreadable, container usage series absent",
                     extra={"reason": view.container_error},
                 )
+        if view.claims_error is not None:
+            self._metrics.error("runtime")
+        if view.claims_error != self._claims_error:
+            self._claims_error = view.claims_error
+            if view.claims_error is not None:
+                log.warning(
+                    "Runtime allocations unreadable, DRA claims not attributed",
+                    extra={"reason": view.claims_error},
+                )
         if view.gates.messages != self._gate_messages:
             self._gate_messages = view.gates.messages
             for message in view.gates.messages:
@@ -164,6 +190,28 @@ class CollectionLoop:
                     "feature gate off", extra={"runtime_version": view.version, "reason": message}
                 )
         return view
+
+    async def _claim_users(self) -> dict[ClaimKey, tuple[ClaimUser, ...]]:
+        """Who uses the Runtime's DRA claims (PodResources); none while it does not answer."""
+        users: dict[ClaimKey, tuple[ClaimUser, ...]] = {}
+        error: str | None = "no PodResources socket configured (--pod-resources-socket)"
+        if self._pod_resources is not None:
+            try:
+                users, error = await self._pod_resources.claim_users(), None
+            except PodResourcesError as exc:
+                error = str(exc)
+        if error is not None:
+            self._metrics.error("podresources")
+        if error != self._pod_resources_error:
+            self._pod_resources_error = error
+            if error is None:
+                log.info("PodResources readable, DRA claims attributed to their containers")
+            else:
+                log.warning(
+                    "PodResources unreadable, DRA claims' container series absent",
+                    extra={"reason": error},
+                )
+        return users
 
     def _runtime_state(self, up: bool, detail: str) -> None:
         if not up:

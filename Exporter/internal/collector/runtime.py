@@ -22,7 +22,8 @@ async def read_runtime(client: RuntimeClient) -> RuntimeView:
     """Read the Runtime once; RuntimeUnavailableError / RuntimeCallError / RuntimeTooOldError.
 
     Device samples are taken before container samples: the Runtime's container
-    samples describe the device sample taken just before them. The inventory is
+    samples describe the device sample taken just before them. The DRA claim allocations
+    (ListAllocations) are read right after, to attribute the claims' samples. The inventory is
     read after both, so a health reason (the code of an XID the device sample
     counted) is at least as recent as the counters.
     """
@@ -37,6 +38,12 @@ async def read_runtime(client: RuntimeClient) -> RuntimeView:
             containers = tuple((await client.container_metrics()).containers)
         except RuntimeCallError as exc:
             container_error = str(exc)
+    claims: tuple[pb.Allocation, ...] = ()
+    claims_error: str | None = None
+    try:
+        claims = tuple(a for a in await client.list_allocations() if a.claim_uid)
+    except RuntimeCallError as exc:
+        claims_error = str(exc)
     devices = await client.list_devices()
     devices = [d for d in devices if _kind_enabled(d.kind, gates)]
     if not gates.is_enabled(Feature.MIG):
@@ -49,4 +56,6 @@ async def read_runtime(client: RuntimeClient) -> RuntimeView:
         device_metrics=MappingProxyType({m.device_id: m for m in samples.devices}),
         container_metrics=containers,
         container_error=container_error,
+        claims=claims,
+        claims_error=claims_error,
     )

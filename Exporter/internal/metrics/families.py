@@ -46,6 +46,8 @@ CONTAINER_LABELS = (
     "mig_instance_id",
 )
 MODES = ("exclusive", "tdm", "mig")
+CLAIM = "claim"
+"""The first part of a DRA claim allocation's container_key, `claim/<claim uid>`."""
 UNITS = ("bytes", "seconds", "ratio", "celsius", "watts", "joules")
 """Base units a family name may end in: OpenMetrics serves it as the family's `# UNIT`."""
 
@@ -228,13 +230,15 @@ def _allocation_families(
 ) -> list[Metric]:
     core = _gauge(
         "device_core_allocated_ratio",
-        "Share of the device's compute allocated to containers (pod annotations), 0-1;"
+        "Share of the device's compute allocated to containers (pod annotations) and DRA"
+        " claims (each claim once), 0-1;"
         " above 1 means over-committed.",
         device_names,
     )
     memory = _gauge(
         "device_memory_allocated_ratio",
-        "Share of the device's memory allocated to containers (pod annotations), 0-1;"
+        "Share of the device's memory allocated to containers (pod annotations) and DRA"
+        " claims (each claim once), 0-1;"
         " above 1 means over-committed.",
         device_names,
     )
@@ -256,7 +260,7 @@ def _allocation_families(
         for instance in device.mig_instances:
             held = by_device.get(instance.id)
             mig_containers.add_metric(mig_labels[instance.id], held.containers if held else 0)
-            if held is None or not held.containers:
+            if held is None:  # held by a pod, or by a DRA claim no running container uses yet
                 continue
             count += held.containers
             core_ratio += instance.compute_slices / MIG_COMPUTE_SLICES
@@ -276,7 +280,10 @@ def _container_families(
     allocations: Allocations | None,
     label_config: LabelConfig,
 ) -> list[Metric]:
-    """Per-container usage (Runtime) and allocation (annotations) of pods the node still runs.
+    """Per-container usage (Runtime) and allocation (annotations, DRA claims) of pods the node
+    still runs. A DRA claim's usage is the claim's, given to every container sharing it (so
+    summing container series over a shared claim counts it once per container; the device
+    series count it once).
 
     Pod labels come from the pods view: without it (kubelet and fallback down)
     no container series is exported, and a container whose pod is gone from
@@ -328,14 +335,20 @@ def _container_families(
             *label_config.pod_values(pod),
         ]
 
+    claim_users = allocations.claim_users if allocations is not None else {}
     if runtime.container_metrics is not None:
         for sample in runtime.container_metrics:
             pod_uid, _, container = sample.container_key.partition("/")
-            labels = labels_of(pod_uid, container or sample.container_name, sample.device_id)
-            if labels is None:
-                continue
-            util.add_metric(labels, sample.utilization_ratio)
-            mem.add_metric(labels, float(sample.memory_used_bytes))
+            # a DRA claim's sample ("claim/<uid>"): the usage of every container sharing it
+            users = claim_users.get(container, ()) if pod_uid == CLAIM else ((pod_uid, container),)
+            for user_uid, user_container in users:
+                labels = labels_of(
+                    user_uid, user_container or sample.container_name, sample.device_id
+                )
+                if labels is None:
+                    continue
+                util.add_metric(labels, sample.utilization_ratio)
+                mem.add_metric(labels, float(sample.memory_used_bytes))
     if allocations is not None:
         for (pod_uid, container), shares in allocations.by_container.items():
             for device_id, share in shares.items():

@@ -24,8 +24,14 @@ from lj_runtimekit.exporter.internal.metrics.labels import LabelConfig
 from lj_runtimekit.proto.pkg import protocolinfo
 from lj_runtimekit.proto.pkg.featuregate import FEATURE_MINIMUMS, GateReport
 
-ErrorSource = Literal["runtime", "kubelet", "apiserver", "annotations"]
-ERROR_SOURCES: tuple[ErrorSource, ...] = ("runtime", "kubelet", "apiserver", "annotations")
+ErrorSource = Literal["runtime", "kubelet", "apiserver", "annotations", "podresources"]
+ERROR_SOURCES: tuple[ErrorSource, ...] = (
+    "runtime",
+    "kubelet",
+    "apiserver",
+    "annotations",
+    "podresources",
+)
 
 SCRAPE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 COLLECTION_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -171,7 +177,8 @@ class ExporterMetrics:
         self.collection_errors = Counter(
             PREFIX + "exporter_collection_errors",
             "Failed reads during collection, by source (runtime, kubelet, apiserver,"
-            " annotations: one per pod with a malformed assignment annotation).",
+            " annotations: one per pod with a malformed assignment annotation, podresources:"
+            " the kubelet's PodResources API, read while the Runtime holds DRA claims).",
             ["source"],
             registry=self.registry,
         )

@@ -21,3 +21,8 @@ class RuntimeView:
     """None when the per-container metrics feature is off or their call failed."""
     container_error: str | None = None
     """Why GetContainerMetrics failed while the rest answered (device series stay)."""
+    claims: tuple[pb.Allocation, ...] = ()
+    """The Runtime's allocations of DRA ResourceClaims (claim_uid set): one per claim, keyed
+    `claim/<claim uid>`, shared by every container using the claim."""
+    claims_error: str | None = None
+    """Why ListAllocations failed while the rest answered (no claim is attributed)."""
