@@ -1,5 +1,5 @@
 """A hollow node: the real kubelet's code (kubemark's hollow kubelet) with the kubelet's
-real device manager, registered with a ControlPlane.
+real device manager and DRA manager, registered with a ControlPlane.
 
     with HollowNode(control_plane, "hollow-a", address="127.0.0.2") as node:
         ...  # a device plugin registers on node.plugin_dir / "kubelet.sock"
@@ -8,9 +8,18 @@ real device manager, registered with a ControlPlane.
 an in-process fake CRI runtime (they run at once, nothing is executed), but pod
 admission, device plugin registration, ListAndWatch into the Node's capacity,
 Allocate (init containers first, device reuse), PreStartContainer, the device
-checkpoint and the PodResources API are the kubelet's own. Each node has its own
-root directory, plugin directory and loopback address, so several run side by side.
-A node reports 64 CPUs and 512 GiB (`--cpus`, `--memory-gib`), the size of a GPU node.
+checkpoint and the PodResources API are the kubelet's own. So is DRA: a DRA kubelet
+plugin registers through `plugins_registry` (type DRAPlugin), the kubelet calls
+NodePrepareResources before the pod's sandbox and NodeUnprepareResources once the pod is
+gone, keeps its checkpoint (`dra_checkpoint_path`) and reports the claims in the
+PodResources API; the CDI devices each container got are written down
+(`container_cdi_devices`). Each node has its own root directory, plugin directory and
+loopback address, so several run side by side. A node reports 64 CPUs and 512 GiB
+(`--cpus`, `--memory-gib`), the size of a GPU node.
+
+The kubelet deletes its node's ResourceSlices at start (no DRA driver has registered
+yet) and a driver's 30 s after its plugin went away: publish slices after
+`wait_resource_slices_wiped`, and again after a restart.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from typing import Any
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
-from lj_runtimekit.envtest.controlplane import ControlPlane
+from lj_runtimekit.envtest.controlplane import ControlPlane, feature_gate_args
 from lj_runtimekit.envtest.nodes import node_ready
 from lj_runtimekit.envtest.process import Process, ProcessExitedError
 from lj_runtimekit.envtest.versions import find_tools
@@ -35,6 +44,9 @@ from lj_runtimekit.testkit.waits import wait_for
 BINARY = "lj-hollow-node"
 # sun_path holds 108 bytes, the terminating NUL included.
 _MAX_SOCKET_PATH = 107
+# What the kubelet's DRA plugin manager logs (at -v=3, turned on for its file alone) once
+# it has deleted the node's ResourceSlices at start.
+_SLICES_WIPED = '"Deleted ResourceSlices"'
 
 
 class HollowNodeError(RuntimeError):
@@ -53,7 +65,8 @@ class HollowNode:
     plugin's Allocate envs included; output in `root/exec-logs/`) and end with their
     exit code; other containers run until deleted. Admin credentials: the control plane
     authorizes with RBAC only, so a `system:node:<name>` identity would need the Node
-    authorizer.
+    authorizer. `feature_gates` (default: the control plane's, which the node must match,
+    e.g. DRA_GATES) go to the kubelet.
     """
 
     def __init__(
@@ -71,6 +84,7 @@ class HollowNode:
         exec_path_map: dict[str, str] | None = None,
         verbosity: int = 2,
         ready_timeout_s: float = 60.0,
+        feature_gates: dict[str, bool] | None = None,
     ) -> None:
         self.control_plane = control_plane
         self.name = name
@@ -85,10 +99,14 @@ class HollowNode:
         self.exec_path_map = dict(exec_path_map or {})
         self.verbosity = verbosity
         self.ready_timeout_s = ready_timeout_s
+        self.feature_gates = dict(
+            control_plane.config.feature_gates if feature_gates is None else feature_gates
+        )
         self.port = 0
         self.read_only_port = 0
         self._want_read_only_port = read_only_port
         self._process: Process | None = None
+        self._log_offset = 0  # the log's size when the process last started
         self._api: k8s_client.ApiClient | None = None
 
     # -- paths and URLs ---------------------------------------------------------------------
@@ -107,6 +125,30 @@ class HollowNode:
     def checkpoint_path(self) -> Path:
         """The device manager's checkpoint (next to the registration socket)."""
         return self.plugin_dir / "kubelet_internal_checkpoint"
+
+    @property
+    def plugins_registry(self) -> Path:
+        """The kubelet's plugin watcher directory: a DRA plugin's registration socket
+        (pluginregistration.Registration, type DRAPlugin) goes here."""
+        return self.root_dir / "plugins_registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        """`<root>/plugins`, the node's /var/lib/kubelet/plugins: where DRA plugins keep
+        their service sockets (`<driver>/dra.sock`). Made by `prepare`."""
+        return self.root_dir / "plugins"
+
+    @property
+    def dra_checkpoint_path(self) -> Path:
+        """The DRA manager's checkpoint (the prepared claims, their devices and CDI IDs)."""
+        return self.root_dir / "dra_manager_state"
+
+    @property
+    def cdi_devices_dir(self) -> Path:
+        """One JSON file per created container, `<pod uid>_<container>.json`: podUID,
+        podNamespace, podName, containerName, cdiDevices (the CRI config's CDI device
+        names, in order) and cdiAnnotations (its cdi.k8s.io/ annotations)."""
+        return self.root_dir / "cdi-devices"
 
     @property
     def pods_url(self) -> str:
@@ -137,6 +179,7 @@ class HollowNode:
             f"--plugin-dir={self.plugin_dir}",
             f"--max-pods={self.max_pods}",
             *([f"--node-labels={labels}"] if labels else []),
+            *feature_gate_args(self.feature_gates),
             *(
                 [f"--exec-command-prefix={self.exec_command_prefix}"]
                 if self.exec_command_prefix
@@ -148,6 +191,7 @@ class HollowNode:
                 else []
             ),
             f"--v={self.verbosity}",
+            "--vmodule=dra_plugin_manager=3",  # _SLICES_WIPED
             # The control plane's die_with_parent, done by the binary itself: prctl
             # between fork and exec (Process) is unsafe while gRPC threads run here.
             *(["--die-with-parent"] if self.control_plane.config.die_with_parent else []),
@@ -159,6 +203,7 @@ class HollowNode:
         if self._process is not None and self._process.running():
             return self
         self.prepare()
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._process = Process(
             f"{BINARY} {self.name}", self.argv(), self.log_path, die_with_parent=False
         )
@@ -178,8 +223,8 @@ class HollowNode:
         for path in (self.registration_socket, self.pod_resources_socket):
             if len(str(path)) > _MAX_SOCKET_PATH:
                 raise HollowNodeError(f"socket path too long for a unix socket: {path}")
-        self.root_dir.mkdir(parents=True, exist_ok=True)
-        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (self.root_dir, self.plugin_dir, self.plugins_dir):
+            directory.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.address)
             self.read_only_port = free_port(self.address) if self._want_read_only_port else 0
@@ -223,6 +268,24 @@ class HollowNode:
                 return bool(resp.status == 200)
         except OSError:
             return False
+
+    def resource_slices_wiped(self) -> bool:
+        """Since the last start, the kubelet has deleted the node's ResourceSlices (it does
+        once the Node is registered; a slice made before that is lost)."""
+        if not self.log_path.exists():
+            return False
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_offset)
+            return _SLICES_WIPED.encode() in log.read()
+
+    def wait_resource_slices_wiped(self, timeout_s: float = 30.0) -> None:
+        """Waits for `resource_slices_wiped` (the process must keep running)."""
+
+        def wiped() -> bool:
+            self.check_running()
+            return self.resource_slices_wiped()
+
+        wait_for(wiped, timeout_s, f"the kubelet of {self.name} to delete its ResourceSlices")
 
     def check_running(self) -> None:
         """Raises ProcessExitedError (with the log tail) when the process has exited."""
@@ -276,6 +339,17 @@ class HollowNode:
         with urllib.request.urlopen(self.pods_url, timeout=5) as resp:  # noqa: S310
             items: list[dict[str, Any]] = json.load(resp).get("items") or []
             return items
+
+    def container_cdi_devices(self, pod_uid: str, container: str) -> list[str] | None:
+        """The CDI device names the kubelet passed to the runtime when it last created the
+        container (DRA claims' CDI IDs, then device plugins'); None if it never did."""
+        path = self.cdi_devices_dir / f"{pod_uid}_{container}.json"
+        try:
+            record: dict[str, Any] = json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        devices: list[str] = record["cdiDevices"]
+        return devices
 
     def _core(self) -> k8s_client.CoreV1Api:
         if self._api is None:
