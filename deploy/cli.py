@@ -16,12 +16,13 @@ from typing import Any
 
 import yaml
 
-from lj_runtimekit.deploy import edits, manifests, verify
+from lj_runtimekit.deploy import dracheck, edits, manifests, verify
 from lj_runtimekit.deploy.components import (
     BY_NAME,
     DEFAULT_JOBS_NAMESPACE,
     DEFAULT_NAMESPACE,
     DEFAULT_REGISTRY,
+    DRA_PLUGIN,
     DeployError,
     check_jobs_namespace,
     check_namespace,
@@ -77,14 +78,23 @@ def _options(args: argparse.Namespace) -> manifests.Options:
         extender_tls_secret=args.extender_tls_secret,
         extender_client_ca_secret=args.extender_client_ca_secret,
         extender_token_secret=args.extender_token_secret,
+        dra=args.dra,
+        dra_extended_resources=_dra_extended_resources(args),
     )
+
+
+def _dra_extended_resources(args: argparse.Namespace) -> bool:
+    if args.dra_extended_resources and not args.dra:
+        raise DeployError("--dra-extended-resources: only with --dra (DRA mode)")
+    return bool(args.dra_extended_resources)
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
     """Check every option by rendering once; print what deploy-all.sh needs, one per line.
 
     `enable-label <key>`, `exporter-port <port>`, `scheduler-port <port>`,
-    `jobset required <min>|not-required`,
+    `jobset required <min>|not-required`, `device-api-label <key>`, `dra-driver <driver>`,
+    with --dra `dra-plugin <resource>`,
     and per component `component <name> <kind> <workload> <resource> <configmap> <app>`.
     """
     components = parse_components(args.components)
@@ -100,6 +110,10 @@ def cmd_preflight(args: argparse.Namespace) -> int:
         print("jobset required", MIN_JOBSET_VERSION)
     else:
         print("jobset not-required")
+    print("device-api-label", opts.protocol.labels.device_api)
+    print("dra-driver", opts.protocol.dra.driver)
+    if opts.dra:
+        print("dra-plugin", DRA_PLUGIN.resource)
     for c in components:
         print("component", c.name, c.kind, c.workload, c.resource, c.configmap, c.app)
     return 0
@@ -217,6 +231,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     )
     if live is not None:
         report.extend(verify.check_baked(components, workloads, live, args.namespace))
+    if args.dra:
+        opts = manifests.Options(protocol_text=Path(args.protocol).read_text(), version="v0.0.0")
+        want = [c["metadata"]["name"] for c in manifests.device_classes(opts)]
+        report.extend(
+            verify.check_dra(
+                workloads,
+                pods,
+                nodes,
+                _items(str(snap / "deviceclasses.json")),
+                _items(str(snap / "resourceslices.json")),
+                want,
+                protocol,
+                args.namespace,
+            )
+        )
     return _print_report(report)
 
 
@@ -328,6 +357,20 @@ def cmd_check_metrics(args: argparse.Namespace) -> int:
     return _print_report(verify.check_metrics(Path(args.file).read_text(), args.where))
 
 
+def cmd_dra_probe(args: argparse.Namespace) -> int:
+    """Print the objects precheck creates (server-side dry run) to probe the DRA gates."""
+    sys.stdout.write(manifests.dump(dracheck.probe_objects(load_protocol(args.protocol))))
+    return 0
+
+
+def cmd_dra_gates(args: argparse.Namespace) -> int:
+    """Print the DRA feature gates whose fields the dry run of `dra-probe` dropped."""
+    missing = dracheck.missing_gates(_load_json(args.returned))
+    if missing:
+        print(" ".join(missing))
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from lj_runtimekit.deploy import generate
 
@@ -377,6 +420,17 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--extender-token-secret", default="", metavar="NAME", help="token")
         p.add_argument(
+            "--dra",
+            action="store_true",
+            help="DRA mode (Kubernetes >= 1.34): the DRA kubelet plugin and its DeviceClasses",
+        )
+        p.add_argument(
+            "--dra-extended-resources",
+            action="store_true",
+            help="the whole-device DeviceClasses name their extended resource"
+            " (DRAExtendedResource)",
+        )
+        p.add_argument(
             "--deploy-dir",
             metavar="DIR",
             help="apply the operator's edits of the plain YAML under DIR/<component>/"
@@ -417,6 +471,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--protocol", required=True)
         p.add_argument("--protocol-name", default="deploy/protocol.yaml")
         p.add_argument("--metrics-dir", help="verify: the pods' /metrics answers, <pod>.txt")
+        p.add_argument(
+            "--dra",
+            action="store_true",
+            help="verify: DRA mode (deviceclasses.json, resourceslices.json in the snapshot)",
+        )
         p.set_defaults(func=func)
 
     p = sub.add_parser("stale-patches", help="JSON patches removing stale node resources")
@@ -464,6 +523,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--where", default="metrics")
     p.add_argument("--url", help="fetch the metrics from this http(s) URL instead")
     p.set_defaults(func=cmd_check_metrics)
+
+    p = sub.add_parser("dra-probe", help=cmd_dra_probe.__doc__)
+    p.add_argument("--protocol", required=True)
+    p.set_defaults(func=cmd_dra_probe)
+
+    p = sub.add_parser("dra-gates", help=cmd_dra_gates.__doc__)
+    p.add_argument("--returned", required=True, help="kubectl create --dry-run=server -o json")
+    p.set_defaults(func=cmd_dra_gates)
 
     p = sub.add_parser(
         "generate", help="write the plain YAML, kustomizations, Helm chart and Controller/config"

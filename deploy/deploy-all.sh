@@ -38,6 +38,14 @@
 #   --no-admission-policies
 #                       leave out the ValidatingAdmissionPolicies (required below
 #                       Kubernetes 1.30: RBAC alone then bounds the components)
+#   --dra               DRA mode (Kubernetes >= 1.34): also the DRA kubelet plugin, on
+#                       the nodes labelled lingjun.com/device-api=dra (the Device Plugin
+#                       leaves them), and the driver's DeviceClasses; precheck checks the
+#                       version, resource.k8s.io/v1 and the alpha DRA gates; delete also
+#                       removes the driver's ResourceSlices (found without the flag too)
+#   --dra-extended-resources
+#                       with --dra: the whole-device DeviceClasses name their extended
+#                       resource (the DRAExtendedResource gate)
 #   --extender          the scheduler as an extender of the cluster's kube-scheduler:
 #                       it serves TLS on a Service, and the kube-scheduler's
 #                       configuration is rendered into a ConfigMap (deploy/README.md)
@@ -78,7 +86,9 @@ namespace="kube-system"
 jobs_namespace="lj-runtimekit-jobs"
 kubelet_port=true
 admission=true
+dra=false
 extender_args=()
+dra_args=()
 registry="lj-runtimekit-registry.cn-hangzhou.cr.aliyuncs.com/lj-runtimekit"
 version=""
 images=()
@@ -143,6 +153,8 @@ while [[ $# -gt 0 ]]; do
     --jobs-namespace=*) jobs_namespace=${1#*=} ;;
     --no-kubelet-read-only-port) kubelet_port=false ;;
     --no-admission-policies) admission=false ;;
+    --dra) dra=true ;;
+    --dra-extended-resources) dra_args+=("$1") ;;
     --extender|--extender-tls-secret=*|--extender-client-ca-secret=*|--extender-token-secret=*)
       extender_args+=("$1") ;;
     --registry=*) registry=${1#*=} ;;
@@ -210,6 +222,8 @@ image_args+=("--jobs-namespace=$jobs_namespace")
 $kubelet_port || image_args+=(--no-kubelet-read-only-port)
 $admission || image_args+=(--no-admission-policies)
 image_args+=(${extender_args[@]+"${extender_args[@]}"})
+image_args+=(${dra_args[@]+"${dra_args[@]}"})
+$dra && image_args+=(--dra)
 [[ -f $protocol ]] || die "$protocol is missing (the one source of protocol.yaml)"
 
 render() {
@@ -247,6 +261,9 @@ exporter_port=""
 scheduler_port=""
 gang=not-required
 min_jobset=""
+device_api_label=""
+dra_driver=""
+dra_resource=""
 while read -r key rest; do
   case $key in
     component) selected+=("$rest") ;;
@@ -254,6 +271,9 @@ while read -r key rest; do
     exporter-port) exporter_port=$rest ;;
     scheduler-port) scheduler_port=$rest ;;
     jobset) read -r gang min_jobset <<<"$rest" ;;
+    device-api-label) device_api_label=$rest ;;
+    dra-driver) dra_driver=$rest ;;
+    dra-plugin) dra_resource=$rest ;;
   esac
 done <<<"$out"
 names=()
@@ -299,6 +319,9 @@ log "Kubernetes $server_version >= 1.$oldest_minor"
 # ValidatingAdmissionPolicy v1 and the node name in pod-bound ServiceAccount tokens: 1.30.
 policies_served=true
 if (( BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < 30 )); then policies_served=false; fi
+# DRA mode: resource.k8s.io/v1 (1.34).
+dra_served=true
+if (( BASH_REMATCH[1] == 1 && BASH_REMATCH[2] < 34 )); then dra_served=false; fi
 if ! $policies_served && [[ $op == delete ]]; then
   image_args+=(--no-admission-policies)  # none can exist there
 fi
@@ -327,6 +350,12 @@ snapshot() {
   "${kcn[@]}" get configmaps -l "$selector" -o json --show-managed-fields >"$work/configmaps.json" \
     || die "cannot list the ConfigMaps"
   "${kc[@]}" get nodes -o json >"$work/nodes.json" || die "cannot list the nodes"
+  if $dra; then
+    "${kc[@]}" get deviceclasses -l app=lj-runtimekit-dra-plugin -o json >"$work/deviceclasses.json" \
+      || die "cannot list the DeviceClasses (DRA mode)"
+    "${kc[@]}" get resourceslices --field-selector="spec.driver=$dra_driver" -o json \
+      >"$work/resourceslices.json" || die "cannot list the ResourceSlices of driver $dra_driver"
+  fi
 }
 
 # create_namespace NS: a namespace labelled as the Runtime Kit's (delete removes it).
@@ -490,6 +519,45 @@ pod_security_line() {
   esac
 }
 
+dra_nodes() { # the nodes labelled for DRA mode, comma-separated
+  "${kc[@]}" get nodes -l "$device_api_label=dra" -o 'jsonpath={range .items[*]}{.metadata.name}{"\n"}{end}' 2>/dev/null \
+    | paste -sd, - || true
+}
+
+# dra_line: when DRA mode is asked for (--dra, or a node labelled for it), one line: ok, or
+# the PROBLEM that stops it (the version, resource.k8s.io/v1, the alpha DRA gates, a node
+# labelled without --dra); nothing otherwise.
+dra_line() {
+  local nodes why gates
+  nodes=$(dra_nodes)
+  $dra || [[ -n $nodes ]] || return 0
+  why="DRA mode (node(s) $nodes labelled $device_api_label=dra)"
+  $dra && why="DRA mode (--dra)"
+  if ! $dra_served; then
+    echo "PROBLEM $why needs Kubernetes >= 1.34 (resource.k8s.io/v1); the server is $server_version; fix: upgrade the cluster${nodes:+, or remove the label (kubectl label node <node> $device_api_label-)}"
+    return
+  fi
+  if ! "${kc[@]}" get --raw /apis/resource.k8s.io/v1 >/dev/null 2>&1; then
+    echo "PROBLEM $why: the API server does not serve resource.k8s.io/v1 (DeviceClass, ResourceSlice); fix: enable it (kube-apiserver --runtime-config=resource.k8s.io/v1=true)"
+    return
+  fi
+  helper dra-probe --protocol="$protocol" >"$work/dra-probe.yaml"
+  if ! "${kc[@]}" create --dry-run=server -o json -f "$work/dra-probe.yaml" >"$work/dra-probe.json" 2>"$work/dra-probe.err"; then
+    echo "PROBLEM $why: the API server refused a dry-run ResourceSlice and DeviceClass: $(grep -v '^\s*$' "$work/dra-probe.err" | tail -n 1); fix: check the DRA feature gates and your rights (create resourceslices, deviceclasses)"
+    return
+  fi
+  gates=$(helper dra-gates --returned="$work/dra-probe.json")
+  if [[ -n $gates ]]; then
+    echo "PROBLEM $why: the API server drops the fields of the feature gate(s) $gates (TDM shares, MIG counters, device taints, extended resources); fix: start kube-apiserver, kube-controller-manager and kube-scheduler with --feature-gates=$(echo "$gates" | sed 's/ /=true,/g')=true"
+    return
+  fi
+  if [[ -n $nodes ]] && ! $dra; then
+    echo "PROBLEM node(s) $nodes are labelled $device_api_label=dra, but --dra is not given: they run neither the Device Plugin nor the DRA plugin; fix: deploy with --dra"
+    return
+  fi
+  echo "ok      $why: Kubernetes $server_version serves resource.k8s.io/v1 with the DRA gates"
+}
+
 cmd_precheck() {
   local problems=0 line client_version
   log "ok      cluster reachable"
@@ -570,11 +638,19 @@ cmd_precheck() {
       fi
     done
   fi
+  line=$(dra_line)
+  if [[ -n $line ]]; then
+    log "$line"
+    [[ $line != PROBLEM* ]] || problems=$((problems + 1))
+  fi
   if [[ $problems -gt 0 ]]; then die "precheck: $problems problem(s), see the PROBLEM lines above"; fi
   log "precheck passed"
 }
 
 cmd_deploy() {
+  if $dra && ! $dra_served; then
+    die "--dra: Kubernetes $server_version is older than 1.34: it has no resource.k8s.io/v1 for DRA mode; fix: upgrade the cluster, or deploy without --dra (see $0 precheck --dra)"
+  fi
   if $admission && ! $policies_served; then
     die "Kubernetes $server_version is older than 1.30: it has no ValidatingAdmissionPolicy v1 and no node name in ServiceAccount tokens; fix: upgrade the cluster, or deploy with --no-admission-policies (RBAC alone bounds the components then; deploy/README.md, Rights)"
   fi
@@ -654,6 +730,12 @@ cmd_deploy() {
   local rolled=0
   wait_rollouts "${names[@]}" || rolled=1
   record_rollback_points
+  if [[ -n $dra_resource ]]; then
+    run "${kcn[@]}" rollout status "$dra_resource" --timeout="$timeout" || rollout_failed+=(dra-plugin)
+    [[ " ${rollout_failed[*]} " != *" dra-plugin "* ]] || rolled=1
+  elif [[ -n $(dra_nodes) ]]; then
+    log "warning: node(s) $(dra_nodes) are labelled $device_api_label=dra but --dra is not given: they run neither the Device Plugin nor the DRA plugin; fix: deploy with --dra"
+  fi
   if [[ $rolled -ne 0 ]]; then
     die "not rolled out within $timeout: ${rollout_failed[*]}; fix: see '$0 status --components=$(IFS=,; echo "${rollout_failed[*]}") --namespace=$namespace' and kubectl -n $namespace describe pods -l app=lj-runtimekit-<component>"
   fi
@@ -699,8 +781,11 @@ cmd_verify() {
   snapshot
   fetch_pod_metrics
   local problems=0 out
+  local dra_verify=()
+  $dra && dra_verify=(--dra)
   if ! helper verify --snapshot="$work" --components="$components" --namespace="$namespace" \
     --protocol="$protocol" --protocol-name=deploy/protocol.yaml --metrics-dir="$work/metrics" \
+    ${dra_verify[@]+"${dra_verify[@]}"} \
     >"$work/verify.txt" 2>&1; then
     problems=$((problems + $(grep -c '^PROBLEM' "$work/verify.txt" || true)))
     grep -q '^PROBLEM' "$work/verify.txt" || problems=$((problems + 1))
@@ -789,6 +874,11 @@ clean_nodes() {
 cmd_delete() {
   local extra=() others
   $all_selected || extra=(--no-common)
+  if ! $dra && $dra_served && "${kc[@]}" get deviceclasses -l app=lj-runtimekit-dra-plugin -o name 2>/dev/null | grep -q .; then
+    log "DRA mode is installed (its DeviceClasses exist): deleting it too"
+    dra=true
+    extra+=(--dra)
+  fi
   others=$(other_installs)
   if [[ -n $others ]]; then
     extra=(--only-namespace="$namespace")
@@ -806,6 +896,12 @@ cmd_delete() {
   run "${kc[@]}" delete --ignore-not-found --wait=true --timeout="$timeout" \
     ${dry_flags[@]+"${dry_flags[@]}"} -f "$work/manifests.yaml" \
     || die "delete failed (see above); run delete again (it is idempotent)"
+  if $dra && [[ -z $others ]]; then
+    # After the DRA plugin's pods are gone (delete waits), so none publishes them again.
+    run "${kc[@]}" delete resourceslices --field-selector="spec.driver=$dra_driver" \
+      --ignore-not-found ${dry_flags[@]+"${dry_flags[@]}"} \
+      || die "cannot delete the ResourceSlices of driver $dra_driver"
+  fi
   if [[ -z $others && " ${names[*]} " == *" scheduler-framework "* ]]; then
     run "${kcn[@]}" delete lease lj-runtimekit-scheduler-framework --ignore-not-found \
       ${dry_flags[@]+"${dry_flags[@]}"} || die "cannot delete the scheduler's Lease in $namespace"

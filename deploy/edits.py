@@ -21,7 +21,13 @@ from typing import Any
 
 import yaml
 
-from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, COMPONENTS, Component, DeployError
+from lj_runtimekit.deploy.components import (
+    CHECKSUM_ANNOTATION,
+    COMPONENTS,
+    DRA_PLUGIN,
+    Component,
+    DeployError,
+)
 from lj_runtimekit.deploy.generate import kustomizations
 from lj_runtimekit.deploy.manifests import (
     Obj,
@@ -30,6 +36,7 @@ from lj_runtimekit.deploy.manifests import (
     component_files,
     config_checksum,
     default_options,
+    dra_files,
 )
 from lj_runtimekit.proto.pkg.protocol.constants import parse_protocol
 
@@ -188,6 +195,15 @@ def _checksums(files: dict[str, Files], components: tuple[Component, ...]) -> No
                 annotations[CHECKSUM_ANNOTATION] = config_checksum(data)
 
 
+def _files(component: Component | None, opts: Options) -> Files:
+    """The files of a component, of DRA mode (DRA_PLUGIN) or the common ones (None)."""
+    if component is None:
+        return common_files(opts)
+    if component is DRA_PLUGIN:
+        return dra_files(opts)
+    return component_files(component, opts)
+
+
 def _base_options(deploy_dir: Path, opts: Options) -> Options:
     """The options the files were rendered with: the defaults and their protocol."""
     return dataclasses.replace(
@@ -205,11 +221,13 @@ def apply_edits(
     base_opts = _base_options(deploy_dir, opts)
     dirs: list[tuple[str, Component | None]] = [("common", None)] if common else []
     dirs += [(c.directory, c) for c in components]
+    rendered = components
+    if opts.dra:
+        dirs.append((DRA_PLUGIN.directory, DRA_PLUGIN))
+        rendered = (*components, DRA_PLUGIN)
 
     def files_of(options: Options) -> dict[str, Files]:
-        return {
-            d: common_files(options) if c is None else component_files(c, options) for d, c in dirs
-        }
+        return {d: _files(c, options) for d, c in dirs}
 
     base, flagged = files_of(base_opts), files_of(opts)
     edits: list[tuple[str, str, int, Edit]] = []
@@ -251,7 +269,7 @@ def apply_edits(
     for directory, name, index, edit in edits:
         _set(final[directory][name][index], edit.path, edit.value)
     if edits:
-        _checksums(final, components)
+        _checksums(final, rendered)
     lines += _unread(components, base_opts, deploy_dir)
     objs = [doc for _, files in final.items() for docs in files.values() for doc in docs]
     return objs, lines

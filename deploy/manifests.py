@@ -891,8 +891,9 @@ def _node_agent_policy(component: Component, opts: Options) -> list[Obj]:
 
 def _dra_slices_policy(component: Component, opts: Options) -> list[Obj]:
     """The DRA plugin writes only its own node's ResourceSlices of our driver (the node of
-    the pod its token is bound to), and never moves one to another node or driver; a token
-    without a node writes none."""
+    the pod its token is bound to); a token without a node writes none. The API server keeps
+    a slice's node and driver (immutable), so checking the object written (the old one when
+    deleted) covers an update too."""
     driver = opts.protocol.dra.driver
     say = f"{component.app} may write only its own node's ResourceSlices of driver {driver}: "
     extra = f"request.userInfo.?extra[?'{NODE_NAME_EXTRA}'].orValue([])"
@@ -902,12 +903,6 @@ def _dra_slices_policy(component: Component, opts: Options) -> list[Obj]:
             "variables.node != ''",
             say + f"its token carries no node name ({NODE_NAME_EXTRA}: a token bound to"
             " its pod, Kubernetes >= 1.30)",
-        ),
-        _check(
-            "request.operation != 'UPDATE' ||"
-            " (object.spec.?nodeName.orValue('') == oldObject.spec.?nodeName.orValue('') &&"
-            " object.spec.driver == oldObject.spec.driver)",
-            say + "a ResourceSlice keeps its node and driver (no move)",
         ),
         _check(
             f"{node_of} == variables.node",

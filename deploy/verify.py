@@ -13,10 +13,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, Component, DeployError
+from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, DRA_PLUGIN, Component, DeployError
 from lj_runtimekit.deploy.manifests import config_checksum
 from lj_runtimekit.proto.pkg import devicekind
-from lj_runtimekit.proto.pkg.protocol import Protocol, ProtocolError, parse_protocol_text
+from lj_runtimekit.proto.pkg.protocol import (
+    DRA_MODE,
+    Protocol,
+    ProtocolError,
+    parse_protocol_text,
+)
 from lj_runtimekit.proto.pkg.protocolinfo import (
     METRIC,
     NODE_ANNOTATION,
@@ -793,5 +798,74 @@ def check_metrics(text: str, where: str) -> Report:
         report.problems.append(
             f"exporter {where}: no # HELP/# TYPE lines in the answer; fix: kubectl logs the"
             " exporter pod"
+        )
+    return report
+
+
+# -- DRA mode ------------------------------------------------------------------------------------
+
+
+def check_dra(
+    workloads: Iterable[Obj],
+    pods: Iterable[Obj],
+    nodes: Iterable[Obj],
+    device_classes: Iterable[Obj],
+    resource_slices: Iterable[Obj],
+    want_classes: Iterable[str],
+    protocol: Protocol,
+    namespace: str,
+) -> Report:
+    """DRA mode: the driver's DeviceClasses exist; on each enabled node labelled
+    `labels.device_api` = dra the DRA plugin runs (ready) and publishes ResourceSlices of the
+    driver; the DRA plugin's DaemonSet runs nowhere else."""
+    report = Report()
+    driver = protocol.dra.driver
+    live = {_name(c) for c in device_classes}
+    missing = [name for name in want_classes if name not in live]
+    if missing:
+        report.problems.append(
+            f"{DRA_PLUGIN.name}: DeviceClass(es) {', '.join(missing)} missing; fix: deploy-all.sh"
+            " deploy --dra"
+        )
+    else:
+        report.ok.append(f"{DRA_PLUGIN.name}: {len(live)} DeviceClass(es) of driver {driver}")
+    api = protocol.labels.device_api
+    dra_nodes = sorted(
+        _name(n)
+        for n in nodes
+        if _labels(n).get(protocol.labels.enable) == "true" and _labels(n).get(api) == DRA_MODE
+    )
+    if not dra_nodes:
+        report.info.append(
+            f"{DRA_PLUGIN.name}: no enabled node is labelled {api}={DRA_MODE}: the DRA plugin"
+            f" runs nowhere (kubectl label node <gpu-node> {api}={DRA_MODE})"
+        )
+        return report
+    workloads = list(workloads)
+    report.extend(check_workloads([DRA_PLUGIN], workloads, pods, namespace, protocol.labels.enable))
+    devices: dict[str, int] = {}
+    for item in resource_slices:
+        spec = item.get("spec") or {}
+        if spec.get("driver") == driver and spec.get("nodeName"):
+            node = str(spec["nodeName"])
+            devices[node] = devices.get(node, 0) + len(spec.get("devices") or [])
+    for node in dra_nodes:
+        if node not in devices:
+            report.problems.append(
+                f"{DRA_PLUGIN.name}: node {node} ({api}={DRA_MODE}) publishes no ResourceSlice of"
+                f" driver {driver}; fix: read its DRA plugin's log (kubectl -n {namespace} get"
+                f" pods -l app={DRA_PLUGIN.app} --field-selector spec.nodeName={node}, then"
+                " kubectl logs)"
+            )
+        else:
+            report.ok.append(
+                f"{DRA_PLUGIN.name}: node {node} publishes {devices[node]} device(s) of {driver}"
+            )
+    strays = sorted(set(devices) - set(dra_nodes))
+    if strays:
+        report.info.append(
+            f"{DRA_PLUGIN.name}: ResourceSlices of {driver} for nodes not in DRA mode:"
+            f" {', '.join(strays)} (left by a node moved back to the Device Plugin; deploy-all.sh"
+            " delete --dra removes them all)"
         )
     return report
