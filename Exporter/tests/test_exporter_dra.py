@@ -71,7 +71,7 @@ class PodResourcesServer:
         self._response = response
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         service, method = LIST_METHOD.strip("/").split("/")
-        handler = grpc.unary_unary_rpc_method_handler(
+        handler: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
             self._list,
             request_deserializer=MESSAGES["ListPodResourcesRequest"].FromString,
             response_serializer=lambda m: m.SerializeToString(),

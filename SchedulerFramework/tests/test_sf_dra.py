@@ -70,7 +70,7 @@ def test_pod_without_claims_is_untouched(cluster: FakeCluster) -> None:
 
 def test_dra_node_with_stale_inventory_offers_no_device() -> None:
     cache = Cache(PROTOCOL)
-    obj = {
+    obj: dict[str, Any] = {
         "metadata": {"name": "n", "labels": DRA_LABEL, "annotations": stale_inventory()},
         "status": {"allocatable": {GPU: "8"}},
     }

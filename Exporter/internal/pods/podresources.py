@@ -102,7 +102,7 @@ class PodResourcesReader:
         """The containers of the node's pods using each claim; PodResourcesError."""
         if self._channel is None:
             self._channel = grpc.aio.insecure_channel(f"unix://{self.socket_path}")
-        call = self._channel.unary_unary(
+        call: grpc.aio.UnaryUnaryMultiCallable[Any, Any] = self._channel.unary_unary(
             LIST_METHOD,
             request_serializer=lambda m: m.SerializeToString(),
             response_deserializer=MESSAGES["ListPodResourcesResponse"].FromString,
