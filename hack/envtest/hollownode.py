@@ -135,7 +135,8 @@ class HollowNode:
     @property
     def plugins_dir(self) -> Path:
         """`<root>/plugins`, the node's /var/lib/kubelet/plugins: where DRA plugins keep
-        their service sockets (`<driver>/dra.sock`). Made by `prepare`."""
+        their service sockets (`<driver>/dra.sock`). Made by `prepare`, as
+        `plugins_registry`."""
         return self.root_dir / "plugins"
 
     @property
@@ -223,7 +224,7 @@ class HollowNode:
         for path in (self.registration_socket, self.pod_resources_socket):
             if len(str(path)) > _MAX_SOCKET_PATH:
                 raise HollowNodeError(f"socket path too long for a unix socket: {path}")
-        for directory in (self.root_dir, self.plugin_dir, self.plugins_dir):
+        for directory in (self.root_dir, self.plugin_dir, self.plugins_registry, self.plugins_dir):
             directory.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.address)
