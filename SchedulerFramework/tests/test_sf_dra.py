@@ -8,6 +8,7 @@ from typing import Any
 from lj_runtimekit.proto.pkg.protocol import DRA_MODE, NodeDevice, encode_inventory
 from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
+from lj_runtimekit.schedulerframework.internal.extender.server import Extender
 from lj_runtimekit.schedulerframework.internal.plugins.dynamicresources import claim_names
 from lj_runtimekit.testkit.scheduler.fake import CORE, GPU, MEM, PROTOCOL, FakeCluster
 from lj_runtimekit.testkit.waits import wait_for
@@ -122,6 +123,20 @@ def test_node_leaving_dra_mode_brings_device_pods_back(make_cluster: MakeCluster
     cluster.add_node("n", annotations=stale_inventory())  # the label removed
 
     placed_on(cluster, "n", uid)
+
+
+def test_extender_leaves_claims_to_the_kube_scheduler_and_refuses_dra_nodes(
+    cluster: FakeCluster,
+) -> None:
+    cluster.add_node("dp")
+    cluster.add_node("dra", labels=DRA_LABEL, annotations=stale_inventory())
+    ext = Extender(cluster.scheduler)
+    uid = cluster.add_pod(
+        "claims", {GPU: "1"}, scheduler_name="default-scheduler", resourceClaims=CLAIMS
+    )
+    answer = ext.filter({"Pod": cluster.pods[uid], "NodeNames": ["dp", "dra"]})
+    assert answer["NodeNames"] == ["dp"]  # the kube-scheduler allocates the claims
+    assert answer["FailedNodes"] == {"dra": f"Insufficient {GPU}"}  # the DRA node offers none
 
 
 def test_claim_names_reads_the_spec() -> None:

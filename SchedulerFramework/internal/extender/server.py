@@ -53,6 +53,9 @@ from lj_runtimekit.schedulerframework.internal.plugins import (
     tainttoleration,
 )
 from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.plugin import gang_key
+from lj_runtimekit.schedulerframework.internal.plugins.dynamicresources import (
+    CLAIMS_ALLOCATED_ELSEWHERE,
+)
 from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -133,6 +136,7 @@ class Extender:
         gang = gang_key(pod, self.scheduler.protocol.annotations.gang_group)
         if gang is not None:
             return None, unresolvable(GANG_REFUSED.format(pod=pod.key, gang=gang))
+        state.write(CLAIMS_ALLOCATED_ELSEWHERE, True)  # the kube-scheduler allocates them
         return self.framework.run_pre_filter(state, pod)
 
     def filter(self, body: Mapping[str, Any]) -> dict[str, Any]:

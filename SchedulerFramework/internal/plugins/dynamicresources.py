@@ -2,7 +2,8 @@
 
 This scheduler does not allocate ResourceClaims. A pod with `spec.resourceClaims` it bound
 would be refused by the kubelet or run with its claim unallocated, so PreFilter turns it
-away for good, saying to leave it to the default scheduler. A node labelled
+away for good, saying to leave it to the default scheduler (in extender mode the
+kube-scheduler allocates them: `CLAIMS_ALLOCATED_ELSEWHERE`). A node labelled
 `labels.device_api` = `dra` serves its devices through DRA, not the Device Plugin: the
 cache gives it no device (NodeInfo.dra, whatever inventory annotation it still carries),
 and Filter turns device pods away from it saying so. Both checks are O(1) per pod and node.
@@ -39,6 +40,9 @@ from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import de
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import RequestError
 
 NAME = "DynamicResources"
+CLAIMS_ALLOCATED_ELSEWHERE = "DynamicResources/claims-allocated-elsewhere"
+"""CycleState key a caller sets when the kube-scheduler allocates the pod's claims (extender
+mode): PreFilter then lets a pod with claims through."""
 
 
 def claim_names(pod: PodInfo) -> list[str]:
@@ -76,7 +80,7 @@ class DynamicResources(PreFilterPlugin, FilterPlugin, EnqueueExtensions, Queuein
 
     def pre_filter(self, state: CycleState, pod: PodInfo) -> tuple[PreFilterResult | None, Status]:
         names = claim_names(pod)
-        if names:
+        if names and state.read(CLAIMS_ALLOCATED_ELSEWHERE) is None:
             return None, unresolvable(
                 f"pod has spec.resourceClaims ({', '.join(names)}) and scheduler "
                 f"{pod.scheduler_name} does not allocate ResourceClaims: set "
