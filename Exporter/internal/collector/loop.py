@@ -192,14 +192,16 @@ class CollectionLoop:
         return view
 
     async def _claim_users(self) -> dict[ClaimKey, tuple[ClaimUser, ...]]:
-        """Who uses the Runtime's DRA claims (PodResources); none while it does not answer."""
+        """Who uses the Runtime's DRA claims (PodResources); none while it does not answer,
+        or when it is not read (`--pod-resources-socket ""`)."""
+        if self._pod_resources is None:
+            return {}
         users: dict[ClaimKey, tuple[ClaimUser, ...]] = {}
-        error: str | None = "no PodResources socket configured (--pod-resources-socket)"
-        if self._pod_resources is not None:
-            try:
-                users, error = await self._pod_resources.claim_users(), None
-            except PodResourcesError as exc:
-                error = str(exc)
+        error: str | None = None
+        try:
+            users = await self._pod_resources.claim_users()
+        except PodResourcesError as exc:
+            error = str(exc)
         if error is not None:
             self._metrics.error("podresources")
         if error != self._pod_resources_error:
