@@ -365,7 +365,11 @@ def cmd_dra_probe(args: argparse.Namespace) -> int:
 
 def cmd_dra_gates(args: argparse.Namespace) -> int:
     """Print the DRA feature gates whose fields the dry run of `dra-probe` dropped."""
-    missing = dracheck.missing_gates(_load_json(args.returned))
+    try:
+        returned = dracheck.returned_objects(Path(args.returned).read_text())
+    except (OSError, ValueError) as exc:
+        raise DeployError(f"cannot read {args.returned}: {exc}") from exc
+    missing = dracheck.missing_gates(returned)
     if missing:
         print(" ".join(missing))
     return 0

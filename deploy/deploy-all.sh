@@ -541,12 +541,16 @@ dra_line() {
     echo "PROBLEM $why: the API server does not serve resource.k8s.io/v1 (DeviceClass, ResourceSlice); fix: enable it (kube-apiserver --runtime-config=resource.k8s.io/v1=true)"
     return
   fi
-  helper dra-probe --protocol="$protocol" >"$work/dra-probe.yaml"
+  helper dra-probe --protocol="$protocol" >"$work/dra-probe.yaml" 2>&1 \
+    || { echo "PROBLEM $why: $(sed 's/^error: //' "$work/dra-probe.yaml")"; return; }
   if ! "${kc[@]}" create --dry-run=server -o json -f "$work/dra-probe.yaml" >"$work/dra-probe.json" 2>"$work/dra-probe.err"; then
     echo "PROBLEM $why: the API server refused a dry-run ResourceSlice and DeviceClass: $(grep -v '^\s*$' "$work/dra-probe.err" | tail -n 1); fix: check the DRA feature gates and your rights (create resourceslices, deviceclasses)"
     return
   fi
-  gates=$(helper dra-gates --returned="$work/dra-probe.json")
+  if ! gates=$(helper dra-gates --returned="$work/dra-probe.json" 2>&1); then
+    echo "PROBLEM $why: cannot read the dry run's answer: ${gates#error: }"
+    return
+  fi
   if [[ -n $gates ]]; then
     echo "PROBLEM $why: the API server drops the fields of the feature gate(s) $gates (TDM shares, MIG counters, device taints, extended resources); fix: start kube-apiserver, kube-controller-manager and kube-scheduler with --feature-gates=$(echo "$gates" | sed 's/ /=true,/g')=true"
     return

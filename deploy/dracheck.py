@@ -8,6 +8,7 @@ and names each gate whose field did not come back.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,20 +65,35 @@ GATES: Mapping[str, tuple[str, ...]] = {
 """Each gate and the device field it keeps."""
 
 
-def missing_gates(returned: Mapping[str, Any]) -> list[str]:
-    """The gates whose fields the API server dropped from the probe objects (`returned`: what
-    `kubectl create --dry-run=server -o json` printed, a List or one object)."""
-    items = returned.get("items") if returned.get("kind") == "List" else [returned]
-    missing: list[str] = []
-    for item in items or []:
+def returned_objects(text: str) -> list[Obj]:
+    """The objects `kubectl create --dry-run=server -o json` printed: one JSON document per
+    object, or a List."""
+    decoder = json.JSONDecoder()
+    objects: list[Obj] = []
+    at = 0
+    while (at := _skip_space(text, at)) < len(text):
+        doc, at = decoder.raw_decode(text, at)
+        objects += (doc.get("items") or []) if doc.get("kind") == "List" else [doc]
+    return objects
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
+
+
+def missing_gates(returned: list[Obj]) -> list[str]:
+    """The gates whose fields the API server dropped from the probe objects (`returned`, as
+    `returned_objects` reads them)."""
+    missing: set[str] = set()
+    for item in returned:
         spec = item.get("spec") or {}
         if item.get("kind") == "ResourceSlice":
-            devices = spec.get("devices") or [{}]
-            for gate, fields in GATES.items():
-                if any(f not in devices[0] for f in fields):
-                    missing.append(gate)
-            if "sharedCounters" not in spec and "DRAPartitionableDevices" not in missing:
-                missing.append("DRAPartitionableDevices")
+            device = (spec.get("devices") or [{}])[0]
+            missing |= {g for g, fields in GATES.items() if any(f not in device for f in fields)}
+            if "sharedCounters" not in spec:
+                missing.add("DRAPartitionableDevices")
         elif item.get("kind") == "DeviceClass" and "extendedResourceName" not in spec:
-            missing.append("DRAExtendedResource")
+            missing.add("DRAExtendedResource")
     return sorted(missing)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
-from lj_runtimekit.deploy import manifests
+from lj_runtimekit.deploy import manifests, verify
 from lj_runtimekit.deploy.components import BY_NAME, COMPONENTS, DRA_PLUGIN
 from lj_runtimekit.envtest import DRA_GATES, ControlPlane, ControlPlaneConfig
 from lj_runtimekit.envtest.controlplane import ControlPlaneError
@@ -95,6 +96,23 @@ def install() -> Iterator[Install]:
             "-f",
             "-",
             stdin=manifests.dump(inst.objects),
+        )
+        # The API server enforces a new policy once its informer has it.
+        plugin = custom(inst.as_plugin("node-a"))
+        wait_for(
+            lambda: (
+                POLICY_SAYS
+                in refusal(
+                    lambda: plugin.create_cluster_custom_object(
+                        *RESOURCE,
+                        "resourceslices",
+                        resource_slice("probe", "node-b"),
+                        dry_run="All",
+                    )
+                )
+            ),
+            30,
+            "the own-slices admission policy in force",
         )
         yield inst
         inst.admin.close()
@@ -393,3 +411,141 @@ def test_the_chart_renders_the_dra_objects() -> None:
     for name, docs in files.items():
         path = ROOT / "deploy" / DRA_PLUGIN.directory / name
         assert [d for d in yaml.safe_load_all(path.read_text()) if d] == docs
+
+
+# -- deploy-all.sh: precheck, verify, delete -------------------------------------------------------
+
+SCRIPT = ROOT / "deploy" / "deploy-all.sh"
+
+
+def deploy_all(
+    cp: ControlPlane, tmp: Path, *args: str, namespace: str = "lj-dra-script"
+) -> subprocess.CompletedProcess[str]:
+    env = dict(
+        os.environ,
+        KUBECTL=tool("kubectl"),
+        KUBECONFIG=str(cp.kubeconfig_path),
+        LJ_DEPLOY_LOG_DIR=str(tmp / "logs"),
+    )
+    argv = [
+        "bash",
+        str(SCRIPT),
+        *args,
+        f"--namespace={namespace}",
+        f"--jobs-namespace={namespace}-jobs",
+        "--timeout=60s",
+    ]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240, check=False)
+
+
+def said(out: str) -> list[str]:
+    """deploy-all.sh's lines without their time and command prefix."""
+    return [line.split("] ", 1)[-1] for line in out.splitlines()]
+
+
+def test_precheck_says_dra_mode_is_served_and_names_a_node_labelled_without_dra(
+    install: Install, tmp_path: Path
+) -> None:
+    out = deploy_all(install.cp, tmp_path, "precheck", "--dra").stdout
+    assert (
+        "ok      DRA mode (--dra): Kubernetes v1.34.4 serves resource.k8s.io/v1 with the DRA gates"
+        in said(out)
+    ), out
+    nodes = NodeFactory(install.admin, group="precheck")
+    try:
+        nodes.create("dra-precheck", wait=False, labels={PROTOCOL.labels.device_api: DRA_MODE})
+        out = deploy_all(install.cp, tmp_path, "precheck").stdout
+    finally:
+        nodes.cleanup()
+    problems = [line for line in said(out) if "DRA" in line or "--dra" in line]
+    assert problems == [
+        f"PROBLEM node(s) dra-precheck are labelled {PROTOCOL.labels.device_api}=dra, but --dra"
+        " is not given: they run neither the Device Plugin nor the DRA plugin; fix: deploy"
+        " with --dra"
+    ], out
+
+
+def test_precheck_names_the_missing_dra_gates_in_one_line(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """On the same release without the alpha DRA gates the probe's fields are dropped."""
+    result = deploy_all(control_plane, tmp_path, "precheck", "--dra")
+    assert result.returncode == 1
+    lines = [line for line in said(result.stdout) if "DRA mode" in line]
+    assert lines == [
+        "PROBLEM DRA mode (--dra): the API server drops the fields of the feature gate(s)"
+        " DRAConsumableCapacity DRADeviceTaints DRAExtendedResource DRAPartitionableDevices"
+        " (TDM shares, MIG counters, device taints, extended resources); fix: start"
+        " kube-apiserver, kube-controller-manager and kube-scheduler with --feature-gates="
+        "DRAConsumableCapacity=true,DRADeviceTaints=true,DRAExtendedResource=true,"
+        "DRAPartitionableDevices=true"
+    ], result.stdout
+
+
+def _node(name: str, *, dra: bool) -> dict[str, Any]:
+    labels = {PROTOCOL.labels.enable: "true"}
+    if dra:
+        labels[PROTOCOL.labels.device_api] = DRA_MODE
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def test_verify_checks_the_classes_and_each_dra_nodes_slices() -> None:
+    """Pure logic over the snapshot: classes present, a slice per DRA node."""
+    want = [c["metadata"]["name"] for c in manifests.device_classes(OPTS)]
+    classes = [{"metadata": {"name": name}} for name in want]
+    nodes = [_node("a", dra=True), _node("b", dra=True), _node("c", dra=False)]
+    slices = [resource_slice("s1", "a"), resource_slice("s2", "c")]
+    ds = {
+        "kind": "DaemonSet",
+        "metadata": {"name": DRA_PLUGIN.workload},
+        "status": {"desiredNumberScheduled": 2, "numberReady": 2},
+    }
+    report = verify.check_dra([ds], [], nodes, classes[1:], slices, want, PROTOCOL, "ns")
+    assert report.problems == [
+        f"dra-plugin: DeviceClass(es) {want[0]} missing; fix: deploy-all.sh deploy --dra",
+        f"dra-plugin: node b ({PROTOCOL.labels.device_api}=dra) publishes no ResourceSlice of"
+        f" driver {DRIVER}; fix: read its DRA plugin's log (kubectl -n ns get pods"
+        f" -l app={DRA_PLUGIN.app} --field-selector spec.nodeName=b, then kubectl logs)",
+    ]
+    assert f"dra-plugin: node a publishes 1 device(s) of {DRIVER}" in report.ok
+    assert any("nodes not in DRA mode: c" in line for line in report.info)
+    report = verify.check_dra([ds], [], nodes[2:], classes, [], want, PROTOCOL, "ns")
+    assert report.problems == []
+    assert "runs nowhere" in report.info[0]
+
+
+def test_delete_removes_the_dra_objects_and_the_drivers_slices(
+    install: Install, tmp_path: Path
+) -> None:
+    """Last in this module: delete (DRA mode found by its DeviceClasses, no --dra) removes
+    the DeviceClasses, the DRA plugin and our driver's ResourceSlices; another driver's stay."""
+    admin = custom(install.admin)
+    for name, node, driver in (
+        ("ours-a", "node-a", DRIVER),
+        ("ours-b", "node-b", DRIVER),
+        ("theirs", "node-a", "gpu.example.com"),
+    ):
+        admin.create_cluster_custom_object(
+            *RESOURCE, "resourceslices", resource_slice(name, node, driver)
+        )
+    result = deploy_all(
+        install.cp,
+        tmp_path,
+        "delete",
+        "--components=device-plugin",
+        namespace=install.opts.namespace,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "DRA mode is installed (its DeviceClasses exist): deleting it too" in result.stdout
+    left = admin.list_cluster_custom_object(*RESOURCE, "resourceslices")["items"]
+    assert [s["metadata"]["name"] for s in left] == ["theirs"]
+    assert not admin.list_cluster_custom_object(*RESOURCE, "deviceclasses")["items"]
+    with pytest.raises(ApiException) as gone:
+        k8s_client.AppsV1Api(install.admin).read_namespaced_daemon_set(
+            DRA_PLUGIN.workload, install.opts.namespace
+        )
+    assert gone.value.status == 404
+    # The other components stay.
+    k8s_client.AppsV1Api(install.admin).read_namespaced_daemon_set(
+        BY_NAME["exporter"].workload, install.opts.namespace
+    )
