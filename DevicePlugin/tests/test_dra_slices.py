@@ -84,12 +84,17 @@ def test_tdm_node_is_one_pool_of_shareable_gpus() -> None:
 def test_mig_node_publishes_instances_with_counters_of_their_gpu() -> None:
     devices = example_devices("mig-8gpu")
     slices = _build(devices)
-    assert len(slices) == 1
+    # GPUs in one slice, MIG instances with their counter sets in another.
+    assert [[d["name"].count("-mig-") for d in s["spec"]["devices"]] for s in slices] == [
+        [0] * 6,
+        [1] * 9,
+    ]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {2}
+    assert "sharedCounters" not in slices[0]["spec"]
     published = _devices(slices)
     assert "gpu-6" not in published
     assert "gpu-7" not in published
-    assert sorted(n for n in published if "-mig-" not in n) == [f"gpu-{i}" for i in range(6)]
-    counter_sets = {c["name"]: c["counters"] for c in slices[0]["spec"]["sharedCounters"]}
+    counter_sets = {c["name"]: c["counters"] for c in slices[1]["spec"]["sharedCounters"]}
     assert sorted(counter_sets) == ["gpu-6", "gpu-7"]
     for parent in devices[6:]:
         assert counter_sets[f"gpu-{parent.index}"] == {
@@ -159,8 +164,8 @@ def test_unhealthy_devices_are_tainted_or_left_out() -> None:
     assert sorted(without) == sorted(set(published) - set(tainted))
     assert not any("taints" in d for d in without.values())
     # The counter set of gpu-7 left with its instances.
-    (sliced,) = _build(devices, taints_supported=False)
-    assert [c["name"] for c in sliced["spec"]["sharedCounters"]] == ["gpu-6"]
+    _, mig = _build(devices, taints_supported=False)
+    assert [c["name"] for c in mig["spec"]["sharedCounters"]] == ["gpu-6"]
 
 
 def test_unknown_kinds_and_modes_are_never_published() -> None:

@@ -17,6 +17,9 @@ from lj_runtimekit.runtimesim.services import device_message
 from lj_runtimekit.runtimesim.state import NodeState
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
+DRA_APISERVER_ARGS = ["--runtime-config=resource.k8s.io/v1alpha3=true"]
+"""kube-apiserver arguments beside the DRA gates: kube-scheduler with DRADeviceTaints watches
+DeviceTaintRules (resource.k8s.io/v1alpha3) and schedules nothing until that API is served."""
 
 
 def example_devices(example: str, node_name: str | None = None) -> list[pb.Device]:
@@ -67,9 +70,11 @@ def claim_pod(
     init_containers: Sequence[Mapping[str, Sequence[str]]] = (),
     limits: Mapping[str, str] | None = None,
     namespace: str = "default",
+    node: str | None = None,
 ) -> dict[str, Any]:
     """A pod whose `claims` (pod claim name -> ResourceClaimTemplate name) are used by the
-    containers listed as {container name: pod claim names}; `limits` go on every container."""
+    containers listed as {container name: pod claim names}; `limits` go on every container;
+    `node` pins it to a node (by its hostname label)."""
 
     def container(name: str, used: Sequence[str]) -> dict[str, Any]:
         resources: dict[str, Any] = {}
@@ -82,8 +87,9 @@ def claim_pod(
     spec: dict[str, Any] = {
         "containers": [container(n, u) for c in containers for n, u in c.items()],
         "resourceClaims": [{"name": c, "resourceClaimTemplateName": t} for c, t in claims.items()],
-        "tolerations": [{"operator": "Exists"}],
     }
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     if init_containers:
         spec["initContainers"] = [container(n, u) for c in init_containers for n, u in c.items()]
     return {

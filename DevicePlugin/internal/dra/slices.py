@@ -12,6 +12,11 @@ that allows multiple allocations once per allocation within one scheduling cycle
 never across cycles, so counters would refuse a second share in one pod and guard
 nothing else. An unhealthy device gets a NoSchedule taint (or, without device taints,
 is left out).
+
+Devices and MIG instances go to separate slices: kube-scheduler 1.34 re-checks the capacity
+of the n-th device of a request against the n-th device of the candidate's slice, so in a
+shared slice a partly used TDM device at its head would refuse every MIG instance of the
+node; kept apart, a request's candidates are all in one slice (up to the API limits).
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ class _Unit:
 
     devices: list[dict[str, Any]] = field(default_factory=list)
     counter_set: dict[str, Any] | None = None
+    mig: bool = False
 
     @property
     def shared_counters(self) -> int:
@@ -224,7 +230,7 @@ class _Builder:
         return unit
 
     def _mig_unit(self, device: pb.Device, healthy: bool) -> _Unit | None:
-        unit = _Unit()
+        unit = _Unit(mig=True)
         for instance in device.mig_instances:
             out: dict[str, Any] = {
                 "name": mig_name(device, instance),
@@ -260,16 +266,16 @@ class _Builder:
 
 
 def _pack(units: Sequence[_Unit]) -> list[list[_Unit]]:
-    """Units in index order, into as few slices as the API limits allow (at least one)."""
-    groups: list[list[_Unit]] = [[]]
+    """Units in index order, into as few slices as the API limits allow."""
+    groups: list[list[_Unit]] = []
     for unit in units:
-        group = groups[-1]
+        group = groups[-1] if groups else []
         fits = (
             sum(len(u.devices) for u in group) + len(unit.devices) <= MAX_DEVICES
             and sum(u.shared_counters for u in group) + unit.shared_counters <= MAX_SHARED_COUNTERS
             and sum(u.device_counters for u in group) + unit.device_counters <= MAX_DEVICE_COUNTERS
         )
-        if group and not fits:
+        if not groups or not fits:
             groups.append([])
         groups[-1].append(unit)
     return groups
@@ -299,7 +305,8 @@ def build_slices(
     driver = protocol.dra.driver
     builder = _Builder(devices, driver, taints_supported)
     units = [u for d in sorted(devices, key=lambda d: d.index) if (u := builder.unit(d))]
-    groups = _pack(units)
+    groups = _pack([u for u in units if not u.mig]) + _pack([u for u in units if u.mig])
+    groups = groups or [[]]
     metadata_extra: dict[str, Any] = {}
     if node_uid:
         metadata_extra["ownerReferences"] = [
