@@ -6,8 +6,10 @@ the node name a pod-bound token carries), and the chart renders the same objects
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -549,3 +551,26 @@ def test_delete_removes_the_dra_objects_and_the_drivers_slices(
     k8s_client.AppsV1Api(install.admin).read_namespaced_daemon_set(
         BY_NAME["exporter"].workload, install.opts.namespace
     )
+
+
+def test_the_daemonsets_command_line_parses_with_the_dra_plugins_flags() -> None:
+    try:
+        module = importlib.import_module("lj_runtimekit.deviceplugin.cmd.dra_plugin.main")
+    except ImportError as exc:  # the component is not in this tree yet
+        pytest.skip(f"lj-dra-plugin is not installed: {exc}")
+    container = manifests.workload(DRA_PLUGIN, OPTS)["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["lj-dra-plugin"]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in (
+        container["env"]
+    )
+    args = [a.replace("$(NODE_NAME)", "gpu-node-1") for a in container["args"]]
+    parser = module._parser()
+    ns = vars(parser.parse_args(args))
+    assert ns["node_name"] == "gpu-node-1"
+    assert ns["kubelet_dir"] == "/var/lib/kubelet"
+    assert ns["cdi_dir"] == "/var/run/cdi"
+    assert ns["state_dir"] == f"/var/lib/kubelet/plugins/{DRIVER}"
+    assert ns["runtime_socket"] == "/run/amp/eKitC/xdm/sockets/runtime.sock"
+    mirrored = re.findall(r"\(env ([A-Z0-9_]+)", " ".join(parser.format_help().split()))
+    for setting in manifests.SETTINGS[DRA_PLUGIN.name]:
+        assert setting.env in mirrored, f"lj-dra-plugin reads no {setting.env}"
