@@ -552,7 +552,7 @@ dra_line() {
     return
   fi
   if [[ -n $gates ]]; then
-    echo "PROBLEM $why: the API server drops the fields of the feature gate(s) $gates (TDM shares, MIG counters, device taints, extended resources); fix: start kube-apiserver, kube-controller-manager and kube-scheduler with --feature-gates=$(echo "$gates" | sed 's/ /=true,/g')=true"
+    echo "PROBLEM $why: the API server drops the fields of the feature gate(s) $gates (TDM shares, MIG counters, device taints, extended resources); fix: start kube-apiserver, kube-controller-manager and kube-scheduler with --feature-gates=${gates// /=true,}=true"
     return
   fi
   if [[ -n $nodes ]] && ! $dra; then
