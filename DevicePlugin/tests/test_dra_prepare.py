@@ -476,3 +476,39 @@ def test_damaged_checkpoint_is_refused(tmp_path: Path) -> None:
     checkpoint.path.write_text("{")
     with pytest.raises(CheckpointError, match=f"checkpoint {checkpoint.path} is unreadable"):
         Checkpoint(tmp_path).load()
+
+
+async def test_claim_of_other_drivers_only_holds_nothing(node: Node, ns: str) -> None:
+    ref = write_claim(node.kube, ns, "foreign", [result("nic-0", driver="net.example.com")])
+    preparer = node.preparer()
+    await preparer.reconcile()
+    (claim,) = await prepared(preparer, ref)
+    assert claim.devices == ()
+    assert node.held() == {}
+    assert node.specs() == []
+
+
+async def test_repeat_is_answered_from_the_checkpoint_while_the_api_server_is_away(
+    node: Node, ns: str, tmp_path: Path
+) -> None:
+    ref = write_claim(node.kube, ns, "offline", [result("gpu-6")])
+    preparer = node.preparer()
+    await preparer.reconcile()
+    (claim,) = await prepared(preparer, ref)
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    node.kube = KubeClient.connect(str(kubeconfig))
+    restarted = node.preparer()
+    await restarted.reconcile()
+    assert await restarted.prepare([ref]) == {ref.uid: claim}
+    assert list(node.held()) == [container_key(ref.uid)]
+    other = ClaimRef(ns, "unknown", str(uuid.uuid4()))
+    error = (await restarted.prepare([other]))[other.uid]
+    assert isinstance(error, str)
+    assert "cannot read it from the API server" in error
