@@ -516,6 +516,32 @@ def test_verify_checks_the_classes_and_each_dra_nodes_slices() -> None:
     assert "runs nowhere" in report.info[0]
 
 
+def test_deploy_and_verify_with_dra(install: Install, tmp_path: Path) -> None:
+    """deploy --dra applies the DRA objects beside a component and waits for the DRA plugin's
+    rollout; verify --dra checks the classes and says no node is in DRA mode."""
+    ns = install.opts.namespace
+    result = deploy_all(
+        install.cp,
+        tmp_path,
+        "deploy",
+        "--dra",
+        "--components=exporter",
+        "--overwrite-config",
+        namespace=ns,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f'daemon set "{DRA_PLUGIN.workload}" successfully rolled out' in result.stdout
+    result = deploy_all(
+        install.cp, tmp_path, "verify", "--dra", "--components=exporter", namespace=ns
+    )
+    lines = said(result.stdout)
+    count = len(manifests.device_classes(OPTS))
+    assert f"ok      dra-plugin: {count} DeviceClass(es) of driver {DRIVER}" in lines, result.stdout
+    assert any(
+        line.startswith("info    dra-plugin: no enabled node is labelled") for line in lines
+    ), result.stdout
+
+
 def test_delete_removes_the_dra_objects_and_the_drivers_slices(
     install: Install, tmp_path: Path
 ) -> None:
