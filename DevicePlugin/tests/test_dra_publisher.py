@@ -1,0 +1,261 @@
+"""The slice publisher against a real API server, with the Runtime simulator in process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from lj_runtimekit.deviceplugin.internal.dra.publisher import SlicePublisher
+from lj_runtimekit.envtest import NodeFactory
+from lj_runtimekit.envtest.controlplane import DRA_GATES, ControlPlane, ControlPlaneConfig
+from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
+from lj_runtimekit.proto.pkg.kube import KubeClient
+from lj_runtimekit.proto.pkg.protocol import load_protocol
+from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
+from lj_runtimekit.runtimesim.node import load_node_file
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
+from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET, Simulator
+from lj_runtimekit.testkit.dra import DRA_APISERVER_ARGS, RESOURCE_API
+from lj_runtimekit.testkit.waits import NotYet, wait_for
+
+pytestmark = pytest.mark.controlplane
+
+PROTOCOL = load_protocol()
+DRIVER = PROTOCOL.dra.driver
+SLICES = f"{RESOURCE_API}/resourceslices"
+_T = TypeVar("_T")
+
+
+@pytest.fixture(scope="module")
+def dra_plane(k8s_tools: object) -> Iterator[ControlPlane]:
+    """A control plane with the DRA gates (no scheduler needed)."""
+    config = ControlPlaneConfig(
+        feature_gates=DRA_GATES, extra_apiserver_args=DRA_APISERVER_ARGS, scheduler=False
+    )
+    plane = ControlPlane(config).start()
+    yield plane
+    plane.stop()
+
+
+class Node:
+    """A node of a control plane with the Runtime simulator of an example node."""
+
+    def __init__(self, kube: KubeClient, name: str, sim: Simulator, workdir: Path) -> None:
+        self.kube = kube
+        self.name = name
+        self.sim = sim
+        self.workdir = workdir
+
+    def publisher(self) -> SlicePublisher:
+        runtime = RuntimeClient(self.workdir / "sim", RUNTIME_SOCKET, RetryPolicy(attempts=2))
+        return SlicePublisher(self.kube, runtime, PROTOCOL, self.name, max_backoff_s=0.5)
+
+    def slices(self, driver: str = DRIVER) -> dict[str, dict[str, Any]]:
+        """This node's slices of `driver` by name."""
+        selector = f"spec.nodeName={self.name},spec.driver={driver}"
+        items, _ = self.kube.list_all(SLICES, {"fieldSelector": selector})
+        return {s["metadata"]["name"]: s for s in items}
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        return {d["name"]: d for s in self.slices().values() for d in s["spec"]["devices"]}
+
+    async def wait(self, check: Callable[[], _T | NotYet | None], what: str) -> _T:
+        """Wait (in a thread, the publisher runs on the loop) until `check` holds."""
+        return await asyncio.to_thread(wait_for, check, 30, what)
+
+    async def at_generation(self, generation: int) -> dict[str, dict[str, Any]]:
+        """The pool once every slice has `generation` and the count is complete."""
+
+        def check() -> dict[str, dict[str, Any]] | NotYet:
+            slices = self.slices()
+            pools = [s["spec"]["pool"] for s in slices.values()]
+            if pools and all(
+                p["generation"] == generation and p["resourceSliceCount"] == len(pools)
+                for p in pools
+            ):
+                return slices
+            return NotYet(str(pools))
+
+        return await self.wait(check, f"pool of {self.name} at generation {generation}")
+
+    async def set_health(self, device_id: str, healthy: bool, reason: str = "") -> None:
+        """Through the simulator's admin API."""
+        async with grpc.aio.insecure_channel(f"unix:{self.sim.admin_path}") as channel:
+            await admin_pb2_grpc.SimulatorAdminStub(channel).SetDeviceHealth(
+                admin_pb2.SetDeviceHealthRequest(
+                    device_id=device_id, healthy=healthy, reason=reason
+                )
+            )
+
+
+@contextlib.asynccontextmanager
+async def node_with_sim(
+    plane: ControlPlane, workdir: Path, example: str, name: str
+) -> AsyncIterator[Node]:
+    api = plane.api_client()
+    kube = KubeClient.connect(str(plane.kubeconfig_path))
+    factory = NodeFactory(api)
+    factory.create(name, gpus=0, wait=False)
+    sim = Simulator(load_node_file(EXAMPLE_NODES / f"{example}.yaml"), workdir / "sim")
+    await sim.start()
+    try:
+        yield Node(kube, name, sim, workdir)
+    finally:
+        await sim.stop(0)
+        factory.cleanup()
+        kube.close()
+        api.close()
+
+
+@contextlib.asynccontextmanager
+async def running(publisher: SlicePublisher) -> AsyncIterator[SlicePublisher]:
+    task = asyncio.create_task(publisher.run())
+    try:
+        yield publisher
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert task.cancelled()
+
+
+def _following(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == "following the Runtime"]
+
+
+async def test_publish_adopt_and_generations(
+    dra_plane: ControlPlane, workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "lj_runtimekit.deviceplugin.internal.dra.publisher")
+    async with node_with_sim(dra_plane, workdir, "mig-8gpu", "pub-mig") as node:
+        uid = node.kube.request("GET", f"/api/v1/nodes/{node.name}")["metadata"]["uid"]
+        async with running(node.publisher()) as publisher:
+            first = await node.at_generation(1)
+        assert publisher.generation == 1
+        assert publisher.missing_gates == ()
+        assert sorted(first) == [f"pub-mig-{DRIVER}-0", f"pub-mig-{DRIVER}-1"]
+        for obj in first.values():
+            assert obj["spec"]["pool"]["name"] == node.name
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
+        devices = node.devices()
+        assert len(devices) == 6 + 9
+        assert devices["gpu-0"]["allowMultipleAllocations"] is True
+        assert all("consumesCounters" in d for n, d in devices.items() if "-mig-" in n)
+
+        # A slice of the pool left by an earlier plugin, at a higher generation.
+        stale = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"pub-mig-{DRIVER}-7"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": node.name,
+                "pool": {"name": node.name, "generation": 5, "resourceSliceCount": 3},
+                "devices": [],
+            },
+        }
+        node.kube.request("POST", SLICES, stale)
+
+        # Restarted: adopts the pool and publishes above its generation; the stale slice goes.
+        caplog.clear()
+        async with running(node.publisher()) as publisher:
+            adopted = await node.at_generation(6)
+            assert sorted(adopted) == sorted(first)
+            versions = {n: s["metadata"]["resourceVersion"] for n, s in adopted.items()}
+
+            # The Runtime restarts: the same inventory is not written again.
+            await node.sim.runtime.restart(300)
+            await node.wait(
+                lambda: len(_following(caplog)) >= 2, "publisher following the Runtime again"
+            )
+            assert node.slices() == adopted
+            gpu1 = node.sim.state.devices[1].id
+            await node.set_health(gpu1, False, "XID 79")
+            after = await node.at_generation(7)
+            assert publisher.generation == 7
+            assert {n: s["metadata"]["resourceVersion"] for n, s in after.items()} != versions
+            assert node.devices()["gpu-1"]["taints"][0]["key"] == f"{DRIVER}/unhealthy"
+
+        # The node goes: its slices are garbage-collected with it.
+        node.kube.request("DELETE", f"/api/v1/nodes/{node.name}")
+        await node.wait(lambda: not node.slices(), f"slices of {node.name} deleted with it")
+
+
+async def test_republish_on_health_changes(dra_plane: ControlPlane, workdir: Path) -> None:
+    async with node_with_sim(dra_plane, workdir, "mig-8gpu", "pub-health") as node:
+        gpu2 = node.sim.state.devices[2].id
+        mig = node.sim.state.devices[7]
+        async with running(node.publisher()):
+            await node.at_generation(1)
+            await node.set_health(gpu2, False, "XID 79")
+            await node.at_generation(2)
+            tainted = {n: d["taints"] for n, d in node.devices().items() if "taints" in d}
+            assert list(tainted) == ["gpu-2"]
+            (taint,) = tainted["gpu-2"]
+            assert taint["effect"] == "NoSchedule"
+            assert taint["value"] == "XID-79"
+
+            # The parent of MIG instances goes unhealthy: every instance is tainted.
+            await node.set_health(mig.id, False, "ECC")
+            await node.at_generation(3)
+            tainted = {n: d["taints"] for n, d in node.devices().items() if "taints" in d}
+            want = {"gpu-2", *(f"gpu-7-mig-{i.instance_id}" for i in mig.mig_instances)}
+            assert set(tainted) == want
+
+            await node.set_health(gpu2, True)
+            await node.set_health(mig.id, True)
+            await node.at_generation(5)
+            assert not any("taints" in d for d in node.devices().values())
+
+
+async def test_remove_deletes_only_our_slices(dra_plane: ControlPlane, workdir: Path) -> None:
+    async with node_with_sim(dra_plane, workdir, "tdm-8gpu", "pub-remove") as node:
+        other = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": "pub-remove-other"},
+            "spec": {
+                "driver": "other.example.com",
+                "nodeName": node.name,
+                "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
+                "devices": [],
+            },
+        }
+        node.kube.request("POST", SLICES, other)
+        publisher = node.publisher()
+        async with running(publisher):
+            await node.at_generation(1)
+        await publisher.remove()
+        assert node.slices() == {}
+        assert list(node.slices("other.example.com")) == ["pub-remove-other"]
+
+
+async def test_missing_gates_are_found_and_unhealthy_devices_left_out(
+    control_plane: ControlPlane, workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "lj_runtimekit.deviceplugin.internal.dra.publisher")
+    async with node_with_sim(control_plane, workdir, "mig-8gpu", "pub-nogates") as node:
+        node.sim.state.set_health(node.sim.state.devices[1].id, False, "XID 79")
+        async with running(node.publisher()) as publisher:
+            # Written with the taint the server dropped, then again without the device.
+            await node.at_generation(2)
+        assert publisher.missing_gates == (
+            "DRAConsumableCapacity",
+            "DRADeviceTaints",
+            "DRAPartitionableDevices",
+        )
+        devices = node.devices()
+        assert "gpu-1" not in devices
+        assert "gpu-0" in devices
+        assert not any(
+            key in d for d in devices.values() for key in ("taints", "allowMultipleAllocations")
+        )
+        gates = [str(r.__dict__["gate"]) for r in caplog.records if "gate" in r.__dict__]
+        assert sorted(gates) == list(publisher.missing_gates)
