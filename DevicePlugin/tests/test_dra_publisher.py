@@ -13,16 +13,18 @@ import grpc
 import pytest
 
 from lj_runtimekit.deviceplugin.internal.dra.publisher import SlicePublisher
+from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices
 from lj_runtimekit.envtest import NodeFactory
 from lj_runtimekit.envtest.controlplane import DRA_GATES, ControlPlane, ControlPlaneConfig
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
-from lj_runtimekit.proto.pkg.kube import KubeClient
+from lj_runtimekit.proto.pkg.kube import KubeClient, NotFoundError
 from lj_runtimekit.proto.pkg.protocol import load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
 from lj_runtimekit.runtimesim.node import load_node_file
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
 from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET, Simulator
-from lj_runtimekit.testkit.dra import DRA_APISERVER_ARGS, RESOURCE_API
+from lj_runtimekit.testkit.dra import DRA_APISERVER_ARGS, RESOURCE_API, synthetic_gpus
 from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -259,3 +261,32 @@ async def test_missing_gates_are_found_and_unhealthy_devices_left_out(
         )
         gates = [str(r.__dict__["gate"]) for r in caplog.records if "gate" in r.__dict__]
         assert sorted(gates) == list(publisher.missing_gates)
+
+
+@pytest.mark.parametrize(
+    ("mode", "count", "mig", "slices"),
+    [
+        (pb.DEVICE_MODE_TDM, 300, 0, 3),
+        (pb.DEVICE_MODE_EXCLUSIVE, 40, 0, 3),
+        (pb.DEVICE_MODE_MIG, 20, 7, 2),
+    ],
+)
+def test_the_api_server_accepts_pools_split_at_its_limits(
+    dra_plane: ControlPlane, mode: pb.DeviceMode.ValueType, count: int, mig: int, slices: int
+) -> None:
+    kube = KubeClient.connect(str(dra_plane.kubeconfig_path))
+    node = f"pub-split-{count}-{mig}"
+    built = build_slices(
+        synthetic_gpus(count, mode, mig), node_name=node, protocol=PROTOCOL, generation=1
+    )
+    assert len(built) == slices
+    try:
+        for obj in built:
+            stored = kube.request("POST", SLICES, obj)
+            assert stored["spec"]["devices"] == obj["spec"]["devices"]
+            assert stored["spec"].get("sharedCounters") == obj["spec"].get("sharedCounters")
+    finally:
+        for obj in built:
+            with contextlib.suppress(NotFoundError):
+                kube.request("DELETE", f"{SLICES}/{obj['metadata']['name']}")
+        kube.close()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
+from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes, profile_selector
 from lj_runtimekit.deviceplugin.internal.dra.naming import memory_step, resolve
 from lj_runtimekit.deviceplugin.internal.dra.slices import (
     MAX_SHARED_COUNTERS,
@@ -14,7 +16,7 @@ from lj_runtimekit.deviceplugin.internal.dra.slices import (
 )
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.protocol import load_protocol
-from lj_runtimekit.testkit.dra import example_devices
+from lj_runtimekit.testkit.dra import example_devices, synthetic_gpus
 
 PROTOCOL = load_protocol()
 DRIVER = PROTOCOL.dra.driver
@@ -122,7 +124,9 @@ def test_mig_node_publishes_instances_with_counters_of_their_gpu() -> None:
                 consumed[name] += int(use["counters"][name]["value"])
         assert consumed["slices"] <= 7
         assert consumed["memory"] <= 80 * GIB
-    assert sorted(_attr(published[n], "profile") for n in published if n.startswith("gpu-7-")) == [
+    assert sorted(
+        str(_attr(published[n], "profile")) for n in published if n.startswith("gpu-7-")
+    ) == [
         "3g.40gb",
         "4g.40gb",
     ]
@@ -183,29 +187,14 @@ def test_an_empty_node_is_one_empty_slice() -> None:
     assert only["spec"]["pool"]["resourceSliceCount"] == 1
 
 
-def _gpus(count: int, mode: pb.DeviceMode.ValueType) -> list[pb.Device]:
-    return [
-        pb.Device(
-            id=f"GPU-{i}",
-            index=i,
-            kind=pb.DEVICE_KIND_GPU,
-            model="A100",
-            memory_bytes=80 * GIB,
-            mode=mode,
-            health=pb.HEALTH_HEALTHY,
-        )
-        for i in range(count)
-    ]
-
-
 def test_large_pools_split_at_the_api_limits() -> None:
-    slices = _build(_gpus(300, pb.DEVICE_MODE_TDM))
+    slices = _build(synthetic_gpus(300, pb.DEVICE_MODE_TDM))
     assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
     assert len({s["metadata"]["name"] for s in slices}) == 3
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {3}
 
     # Exclusive GPUs consume a counter set each (two counters): 16 per slice.
-    slices = _build(_gpus(40, pb.DEVICE_MODE_EXCLUSIVE))
+    slices = _build(synthetic_gpus(40, pb.DEVICE_MODE_EXCLUSIVE))
     assert [len(s["spec"]["devices"]) for s in slices] == [16, 16, 8]
     for s in slices:
         sets = {c["name"] for c in s["spec"]["sharedCounters"]}
@@ -214,18 +203,7 @@ def test_large_pools_split_at_the_api_limits() -> None:
         assert used == sets
 
     # A MIG GPU's instances stay in the slice of its counter set.
-    mig = _gpus(20, pb.DEVICE_MODE_MIG)
-    for gpu in mig:
-        for n in range(7):
-            gpu.mig_instances.add(
-                id=f"MIG-{gpu.index}-{n}",
-                profile="1g.10gb",
-                instance_id=n + 7,
-                memory_bytes=10 * GIB,
-                compute_slices=1,
-                health=pb.HEALTH_HEALTHY,
-                parent_id=gpu.id,
-            )
+    mig = synthetic_gpus(20, pb.DEVICE_MODE_MIG, mig_per_gpu=7)
     slices = _build(mig)
     assert [len(s["spec"]["devices"]) for s in slices] == [16 * 7, 4 * 7]
     for s in slices:
@@ -235,7 +213,7 @@ def test_large_pools_split_at_the_api_limits() -> None:
 
 
 def test_slices_are_owned_by_the_node_when_its_uid_is_given() -> None:
-    (only,) = _build(_gpus(1, pb.DEVICE_MODE_TDM), node_uid="uid-1")
+    (only,) = _build(synthetic_gpus(1, pb.DEVICE_MODE_TDM), node_uid="uid-1")
     assert only["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": "node-1", "uid": "uid-1"}
     ]
@@ -246,3 +224,70 @@ def test_slice_names_are_valid_object_names(node: str) -> None:
     names = {slice_name(node, DRIVER, n) for n in range(3)}
     assert len(names) == 3
     assert all(len(n) <= 253 for n in names)
+
+
+_TERM = re.compile(
+    r'^device\.attributes\["(?P<domain>[^"]+)"\]\.(?P<name>\w+) == "(?P<value>[^"]*)"$'
+)
+
+
+def _selects(expression: str, device: dict[str, Any]) -> bool:
+    """Evaluate one of our class selectors (a conjunction of equalities) on a device."""
+    driver_term, *terms = expression.split(" && ")
+    assert driver_term == f'device.driver == "{DRIVER}"'
+    for term in terms:
+        match = _TERM.match(term)
+        assert match is not None, term
+        assert match["domain"] == DRIVER
+        if match["name"] not in device["attributes"]:
+            return False
+        if str(_attr(device, match["name"])) != match["value"]:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("extended", [True, False])
+def test_device_classes_select_what_the_slices_publish(extended: bool) -> None:
+    classes = {
+        c["metadata"]["name"]: c for c in device_classes(PROTOCOL, extended_resources=extended)
+    }
+    assert sorted(classes) == sorted(
+        [f"gpu.{DRIVER}", f"ppu.{DRIVER}", f"amd.{DRIVER}", f"gpu-share.{DRIVER}", f"mig.{DRIVER}"]
+    )
+    for obj in classes.values():
+        assert obj["apiVersion"] == "resource.k8s.io/v1"
+        assert obj["metadata"]["labels"] == {"app.kubernetes.io/part-of": "lj-runtimekit"}
+    resources = {n: c["spec"].get("extendedResourceName") for n, c in classes.items()}
+    if extended:
+        assert resources == {
+            f"gpu.{DRIVER}": "alibabacloud.com/gpu",
+            f"ppu.{DRIVER}": "alibabacloud.com/ppu",
+            f"amd.{DRIVER}": "alibabacloud.com/amd-gpu",
+            f"gpu-share.{DRIVER}": None,
+            f"mig.{DRIVER}": None,
+        }
+    else:
+        assert set(resources.values()) == {None}
+    published = {
+        **_devices(_build(example_devices("mig-8gpu"))),
+        **_devices(_build(example_devices("ppu-16"))),
+    }
+    selected = {
+        name: sorted(
+            d
+            for d, device in published.items()
+            if _selects(obj["spec"]["selectors"][0]["cel"]["expression"], device)
+        )
+        for name, obj in classes.items()
+    }
+    tdm = sorted(f"gpu-{i}" for i in range(6))
+    assert selected[f"gpu.{DRIVER}"] == tdm
+    assert selected[f"gpu-share.{DRIVER}"] == tdm
+    assert selected[f"ppu.{DRIVER}"] == sorted(f"ppu-{i}" for i in range(16))
+    assert selected[f"amd.{DRIVER}"] == []
+    assert selected[f"mig.{DRIVER}"] == sorted(n for n in published if "-mig-" in n)
+    small = profile_selector(PROTOCOL, "1g.10gb")
+    assert (
+        sum(_selects(f'device.driver == "{DRIVER}" && {small}', published[n]) for n in published)
+        == 7
+    )

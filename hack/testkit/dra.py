@@ -32,6 +32,37 @@ def example_devices(example: str, node_name: str | None = None) -> list[pb.Devic
     return [device_message(view) for view in state.views()]
 
 
+def synthetic_gpus(
+    count: int, mode: pb.DeviceMode.ValueType, mig_per_gpu: int = 0
+) -> list[pb.Device]:
+    """`count` healthy 80 GiB GPUs in `mode`, each with `mig_per_gpu` 1g.10gb instances (for
+    pools larger than any example node)."""
+    gib = 1 << 30
+    gpus = []
+    for index in range(count):
+        gpu = pb.Device(
+            id=f"GPU-{index}",
+            index=index,
+            kind=pb.DEVICE_KIND_GPU,
+            model="A100-SXM4-80GB",
+            memory_bytes=80 * gib,
+            mode=mode,
+            health=pb.HEALTH_HEALTHY,
+        )
+        for n in range(mig_per_gpu):
+            gpu.mig_instances.add(
+                id=f"MIG-{index}-{n}",
+                profile="1g.10gb",
+                instance_id=n + 7,
+                memory_bytes=10 * gib,
+                compute_slices=1,
+                health=pb.HEALTH_HEALTHY,
+                parent_id=gpu.id,
+            )
+        gpus.append(gpu)
+    return gpus
+
+
 def claim_template(
     name: str, requests: Sequence[Mapping[str, Any]], namespace: str = "default"
 ) -> dict[str, Any]:
