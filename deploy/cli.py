@@ -252,6 +252,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     components = parse_components(args.components)
     snap = Path(args.snapshot)
+    if args.dra:
+        components = (*components, DRA_PLUGIN)
     lines = verify.status_lines(
         components, _items(str(snap / "workloads.json")), _items(str(snap / "pods.json"))
     )
@@ -478,7 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--dra",
             action="store_true",
-            help="verify: DRA mode (deviceclasses.json, resourceslices.json in the snapshot)",
+            help="DRA mode: the DRA plugin too (verify: deviceclasses.json and"
+            " resourceslices.json in the snapshot)",
         )
         p.set_defaults(func=func)
 

@@ -748,9 +748,11 @@ cmd_deploy() {
 }
 
 cmd_status() {
+  local dra_status=()
+  $dra && dra_status=(--dra)
   snapshot
   helper status --snapshot="$work" --components="$components" --namespace="$namespace" \
-    --protocol="$protocol" | tee -a "$log_file"
+    --protocol="$protocol" ${dra_status[@]+"${dra_status[@]}"} | tee -a "$log_file"
 }
 
 # fetch_pod_metrics: every running scheduler and exporter pod's /metrics into

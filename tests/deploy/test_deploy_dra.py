@@ -518,7 +518,8 @@ def test_verify_checks_the_classes_and_each_dra_nodes_slices() -> None:
 
 def test_deploy_and_verify_with_dra(install: Install, tmp_path: Path) -> None:
     """deploy --dra applies the DRA objects beside a component and waits for the DRA plugin's
-    rollout; verify --dra checks the classes and says no node is in DRA mode."""
+    rollout; status --dra lists it; verify --dra checks the classes and says no node is in DRA
+    mode."""
     ns = install.opts.namespace
     result = deploy_all(
         install.cp,
@@ -531,6 +532,10 @@ def test_deploy_and_verify_with_dra(install: Install, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f'daemon set "{DRA_PLUGIN.workload}" successfully rolled out' in result.stdout
+    status = deploy_all(
+        install.cp, tmp_path, "status", "--dra", "--components=exporter", namespace=ns
+    ).stdout
+    assert f"dra-plugin           {DRA_PLUGIN.resource}: 0/0 ready" in status, status
     result = deploy_all(
         install.cp, tmp_path, "verify", "--dra", "--components=exporter", namespace=ns
     )
