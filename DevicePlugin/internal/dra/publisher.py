@@ -172,10 +172,11 @@ class SlicePublisher:
             log.info("following the Runtime", extra={"node": self._node, "devices": len(devices)})
             await self._sync(devices.values())
             got_event = False
-            async for event in self._runtime.watch_devices():
-                got_event = True
-                devices = _apply(devices, event)
-                await self._sync(devices.values())
+            async with contextlib.aclosing(self._runtime.watch_devices()) as events:
+                async for event in events:
+                    got_event = True
+                    devices = _apply(devices, event)
+                    await self._sync(devices.values())
         except (RuntimeUnavailableError, RuntimeCallError):
             await self._runtime.close()
             raise
