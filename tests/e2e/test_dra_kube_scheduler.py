@@ -351,12 +351,51 @@ def test_a_pod_that_cannot_fit_stays_pending(space: Space) -> None:
     assert "nodeName" not in pod["spec"]
 
 
-@pytest.mark.xfail(
+def test_bursts_fill_mig_instances_and_ppu_pairs_exactly(space: Space) -> None:
+    profiles = ["1g.10gb"] * 8 + ["3g.40gb", "4g.40gb"]
+    for n, profile in enumerate(profiles):
+        space.template(
+            f"mig-{n}", [exactly("m", MIG, selector=profile_selector(PROTOCOL, profile))]
+        )
+    pair = {"constraints": [{"requests": ["p"], "matchAttribute": f"{DRIVER}/nvlinkDomain"}]}
+    space.template("pair", [exactly("p", PROTOCOL.dra.whole_class("ppu"), count=2)], **pair)
+    for n in range(len(profiles)):
+        space.pod(f"mig-{n}", {"m": f"mig-{n}"}, containers=({"main": ("m",)},))
+    for n in range(9):
+        space.pod(f"ppu-{n}", {"p": "pair"}, containers=({"main": ("p",)},))
+    pods = [space.settled(f"mig-{n}") for n in range(len(profiles))]
+    pods += [space.settled(f"ppu-{n}") for n in range(9)]
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    pending = sorted(p["metadata"]["name"] for p in pods if p not in running)
+    # Seven 1g.10gb instances for eight pods; eight PPU pairs for nine.
+    assert len(pending) == 2
+    assert pending[0].startswith("mig-")
+    assert pending[1].startswith("ppu-")
+    used = [ref for p in running for shares in space.claims_of(p).values() for _, ref, _ in shares]
+    mig = sorted(r.runtime_id for r in used if r.instance is not None)
+    everything = space.cluster.inventories["dra-mig"]
+    assert mig == sorted(i.id for d in everything for i in d.mig_instances)
+    ppus = sorted(r.runtime_id for r in used if r.device.kind == pb.DEVICE_KIND_PPU)
+    assert ppus == sorted(d.id for d in space.cluster.inventories["dra-ppu"])
+
+
+FIRST_DEVICE_RECHECK = pytest.mark.xfail(
     strict=True,
-    reason="kube-scheduler 1.34 re-checks a request's capacity against the first device of"
-    " the slice, not the candidate: with the first GPU of a node mostly shared, a slice that"
-    " fits another GPU is refused (fixed in later releases)",
+    reason="kube-scheduler 1.34 re-checks the capacity of a request's n-th device against the"
+    " n-th device of the candidate's slice: once the first GPU of a node is taken (whole or"
+    " mostly shared), a request that fits another GPU is refused (fixed in later releases)",
 )
+
+
+@FIRST_DEVICE_RECHECK
+def test_two_pods_with_a_whole_gpu_each_share_a_node(space: Space) -> None:
+    space.run("first", {"g": [exactly("g", WHOLE)]}, node="dra-tdm")
+    space.template("g", [exactly("g", WHOLE)])
+    space.pod("second", {"g": "g"}, containers=({"main": ("g",)},), node="dra-tdm")
+    assert space.settled("second")["status"].get("phase") == "Running"
+
+
+@FIRST_DEVICE_RECHECK
 def test_a_slice_that_does_not_fit_the_first_gpu_goes_to_another(space: Space) -> None:
     space.run(
         "first",
