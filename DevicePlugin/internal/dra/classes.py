@@ -19,11 +19,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from lj_runtimekit.deviceplugin.internal.dra.slices import MIG_TYPE, MODE, PROFILE, TDM_MODE, TYPE
+from lj_runtimekit.deviceplugin.internal.dra.slices import (
+    API_VERSION,
+    MIG_TYPE,
+    MODE,
+    PROFILE,
+    TDM_MODE,
+    TYPE,
+)
 from lj_runtimekit.proto.pkg.devicekind import kinds
 from lj_runtimekit.proto.pkg.protocol import Protocol
 
-API_VERSION = "resource.k8s.io/v1"
 PART_OF = "lj-runtimekit"
 
 
