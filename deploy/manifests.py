@@ -1044,6 +1044,7 @@ def _socket_probes(sockets: str) -> tuple[Obj, Obj]:
 
 
 DRA_REGISTRY_DIR = f"{KUBELET_DIR}/plugins_registry"
+POD_RESOURCES_DIR = f"{KUBELET_DIR}/pod-resources"
 """Where the kubelet finds plugins' registration sockets."""
 RUNTIME_SOCKET_NAME = "runtime.sock"
 """The Runtime's socket in RUNTIME_SOCKET_DIR (runtimeclient's default name)."""
@@ -1112,9 +1113,11 @@ def _container(component: Component, opts: Options) -> Obj:
             f"--protocol-file={protocol}",
             "--log-format=json",
         ]
-        mounts.append(
-            {"name": "runtime-sockets", "mountPath": RUNTIME_SOCKET_DIR, "readOnly": True}
-        )
+        mounts += [
+            {"name": "runtime-sockets", "mountPath": RUNTIME_SOCKET_DIR, "readOnly": True},
+            # PodResources: which containers use a DRA claim the Runtime holds.
+            {"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True},
+        ]
         resources = _resources("100m", "128Mi", "1", "512Mi")
         ports.append({"name": EXPORTER_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"})
         liveness, readiness = _http_probes("/healthz", EXPORTER_PORT_NAME)
@@ -1200,6 +1203,13 @@ def _volumes(component: Component, opts: Options) -> list[Obj]:
     if component.name == "device-plugin":
         volumes.append(
             {"name": "device-plugins", "hostPath": {"path": DEVICE_PLUGIN_DIR, "type": "Directory"}}
+        )
+    if component.name == "exporter":
+        volumes.append(
+            {
+                "name": "pod-resources",
+                "hostPath": {"path": POD_RESOURCES_DIR, "type": "DirectoryOrCreate"},
+            }
         )
     if component.name == "dra-plugin":
         volumes += [

@@ -24,7 +24,7 @@ from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
 from lj_runtimekit.runtimesim.node import load_node_file
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
 from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET, Simulator
-from lj_runtimekit.testkit.dra import DRA_APISERVER_ARGS, RESOURCE_API, synthetic_gpus
+from lj_runtimekit.testkit.dra import RESOURCE_API, synthetic_gpus
 from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -39,7 +39,7 @@ _T = TypeVar("_T")
 def dra_plane(k8s_tools: object) -> Iterator[ControlPlane]:
     """A control plane with the DRA gates (no scheduler needed)."""
     config = ControlPlaneConfig(
-        feature_gates=DRA_GATES, extra_apiserver_args=DRA_APISERVER_ARGS, scheduler=False
+        feature_gates=DRA_GATES, scheduler=False
     )
     plane = ControlPlane(config).start()
     yield plane

@@ -22,11 +22,9 @@ from lj_runtimekit.exporter.internal.allocation.assignments import (
     with_claims,
 )
 from lj_runtimekit.exporter.internal.pods.model import Pod
-from lj_runtimekit.exporter.internal.pods.podresources import (
-    LIST_METHOD,
-    MESSAGES,
-    ClaimUser,
-)
+from lj_runtimekit.exporter.internal.pods.podresources import ClaimUser
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2 as prpb
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2_grpc as prgrpc
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
 from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
@@ -47,14 +45,14 @@ class Claim:
     users: tuple[ClaimUser, ...]
 
 
-class PodResourcesServer:
+class PodResourcesServer(prgrpc.PodResourcesListerServicer):
     """The kubelet's PodResourcesLister (List) on a unix socket, answering `claims`' users."""
 
     def __init__(self, socket_path: Path, claims: Sequence[Claim]) -> None:
         self.socket_path = socket_path
         self.calls = 0
-        response = MESSAGES["ListPodResourcesResponse"]()
-        pods: dict[tuple[str, str], Any] = {}
+        response = prpb.ListPodResourcesResponse()
+        pods: dict[tuple[str, str], prpb.PodResources] = {}
         for claim in claims:
             for user in claim.users:
                 key = (user.pod_namespace, user.pod_name)
@@ -70,18 +68,13 @@ class PodResourcesServer:
                 )
         self._response = response
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        service, method = LIST_METHOD.strip("/").split("/")
-        handler: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(
-            self._list,
-            request_deserializer=MESSAGES["ListPodResourcesRequest"].FromString,
-            response_serializer=lambda m: m.SerializeToString(),
-        )
-        self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(service, {method: handler}),)
-        )
+        prgrpc.add_PodResourcesListerServicer_to_server(self, self._server)
         self._server.add_insecure_port(f"unix://{socket_path}")
 
-    def _list(self, request: Any, context: grpc.ServicerContext) -> Any:
+    def List(
+        self, request: prpb.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> prpb.ListPodResourcesResponse:
+        """Count the call; answer the claims' users."""
         self.calls += 1
         return self._response
 

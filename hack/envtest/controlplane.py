@@ -47,6 +47,15 @@ DRA_GATES: dict[str, bool] = {
 1.36): TDM slices, MIG counter sets, extended-resource mapping, device taints."""
 
 
+def dra_runtime_config(gates: dict[str, bool]) -> list[str]:
+    """The API groups the gates need served: with `DRADeviceTaints` kube-scheduler lists
+    DeviceTaintRules (`resource.k8s.io/v1alpha3`, off by default in 1.34) and schedules
+    nothing until that API answers."""
+    if gates.get("DRADeviceTaints"):
+        return ["--runtime-config=resource.k8s.io/v1alpha3=true"]
+    return []
+
+
 def feature_gate_args(gates: dict[str, bool]) -> list[str]:
     """`--feature-gates=A=true,B=false`, or nothing when no gate is set."""
     if not gates:
@@ -290,6 +299,7 @@ class ControlPlane:
                 "--profiling=false",
                 f"--v={self.config.verbosity}",
                 *feature_gate_args(self.config.feature_gates),
+                *dra_runtime_config(self.config.feature_gates),
                 *self.config.extra_apiserver_args,
             ],
         )

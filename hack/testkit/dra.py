@@ -17,9 +17,6 @@ from lj_runtimekit.runtimesim.services import device_message
 from lj_runtimekit.runtimesim.state import NodeState
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
-DRA_APISERVER_ARGS = ["--runtime-config=resource.k8s.io/v1alpha3=true"]
-"""kube-apiserver arguments beside the DRA gates: kube-scheduler with DRADeviceTaints watches
-DeviceTaintRules (resource.k8s.io/v1alpha3) and schedules nothing until that API is served."""
 
 
 def example_devices(example: str, node_name: str | None = None) -> list[pb.Device]:

@@ -25,7 +25,6 @@ from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.proto.pkg.protocol import DRA_MODE, DeviceShare, load_protocol
 from lj_runtimekit.testkit.dra import (
-    DRA_APISERVER_ARGS,
     RESOURCE_API,
     allocated_shares,
     claim_pod,
@@ -173,7 +172,7 @@ def check_sharing_invariant(shares: Sequence[Share]) -> None:
 @pytest.fixture(scope="module")
 def cluster(k8s_tools: object) -> Iterator[Cluster]:
     """A DRA control plane with three KWOK nodes in DRA mode, their slices and our classes."""
-    config = ControlPlaneConfig(feature_gates=DRA_GATES, extra_apiserver_args=DRA_APISERVER_ARGS)
+    config = ControlPlaneConfig(feature_gates=DRA_GATES)
     plane = ControlPlane(config).start()
     api = plane.api_client()
     kube = KubeClient.connect(str(plane.kubeconfig_path))

@@ -22,7 +22,6 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
@@ -33,6 +32,8 @@ from lj_runtimekit.proto.k8s.dra.v1 import api_pb2 as dra_pb2
 from lj_runtimekit.proto.k8s.dra.v1 import api_pb2_grpc as dra_grpc
 from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2 as reg_pb2
 from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2 as prpb
+from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2_grpc as prgrpc
 from lj_runtimekit.testkit.waits import wait_for
 
 DRIVER = "gpu.example.com"
@@ -118,69 +119,13 @@ def serve(plugin: ExampleDRAPlugin, node: HollowNode) -> grpc.Server:
     return server
 
 
-def _pod_resources_messages() -> dict[str, Any]:
-    """The kubelet's PodResources v1 messages (k8s.io/kubelet/pkg/apis/podresources/v1)
-    for the dynamic resources, only the fields read here, built at run time: field
-    numbers as upstream (the vendored proto has no DynamicResource)."""
-    f = descriptor_pb2.FieldDescriptorProto
-    file = descriptor_pb2.FileDescriptorProto(name="lj_test_podresources_dra.proto", package="v1")
-
-    def message(name: str, *fields: tuple[str, int, int, str]) -> None:
-        m = file.message_type.add(name=name)
-        for field_name, number, kind, type_name in fields:
-            label = f.LABEL_REPEATED if type_name.startswith("*") else f.LABEL_OPTIONAL
-            field = m.field.add(name=field_name, number=number, type=kind, label=label)
-            if type_name.strip("*"):
-                field.type_name = ".v1." + type_name.strip("*")
-
-    s, msg = f.TYPE_STRING, f.TYPE_MESSAGE
-    message("ListPodResourcesRequest")
-    message("GetPodResourcesRequest", ("pod_name", 1, s, ""), ("pod_namespace", 2, s, ""))
-    message("CDIDevice", ("name", 1, s, ""))
-    message(
-        "ClaimResource",
-        ("cdi_devices", 1, msg, "*CDIDevice"),
-        ("driver_name", 2, s, ""),
-        ("pool_name", 3, s, ""),
-        ("device_name", 4, s, ""),
-    )
-    message(
-        "DynamicResource",
-        ("claim_name", 2, s, ""),
-        ("claim_namespace", 3, s, ""),
-        ("claim_resources", 4, msg, "*ClaimResource"),
-    )
-    message(
-        "ContainerResources",
-        ("name", 1, s, ""),
-        ("dynamic_resources", 5, msg, "*DynamicResource"),
-    )
-    message(
-        "PodResources",
-        ("name", 1, s, ""),
-        ("namespace", 2, s, ""),
-        ("containers", 3, msg, "*ContainerResources"),
-    )
-    message("ListPodResourcesResponse", ("pod_resources", 1, msg, "*PodResources"))
-    message("GetPodResourcesResponse", ("pod_resources", 1, msg, "PodResources"))
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    return {
-        m.name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"v1.{m.name}"))
-        for m in file.message_type
-    }
-
-
 def pod_resources(node: HollowNode, method: str, **request: str) -> Any:
-    """Calls /v1.PodResourcesLister/<method> (List, Get) on the node's socket."""
-    messages = _pod_resources_messages()
+    """Calls PodResourcesLister.<method> (List, Get) on the node's socket."""
     with grpc.insecure_channel(f"unix://{node.pod_resources_socket}") as channel:
-        call: grpc.UnaryUnaryMultiCallable[Any, Any] = channel.unary_unary(
-            f"/v1.PodResourcesLister/{method}",
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=messages[f"{method}PodResourcesResponse"].FromString,
-        )
-        return call(messages[f"{method}PodResourcesRequest"](**request), timeout=10)
+        stub = prgrpc.PodResourcesListerStub(channel)
+        if method == "List":
+            return stub.List(prpb.ListPodResourcesRequest(), timeout=10)
+        return stub.Get(prpb.GetPodResourcesRequest(**request), timeout=10)
 
 
 def dynamic_resources(pod: Any, container: str) -> list[tuple[str, str, list[Any]]]:
@@ -248,15 +193,7 @@ def dra_control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
         if _in_ci():
             pytest.fail(f"{exc} (CI=true: control plane tests never skip)", pytrace=False)
         pytest.skip(str(exc))
-    # DRADeviceTaints: kube-scheduler waits for its DeviceTaintRule informer, whose API
-    # (resource.k8s.io/v1alpha3) is off by default; without it nothing is scheduled.
-    cp = ControlPlane(
-        ControlPlaneConfig(
-            kwok=False,
-            feature_gates=DRA_GATES,
-            extra_apiserver_args=["--runtime-config=resource.k8s.io/v1alpha3=true"],
-        )
-    )
+    cp = ControlPlane(ControlPlaneConfig(kwok=False, feature_gates=DRA_GATES))
     cp.start()
     yield cp
     cp.stop(failed=request.session.testsfailed > 0)

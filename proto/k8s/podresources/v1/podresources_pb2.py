@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n:lj_runtimekit/proto/k8s/podresources/v1/podresources.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"I\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\"=\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\"\x1d\n\x1b\x41llocatableResourcesRequest\"E\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\"A\n\x16GetPodResourcesRequest\x12\x10\n\x08pod_name\x18\x01 \x01(\t\x12\x15\n\rpod_namespace\x18\x02 \x01(\t\"B\n\x17GetPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x01(\x0b\x32\x10.v1.PodResources2\xfb\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x12@\n\x03Get\x12\x1a.v1.GetPodResourcesRequest\x1a\x1b.v1.GetPodResourcesResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n:lj_runtimekit/proto/k8s/podresources/v1/podresources.proto\x12\x02v1\"\x19\n\x17ListPodResourcesRequest\"C\n\x18ListPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x03(\x0b\x32\x10.v1.PodResources\"[\n\x0cPodResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tnamespace\x18\x02 \x01(\t\x12*\n\ncontainers\x18\x03 \x03(\x0b\x32\x16.v1.ContainerResources\"y\n\x12\x43ontainerResources\x12\x0c\n\x04name\x18\x01 \x01(\t\x12%\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32\x14.v1.ContainerDevices\x12.\n\x11\x64ynamic_resources\x18\x05 \x03(\x0b\x32\x13.v1.DynamicResource\"j\n\x0f\x44ynamicResource\x12\x12\n\nclaim_name\x18\x02 \x01(\t\x12\x17\n\x0f\x63laim_namespace\x18\x03 \x01(\t\x12*\n\x0f\x63laim_resources\x18\x04 \x03(\x0b\x32\x11.v1.ClaimResource\"p\n\rClaimResource\x12\"\n\x0b\x63\x64i_devices\x18\x01 \x03(\x0b\x32\r.v1.CDIDevice\x12\x13\n\x0b\x64river_name\x18\x02 \x01(\t\x12\x11\n\tpool_name\x18\x03 \x01(\t\x12\x13\n\x0b\x64\x65vice_name\x18\x04 \x01(\t\"\x19\n\tCDIDevice\x12\x0c\n\x04name\x18\x01 \x01(\t\"=\n\x10\x43ontainerDevices\x12\x15\n\rresource_name\x18\x01 \x01(\t\x12\x12\n\ndevice_ids\x18\x02 \x03(\t\"\x1d\n\x1b\x41llocatableResourcesRequest\"E\n\x1c\x41llocatableResourcesResponse\x12%\n\x07\x64\x65vices\x18\x01 \x03(\x0b\x32\x14.v1.ContainerDevices\"A\n\x16GetPodResourcesRequest\x12\x10\n\x08pod_name\x18\x01 \x01(\t\x12\x15\n\rpod_namespace\x18\x02 \x01(\t\"B\n\x17GetPodResourcesResponse\x12\'\n\rpod_resources\x18\x01 \x01(\x0b\x32\x10.v1.PodResources2\xfb\x01\n\x12PodResourcesLister\x12\x43\n\x04List\x12\x1b.v1.ListPodResourcesRequest\x1a\x1c.v1.ListPodResourcesResponse\"\x00\x12^\n\x17GetAllocatableResources\x12\x1f.v1.AllocatableResourcesRequest\x1a .v1.AllocatableResourcesResponse\"\x00\x12@\n\x03Get\x12\x1a.v1.GetPodResourcesRequest\x1a\x1b.v1.GetPodResourcesResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,17 +38,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PODRESOURCES']._serialized_start=162
   _globals['_PODRESOURCES']._serialized_end=253
   _globals['_CONTAINERRESOURCES']._serialized_start=255
-  _globals['_CONTAINERRESOURCES']._serialized_end=328
-  _globals['_CONTAINERDEVICES']._serialized_start=330
-  _globals['_CONTAINERDEVICES']._serialized_end=391
-  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=393
-  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=422
-  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=424
-  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=493
-  _globals['_GETPODRESOURCESREQUEST']._serialized_start=495
-  _globals['_GETPODRESOURCESREQUEST']._serialized_end=560
-  _globals['_GETPODRESOURCESRESPONSE']._serialized_start=562
-  _globals['_GETPODRESOURCESRESPONSE']._serialized_end=628
-  _globals['_PODRESOURCESLISTER']._serialized_start=631
-  _globals['_PODRESOURCESLISTER']._serialized_end=882
+  _globals['_CONTAINERRESOURCES']._serialized_end=376
+  _globals['_DYNAMICRESOURCE']._serialized_start=378
+  _globals['_DYNAMICRESOURCE']._serialized_end=484
+  _globals['_CLAIMRESOURCE']._serialized_start=486
+  _globals['_CLAIMRESOURCE']._serialized_end=598
+  _globals['_CDIDEVICE']._serialized_start=600
+  _globals['_CDIDEVICE']._serialized_end=625
+  _globals['_CONTAINERDEVICES']._serialized_start=627
+  _globals['_CONTAINERDEVICES']._serialized_end=688
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_start=690
+  _globals['_ALLOCATABLERESOURCESREQUEST']._serialized_end=719
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_start=721
+  _globals['_ALLOCATABLERESOURCESRESPONSE']._serialized_end=790
+  _globals['_GETPODRESOURCESREQUEST']._serialized_start=792
+  _globals['_GETPODRESOURCESREQUEST']._serialized_end=857
+  _globals['_GETPODRESOURCESRESPONSE']._serialized_start=859
+  _globals['_GETPODRESOURCESRESPONSE']._serialized_end=925
+  _globals['_PODRESOURCESLISTER']._serialized_start=928
+  _globals['_PODRESOURCESLISTER']._serialized_end=1179
 # @@protoc_insertion_point(module_scope)

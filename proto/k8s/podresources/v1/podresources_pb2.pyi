@@ -104,25 +104,121 @@ class ContainerResources(_message.Message):
 
     NAME_FIELD_NUMBER: _builtins.int
     DEVICES_FIELD_NUMBER: _builtins.int
+    DYNAMIC_RESOURCES_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """Name of the container."""
     @_builtins.property
     def devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___ContainerDevices]:
         """Device IDs per resource, as the kubelet's device manager recorded them."""
 
+    @_builtins.property
+    def dynamic_resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___DynamicResource]:
+        """The DRA ResourceClaims the container uses (KubeletPodResourcesDynamicResources)."""
+
     def __init__(
         self,
         *,
         name: _builtins.str = ...,
         devices: _abc.Iterable[Global___ContainerDevices] | None = ...,
+        dynamic_resources: _abc.Iterable[Global___DynamicResource] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["devices", b"devices", "dynamic_resources", b"dynamic_resources", "name", b"name"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ContainerResources: _TypeAlias = ContainerResources  # noqa: Y015
+
+@_typing.final
+class DynamicResource(_message.Message):
+    """DynamicResource is one ResourceClaim a container uses."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLAIM_NAME_FIELD_NUMBER: _builtins.int
+    CLAIM_NAMESPACE_FIELD_NUMBER: _builtins.int
+    CLAIM_RESOURCES_FIELD_NUMBER: _builtins.int
+    claim_name: _builtins.str
+    """Name of the claim."""
+    claim_namespace: _builtins.str
+    """Namespace of the claim."""
+    @_builtins.property
+    def claim_resources(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimResource]:
+        """The devices prepared for the claim."""
+
+    def __init__(
+        self,
+        *,
+        claim_name: _builtins.str = ...,
+        claim_namespace: _builtins.str = ...,
+        claim_resources: _abc.Iterable[Global___ClaimResource] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_name", b"claim_name", "claim_namespace", b"claim_namespace", "claim_resources", b"claim_resources"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DynamicResource: _TypeAlias = DynamicResource  # noqa: Y015
+
+@_typing.final
+class ClaimResource(_message.Message):
+    """ClaimResource is one device of a claim as its driver prepared it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CDI_DEVICES_FIELD_NUMBER: _builtins.int
+    DRIVER_NAME_FIELD_NUMBER: _builtins.int
+    POOL_NAME_FIELD_NUMBER: _builtins.int
+    DEVICE_NAME_FIELD_NUMBER: _builtins.int
+    driver_name: _builtins.str
+    """Name of the DRA driver."""
+    pool_name: _builtins.str
+    """Pool of the device."""
+    device_name: _builtins.str
+    """Name of the device in its pool."""
+    @_builtins.property
+    def cdi_devices(self) -> _containers.RepeatedCompositeFieldContainer[Global___CDIDevice]:
+        """CDI devices the driver returned."""
+
+    def __init__(
+        self,
+        *,
+        cdi_devices: _abc.Iterable[Global___CDIDevice] | None = ...,
+        driver_name: _builtins.str = ...,
+        pool_name: _builtins.str = ...,
+        device_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cdi_devices", b"cdi_devices", "device_name", b"device_name", "driver_name", b"driver_name", "pool_name", b"pool_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClaimResource: _TypeAlias = ClaimResource  # noqa: Y015
+
+@_typing.final
+class CDIDevice(_message.Message):
+    """CDIDevice is one fully qualified CDI device name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """e.g. "vendor.com/class=device"."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CDIDevice: _TypeAlias = CDIDevice  # noqa: Y015
 
 @_typing.final
 class ContainerDevices(_message.Message):
