@@ -52,7 +52,9 @@ def test_consumed_capacity_is_the_runtime_percentages() -> None:
     assert share_of(ref, None) == DeviceShare("GPU-0")
     assert share_of(ref, {CORES: "30", MEMORY: str(25 * step)}) == DeviceShare("GPU-0", 30, 25)
     assert share_of(ref, {CORES: "30", MEMORY: "0"}) == DeviceShare("GPU-0", 30, 0)
+    # A quarter of 80 GiB in bytes is 25 % (1 % steps are rounded up, not down).
     assert share_of(ref, {CORES: "0", MEMORY: "20Gi"}) == DeviceShare("GPU-0", 0, 25)
+    assert share_of(ref, {CORES: "0", MEMORY: str(25 * step + 1)}) == DeviceShare("GPU-0", 0, 26)
     # Only cores asked: memory took its default, all of it.
     assert share_of(ref, {CORES: "30"}) == DeviceShare("GPU-0", 30, 100)
     assert share_of(ref, {CORES: "100", MEMORY: str(gpu.memory_bytes)}) == DeviceShare("GPU-0")

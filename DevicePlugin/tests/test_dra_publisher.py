@@ -38,9 +38,7 @@ _T = TypeVar("_T")
 @pytest.fixture(scope="module")
 def dra_plane(k8s_tools: object) -> Iterator[ControlPlane]:
     """A control plane with the DRA gates (no scheduler needed)."""
-    config = ControlPlaneConfig(
-        feature_gates=DRA_GATES, scheduler=False
-    )
+    config = ControlPlaneConfig(feature_gates=DRA_GATES, scheduler=False)
     plane = ControlPlane(config).start()
     yield plane
     plane.stop()

@@ -73,14 +73,17 @@ def test_tdm_node_is_one_pool_of_shareable_gpus() -> None:
                 "requestPolicy": {"default": "100", "validRange": {"min": "0", "step": "1"}},
             },
             "memory": {
-                "value": str(80 * GIB),
+                "value": str(100 * step),
                 "requestPolicy": {
                     "default": str(100 * step),
                     "validRange": {"min": "0", "step": str(step)},
                 },
             },
         }
-        assert 80 * GIB - 100 * step < step
+        # 100 steps of 1 %, rounded up: at most 99 bytes above the device's memory, and a
+        # quarter of it in bytes is 25 steps.
+        assert 0 <= 100 * step - 80 * GIB < 100
+        assert -(-(20 * GIB) // step) == 25
 
 
 def test_mig_node_publishes_instances_with_counters_of_their_gpu() -> None:

@@ -8,7 +8,8 @@ Runtime's device ID and core/memory percentages.
 - A MIG instance is `<kind>-<index>-mig-<instance id>`, e.g. `gpu-3-mig-9`.
 - A TDM-mode device allows multiple allocations and has two consumable capacities:
   `cores` (100 per device, step 1: a core percentage) and `memory` (bytes, step 1 % of the
-  device's memory). A request without capacity gets both defaults, the whole device.
+  device's memory, rounded up; 100 steps in all). A request without capacity gets both
+  defaults, the whole device.
 """
 
 from __future__ import annotations
@@ -49,8 +50,11 @@ def mig_name(device: pb.Device, instance: pb.MigInstance) -> str:
 
 
 def memory_step(device: pb.Device) -> int:
-    """Bytes of 1 % of the device's memory (rounded down, at least 1)."""
-    return max(1, device.memory_bytes // 100)
+    """Bytes of 1 % of the device's memory, rounded up (at least 1): a request of a quarter
+    of the memory in bytes is then 25 steps, not 26. A TDM device's `memory` capacity is
+    100 steps (at most 99 bytes above the device's memory): the memory as the Runtime
+    shares it."""
+    return max(1, -(-device.memory_bytes // 100))
 
 
 @dataclass(frozen=True)
@@ -117,11 +121,7 @@ def share_of(ref: DeviceRef, consumed: Mapping[str, str] | None) -> DeviceShare:
     cores = _quantity(consumed, CORES, name)
     memory = _quantity(consumed, MEMORY, name)
     core_percent = WHOLE_CORES if cores is None else math.ceil(cores)
-    memory_percent = (
-        WHOLE_CORES
-        if memory is None
-        else math.ceil(memory * 100 / Decimal(max(ref.device.memory_bytes, 1)))
-    )
+    memory_percent = WHOLE_CORES if memory is None else math.ceil(memory / memory_step(ref.device))
     if core_percent > WHOLE_CORES or memory_percent > WHOLE_CORES:
         raise ShareError(
             f"device {name}: consumed {dict(consumed)} is more than the device has"

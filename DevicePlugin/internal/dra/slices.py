@@ -154,8 +154,8 @@ def _tdm_capacity(device: pb.Device) -> dict[str, Any]:
             },
         },
         MEMORY: {
-            "value": str(device.memory_bytes),
-            # The default must be a step multiple: 100 steps, all memory but < 1 %.
+            # 100 steps of 1 % (naming.memory_step): the default must be a step multiple.
+            "value": str(step * WHOLE_CORES),
             "requestPolicy": {
                 "default": str(step * WHOLE_CORES),
                 "validRange": {"min": "0", "step": str(step)},
