@@ -57,6 +57,13 @@ KNOWN: dict[str, str] = {
     ),
     "lj_runtimekit.deploy.manifests imports another component: "
     "lj_runtimekit.schedulerframework.internal.extender.sample": "the same",
+    "lj_runtimekit.deploy.manifests imports another component: "
+    "lj_runtimekit.deviceplugin.internal.dra": (
+        "deploy renders the DeviceClasses with the DRA plugin's own generator, from the same"
+        " attributes the plugin publishes"
+    ),
+    "lj_runtimekit.deploy.manifests imports another component: "
+    "lj_runtimekit.deviceplugin.internal.dra.classes": "the same",
 }
 
 

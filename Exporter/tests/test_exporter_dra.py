@@ -78,6 +78,18 @@ class PodResourcesServer(prgrpc.PodResourcesListerServicer):
         self.calls += 1
         return self._response
 
+    def Get(
+        self, request: prpb.GetPodResourcesRequest, context: grpc.ServicerContext
+    ) -> prpb.GetPodResourcesResponse:
+        """Not used by the Exporter."""
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "Get")
+
+    def GetAllocatableResources(
+        self, request: prpb.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> prpb.AllocatableResourcesResponse:
+        """Not used by the Exporter."""
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetAllocatableResources")
+
     def start(self) -> PodResourcesServer:
         self._server.start()
         return self
