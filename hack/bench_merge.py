@@ -41,6 +41,7 @@ REQUIRED = {
     "controller": ["label_500_nodes_done_s", "duplicate_jobs", "rss_mb"],
     "controlplane": ["cold_build_s", "warm_start_s", "kwok_1000_nodes_s"],
     "deploy": ["cold_image_build_s"],
+    "dra": ["prepare_p50_ms", "prepare_p99_ms", "plugin_rss_mb"],
 }
 
 # (component, key) -> (comparison, bound) as the issues state them.
@@ -64,6 +65,8 @@ TARGETS = {
     ("controller", "duplicate_jobs"): ("==", 0.0),
     ("controller", "rss_mb"): ("<=", 100.0),
     ("controller", "skewed_leader_takeovers"): ("==", 0.0),
+    ("dra", "prepare_p99_ms"): ("<=", 20.0),
+    ("dra", "plugin_rss_mb"): ("<=", 80.0),
     ("e2e", "churn_device_conflicts"): ("==", 0.0),
     ("e2e", "churn_ledger_mismatches"): ("==", 0.0),
     ("e2e", "churn_foreign_specs"): ("==", 0.0),
