@@ -18,6 +18,7 @@ MIG instances.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import signal
@@ -33,7 +34,7 @@ import pytest
 
 from lj_runtimekit.deviceplugin.internal.dra.cdi import CdiSpecs
 from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes, profile_selector
-from lj_runtimekit.deviceplugin.internal.dra.naming import CORES, MEMORY, memory_step
+from lj_runtimekit.deviceplugin.internal.dra.naming import CORES, MEMORY, DeviceRef, memory_step
 from lj_runtimekit.deviceplugin.internal.dra.prepare import container_key
 from lj_runtimekit.deviceplugin.internal.dra.server import registration_socket
 from lj_runtimekit.envtest.controlplane import DRA_GATES, ControlPlane, ControlPlaneConfig
@@ -202,7 +203,7 @@ class Bed:
             phase = pod.get("status", {}).get("phase")
             return pod if phase == "Running" else NotYet(f"{phase}: {self.events(name)}")
 
-        return [wait_for(lambda n=n: check(n), timeout_s, f"pod {n} Running") for n in names]
+        return [wait_for(functools.partial(check, n), timeout_s, f"pod {n} Running") for n in names]
 
     def claims(self) -> list[dict[str, Any]]:
         return self.kube.list_all(f"{RESOURCE_API}/namespaces/{NS}/resourceclaims")[0]
@@ -230,13 +231,11 @@ class Bed:
         )
 
         def clean() -> bool | NotYet:
-            left = {
-                "pods": [p["metadata"]["name"] for p in self.pods()],
-                "claims": [c["metadata"]["name"] for c in self.claims()],
-                "runtime": {n: list(b.claim_allocations()) for n, b in self.nodes.items()},
-            }
-            if left["pods"] or left["claims"] or any(left["runtime"].values()):
-                return NotYet(str(left))
+            pods = [p["metadata"]["name"] for p in self.pods()]
+            claims = [c["metadata"]["name"] for c in self.claims()]
+            held = {n: list(b.claim_allocations()) for n, b in self.nodes.items()}
+            if pods or claims or any(held.values()):
+                return NotYet(f"pods {pods}, claims {claims}, Runtime claims {held}")
             return True
 
         wait_for(clean, 90, "pods, claims and the Runtimes' claim allocations gone")
@@ -328,7 +327,7 @@ def bed(k8s_tools: object) -> Iterator[Bed]:
             nodes[name].start_plugin()
         bed = Bed(kube, nodes)
         for name in nodes:
-            wait_for(lambda n=name: bed.slices(n), 30, f"slices of {name}")
+            wait_for(functools.partial(bed.slices, name), 30, f"slices of {name}")
         wait_for(
             lambda: kube.list_all(f"/api/v1/namespaces/{NS}/serviceaccounts")[0],
             30,
@@ -336,11 +335,11 @@ def bed(k8s_tools: object) -> Iterator[Bed]:
         )
         yield bed
     finally:
-        for node in nodes.values():
-            node.stop_plugin()
-            if node.sim is not None:
-                node.sim.stop()
-            node.node.stop(delete_node=True)
+        for each in nodes.values():
+            each.stop_plugin()
+            if each.sim is not None:
+                each.sim.stop()
+            each.node.stop(delete_node=True)
         kube.close()
         plane.stop()
 
@@ -442,11 +441,23 @@ def test_claims_run_on_the_real_kubelet(space: Bed) -> None:
     pods = dict(zip(uses, bed.running(*uses), strict=True))
     for name, pod in pods.items():
         check_pod(bed, pod, uses[name])
-    (whole,) = bed.shares(bed.claim_of(pods["whole"], "g"))
-    assert whole.whole
-    (mig,) = bed.shares(bed.claim_of(pods["mig"], "m"))
-    assert mig.device_id.startswith("MIG") or mig.whole
-    assert bed.shares(bed.claim_of(pods["shared"], "h"))[0].core_percent == 20
+    inventories = {n: b.inventory for n, b in bed.nodes.items()}
+
+    def allocated(pod: str, claim: str) -> tuple[DeviceRef, DeviceShare]:
+        ((_, ref, share),) = allocated_shares(bed.claim_of(pods[pod], claim), DRIVER, inventories)
+        return ref, share
+
+    ref, share = allocated("whole", "g")
+    assert share == DeviceShare(ref.device.id)
+    assert ref.instance is None
+    ref, share = allocated("mig", "m")
+    assert ref.instance is not None
+    assert ref.instance.profile == "1g.10gb"
+    assert share == DeviceShare(ref.instance.id)
+    for name, claim, percent in (("slice", "s", 20), ("shared", "h", 20), ("init", "work", 10)):
+        ref, share = allocated(name, claim)
+        assert (share.core_percent, share.memory_percent) == (percent, percent), name
+        assert ref.device.mode == pb.DEVICE_MODE_TDM
     assert check_invariant(bed) == []
     bed.delete_pods()
     assert check_invariant(bed) == []
@@ -500,7 +511,7 @@ def test_plugin_restart_keeps_one_allocation_per_claim(space: Bed) -> None:
         assert bed.slices(node.name) == slices[node.name], "slices stay while the plugin is away"
         node.start_plugin()
     for name in bed.nodes:
-        wait_for(lambda n=name: bed.slices(n), 30, f"slices of {name}")
+        wait_for(functools.partial(bed.slices, name), 30, f"slices of {name}")
     # The checkpoint read back: the same claims held, none twice.
     assert held_claims(bed) == before
     assert check_invariant(bed) == []
