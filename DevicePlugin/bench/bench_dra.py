@@ -29,9 +29,10 @@ KWOK playing only its pod-delete stage, as in bench_scheduler.py; no default sch
    per-round values and the ratio's distribution-free interval are reported.
    The pod mix avoids kube-scheduler 1.34.4's TDM bug (kubernetes issue 133705: once a TDM
    node's first GPU cannot fit a whole or share request, the node's other GPUs are refused
-   too): a MIG request is not affected, a share of 5 % fits a node's first GPU 20 times,
-   and a round puts about one share on each TDM node, so no pod meets the bug and the rate
-   is of scheduling. Each run's pods are deleted before the next run.
+   too): a MIG request is not affected, and a share of 5 % fits a node's first GPU 20
+   times while a round spreads its 250 shares over 500 TDM nodes (a few at most on one),
+   so no pod meets the bug and the rate is of scheduling. Each run's pods are deleted
+   before the next run.
 
     uv run python DevicePlugin/bench/bench_dra.py --out bench/parts/dra.json
 """
@@ -48,8 +49,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from subprocess import STDOUT
 from typing import Any
@@ -146,7 +148,7 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
-async def timed(call: Callable[[], Any]) -> float:
+async def timed(call: Callable[[], Awaitable[object]]) -> float:
     """Milliseconds one awaited call took."""
     t0 = time.perf_counter()
     await call()
@@ -224,14 +226,14 @@ async def prepare_run(kube: KubeClient, kubeconfig: Path, work: Path, n: int) ->
                 if answer.claims[claim.uid].error:
                     raise SystemExit(f"claim {claim.name}: {answer.claims[claim.uid].error}")
 
-            first = [await timed(lambda c=c: prepare(c)) for c in claims]
+            first = [await timed(partial(prepare, c)) for c in claims]
             cpu_per_prepare = (cpu_seconds(plugin.pid) - cpu0) * 1000 / n
             held = [a for a in await runtime.list_allocations() if a.claim_uid]
             if sorted(a.claim_uid for a in held) != sorted(c.uid for c in claims):
                 raise SystemExit(f"the Runtime holds {len(held)} claims, not the {n} prepared")
-            again = [await timed(lambda c=c: prepare(c)) for c in claims]
+            again = [await timed(partial(prepare, c)) for c in claims]
             rss = rss_mb(plugin.pid)
-            release = [await timed(lambda c=c: unprepare(c)) for c in claims]
+            release = [await timed(partial(unprepare, c)) for c in claims]
         left = [a for a in await runtime.list_allocations() if a.claim_uid]
         if left:
             raise SystemExit(f"the Runtime still holds {len(left)} claims after unprepare")
