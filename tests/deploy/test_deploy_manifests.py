@@ -183,7 +183,10 @@ def test_security_resources_and_probes(component: Any) -> None:
         assert mounts["runtime-sockets"]["readOnly"] is True
         assert spec["priorityClassName"] == "system-node-critical"
     elif component.name == "exporter":
-        assert list(host_paths.values()) == ["/run/amp/eKitC/xdm/sockets"]
+        assert sorted(host_paths.values()) == [
+            "/run/amp/eKitC/xdm/sockets",
+            "/var/lib/kubelet/pod-resources",
+        ]
         assert all(m.get("readOnly") for m in mounts.values()), "the exporter only reads"
     else:
         assert host_paths == {}, "no host access for the scheduler and the controller"
