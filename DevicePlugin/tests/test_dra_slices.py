@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes, profile_selector
-from lj_runtimekit.deviceplugin.internal.dra.naming import memory_step, resolve
+from lj_runtimekit.deviceplugin.internal.dra.naming import memory_step, quantity, resolve
 from lj_runtimekit.deviceplugin.internal.dra.slices import (
     MAX_SHARED_COUNTERS,
     build_slices,
@@ -73,10 +73,10 @@ def test_tdm_node_is_one_pool_of_shareable_gpus() -> None:
                 "requestPolicy": {"default": "100", "validRange": {"min": "0", "step": "1"}},
             },
             "memory": {
-                "value": str(100 * step),
+                "value": quantity(100 * step),
                 "requestPolicy": {
-                    "default": str(100 * step),
-                    "validRange": {"min": "0", "step": str(step)},
+                    "default": quantity(100 * step),
+                    "validRange": {"min": "0", "step": quantity(step)},
                 },
             },
         }

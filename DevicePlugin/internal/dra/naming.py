@@ -49,6 +49,21 @@ def mig_name(device: pb.Device, instance: pb.MigInstance) -> str:
     return f"{device_name(device)}-mig-{instance.instance_id}"
 
 
+_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def quantity(value: int) -> str:
+    """`value` as the API server stores it (canonical decimal SI: the largest power of 1000
+    that divides it, e.g. 85899346000 -> "85899346k"), so a slice reads back as written."""
+    if value < 0:
+        raise ValueError(f"a capacity is never negative: {value}")
+    exponent = 0
+    while value and value % 1000 == 0 and exponent < len(_DECIMAL_SUFFIXES) - 1:
+        value //= 1000
+        exponent += 1
+    return f"{value}{_DECIMAL_SUFFIXES[exponent]}"
+
+
 def memory_step(device: pb.Device) -> int:
     """Bytes of 1 % of the device's memory, rounded up (at least 1): a request of a quarter
     of the memory in bytes is then 25 steps, not 26. A TDM device's `memory` capacity is

@@ -34,6 +34,7 @@ from lj_runtimekit.deviceplugin.internal.dra.naming import (
     device_name,
     memory_step,
     mig_name,
+    quantity,
 )
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.devicekind import by_value
@@ -140,25 +141,28 @@ def _counter_set_name(device: pb.Device) -> str:
 
 
 def _counters(slices: int, memory: int) -> dict[str, dict[str, str]]:
-    return {SLICES_COUNTER: {"value": str(slices)}, MEMORY_COUNTER: {"value": str(memory)}}
+    return {
+        SLICES_COUNTER: {"value": quantity(slices)},
+        MEMORY_COUNTER: {"value": quantity(memory)},
+    }
 
 
 def _tdm_capacity(device: pb.Device) -> dict[str, Any]:
     step = memory_step(device)
     return {
         CORES: {
-            "value": str(WHOLE_CORES),
+            "value": quantity(WHOLE_CORES),
             "requestPolicy": {
-                "default": str(WHOLE_CORES),
+                "default": quantity(WHOLE_CORES),
                 "validRange": {"min": "0", "step": "1"},
             },
         },
         MEMORY: {
             # 100 steps of 1 % (naming.memory_step): the default must be a step multiple.
-            "value": str(step * WHOLE_CORES),
+            "value": quantity(step * WHOLE_CORES),
             "requestPolicy": {
-                "default": str(step * WHOLE_CORES),
-                "validRange": {"min": "0", "step": str(step)},
+                "default": quantity(step * WHOLE_CORES),
+                "validRange": {"min": "0", "step": quantity(step)},
             },
         },
     }
@@ -213,7 +217,7 @@ class _Builder:
                 MODE: _string(TDM_MODE if tdm else EXCLUSIVE_MODE),
                 **self._base_attributes(device),
             },
-            "capacity": {MEMORY: {"value": str(device.memory_bytes)}},
+            "capacity": {MEMORY: {"value": quantity(device.memory_bytes)}},
         }
         unit = _Unit([out])
         if kind.shareable and tdm:
@@ -244,7 +248,7 @@ class _Builder:
                     PARENT_INDEX: _int(device.index),
                     **self._base_attributes(device),
                 },
-                "capacity": {MEMORY: {"value": str(instance.memory_bytes)}},
+                "capacity": {MEMORY: {"value": quantity(instance.memory_bytes)}},
                 "consumesCounters": [
                     {
                         "counterSet": _counter_set_name(device),
