@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,9 +53,18 @@ class Node:
         self.sim = sim
         self.workdir = workdir
 
-    def publisher(self) -> SlicePublisher:
+    def publisher(
+        self, on_reconnect: Callable[[], Awaitable[None]] | None = None
+    ) -> SlicePublisher:
         runtime = RuntimeClient(self.workdir / "sim", RUNTIME_SOCKET, RetryPolicy(attempts=2))
-        return SlicePublisher(self.kube, runtime, PROTOCOL, self.name, max_backoff_s=0.5)
+        return SlicePublisher(
+            self.kube,
+            runtime,
+            PROTOCOL,
+            self.name,
+            max_backoff_s=0.5,
+            on_reconnect=on_reconnect,
+        )
 
     def slices(self, driver: str = DRIVER) -> dict[str, dict[str, Any]]:
         """This node's slices of `driver` by name."""
@@ -186,6 +195,54 @@ async def test_publish_adopt_and_generations(
         # The node goes: its slices are garbage-collected with it.
         node.kube.request("DELETE", f"/api/v1/nodes/{node.name}")
         await node.wait(lambda: not node.slices(), f"slices of {node.name} deleted with it")
+
+
+async def test_inventory_and_on_reconnect(
+    dra_plane: ControlPlane, workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "lj_runtimekit.deviceplugin.internal.dra.publisher")
+    seen: list[tuple[pb.Device, ...] | None] = []
+    publisher: SlicePublisher | None = None
+
+    async def reconnected() -> None:
+        assert publisher is not None
+        seen.append(publisher.inventory())
+        if len(seen) == 1:
+            raise RuntimeError("preparer not ready")
+
+    async with node_with_sim(dra_plane, workdir, "tdm-8gpu", "pub-reconnect") as node:
+        publisher = node.publisher(on_reconnect=reconnected)
+        assert publisher.inventory() is None
+        ids = sorted(d.id for d in node.sim.state.devices)
+        async with running(publisher):
+            await node.at_generation(1)
+            inventory = publisher.inventory()
+            assert inventory is not None
+            assert sorted(d.id for d in inventory) == ids
+            assert seen == []  # the first connection is no reconnection
+
+            # The Runtime comes back: awaited once, with the inventory just listed; its
+            # failure is logged and publishing goes on.
+            await node.sim.runtime.restart(300)
+            await node.wait(lambda: len(seen) == 1 or NotYet(str(seen)), "on_reconnect awaited")
+            assert seen[0] is not None
+            assert sorted(d.id for d in seen[0]) == ids
+            (failed,) = [r for r in caplog.records if r.getMessage().startswith("on_reconnect")]
+            assert failed.levelno == logging.WARNING
+            assert failed.__dict__["error"] == "preparer not ready"
+
+            # Watch events update the inventory.
+            gpu3 = node.sim.state.devices[3].id
+            await node.set_health(gpu3, False, "XID 79")
+            await node.at_generation(2)
+            inventory = publisher.inventory()
+            assert inventory is not None
+            assert [d.health for d in inventory if d.id == gpu3] == [pb.HEALTH_UNHEALTHY]
+
+            await node.sim.runtime.restart(300)
+            await node.wait(lambda: len(seen) == 2 or NotYet(str(seen)), "on_reconnect again")
+            assert node.devices()["gpu-3"]["taints"][0]["value"] == "XID-79"
+        assert len(seen) == 2
 
 
 async def test_republish_on_health_changes(dra_plane: ControlPlane, workdir: Path) -> None:

@@ -5,7 +5,10 @@ and publishes above their pool generation; afterwards each change of the invento
 content (devices, modes, health) bumps the generation of every slice of the pool, extra
 slices are deleted, and unchanged content is not written again. The Runtime is followed
 with ListDevices, then WatchDevices, reconnecting with bounded backoff (tenacity) when it
-restarts; the slices stay as they are while it is away.
+restarts; the slices stay as they are while it is away. `inventory` is the Runtime's
+devices as last seen; `on_reconnect` is awaited each time ListDevices answers again after
+the first time (the Runtime came back, or publishing was interrupted), before the slices
+are synced.
 
 The API server drops the fields of a DRA feature gate that is off; the publisher compares
 what it wrote with what was stored, logs the missing gate once and reports it
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
@@ -97,6 +100,7 @@ class SlicePublisher:
         kube_retry: RetryPolicy | None = None,
         initial_backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
+        on_reconnect: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._kube = kube
         self._runtime = runtime
@@ -105,6 +109,8 @@ class SlicePublisher:
         self._kube_retry = kube_retry or RetryPolicy()
         self._initial_backoff_s = initial_backoff_s
         self._max_backoff_s = max_backoff_s
+        self._on_reconnect = on_reconnect
+        self._inventory: tuple[pb.Device, ...] | None = None
         self._generation = 0
         self._published: list[Any] | None = None
         """Content of the pool as last written; None: unknown (adopt the server's first)."""
@@ -116,6 +122,11 @@ class SlicePublisher:
     def generation(self) -> int:
         """The pool generation last published (0: nothing yet)."""
         return self._generation
+
+    def inventory(self) -> tuple[pb.Device, ...] | None:
+        """The Runtime's devices as last seen (ListDevices, then each watch event); None
+        until ListDevices first answered."""
+        return self._inventory
 
     @property
     def missing_gates(self) -> tuple[str, ...]:
@@ -170,19 +181,36 @@ class SlicePublisher:
         try:
             devices = {d.id: d for d in await self._runtime.list_devices()}
             log.info("following the Runtime", extra={"node": self._node, "devices": len(devices)})
-            await self._sync(devices.values())
+            again = self._inventory is not None
+            self._inventory = tuple(devices.values())
+            if again:
+                await self._reconnected()
+            await self._sync(self._inventory)
             got_event = False
             async with contextlib.aclosing(self._runtime.watch_devices()) as events:
                 async for event in events:
                     got_event = True
                     devices = _apply(devices, event)
-                    await self._sync(devices.values())
+                    self._inventory = tuple(devices.values())
+                    await self._sync(self._inventory)
         except (RuntimeUnavailableError, RuntimeCallError):
             await self._runtime.close()
             raise
         if not got_event:
             raise _StreamEnded(f"Runtime watch on {self._runtime.socket_path} ended at once")
         log.info("runtime watch ended, reconnecting", extra={"node": self._node})
+
+    async def _reconnected(self) -> None:
+        """Await `on_reconnect`; its failure is logged and publishing goes on."""
+        if self._on_reconnect is None:
+            return
+        try:
+            await self._on_reconnect()
+        except Exception as exc:
+            log.warning(
+                "on_reconnect failed, publishing goes on",
+                extra={"node": self._node, "error": str(exc) or type(exc).__name__},
+            )
 
     async def _adopt(self) -> None:
         """Take over the pool on the server: its slices and generation, and the node's UID."""
