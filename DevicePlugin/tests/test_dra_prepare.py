@@ -9,9 +9,11 @@ nor leak."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,12 +26,12 @@ from lj_runtimekit.deviceplugin.internal.dra.checkpoint import (
     CheckpointError,
     PreparedClaim,
 )
-from lj_runtimekit.deviceplugin.internal.dra.claims import ClaimRef, claim_path
+from lj_runtimekit.deviceplugin.internal.dra.claims import ClaimDevice, ClaimRef, claim_path
 from lj_runtimekit.deviceplugin.internal.dra.prepare import Preparer, container_key
 from lj_runtimekit.envtest import DRA_GATES, ControlPlane, ControlPlaneConfig
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.kube import KubeClient
-from lj_runtimekit.proto.pkg.protocol import load_protocol
+from lj_runtimekit.proto.pkg.protocol import DeviceShare, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
 from lj_runtimekit.runtimesim.node import load_node_file
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
@@ -133,7 +135,12 @@ class Node:
     cdi_dir: Path
     state_dir: Path
 
-    def preparer(self, cdi_dir: Path | None = None, state_dir: Path | None = None) -> Preparer:
+    def preparer(
+        self,
+        cdi_dir: Path | None = None,
+        state_dir: Path | None = None,
+        inventory: Callable[[], Sequence[pb.Device] | None] | None = None,
+    ) -> Preparer:
         """A fresh plugin's preparer over the same directories (unless others are given)."""
         return Preparer(
             self.kube,
@@ -142,6 +149,7 @@ class Node:
             POOL,
             CdiSpecs(cdi_dir or self.cdi_dir, DRIVER),
             Checkpoint(state_dir or self.state_dir),
+            inventory=inventory,
         )
 
     def gpu(self, index: int) -> str:
@@ -173,12 +181,24 @@ class Node:
         await self.sim.start()
 
 
+class CountingRuntime(RuntimeClient):
+    """The Runtime client, counting its ListDevices calls."""
+
+    list_calls = 0
+
+    async def list_devices(self) -> list[pb.Device]:
+        self.list_calls += 1
+        return await super().list_devices()
+
+
 @pytest.fixture
 async def node(workdir: Path, kube: KubeClient) -> AsyncIterator[Node]:
     """A TDM node with 8 GPUs of 80 GiB."""
     sim = Simulator(load_node_file(EXAMPLE_NODES / "tdm-8gpu.yaml"), workdir / "sim")
     await sim.start()
-    runtime = RuntimeClient(workdir / "sim", RUNTIME_SOCKET, RetryPolicy(attempts=5, max_delay_s=5))
+    runtime = CountingRuntime(
+        workdir / "sim", RUNTIME_SOCKET, RetryPolicy(attempts=5, max_delay_s=5)
+    )
     n = Node(sim, runtime, kube, workdir / "cdi", workdir / "state")
     try:
         yield n
@@ -427,6 +447,90 @@ async def test_runtime_restart_that_lost_allocations(node: Node, ns: str) -> Non
     assert list(node.held()) == [container_key(ref.uid)]
 
 
+async def test_runtime_restart_while_running_gives_the_claims_back_once(
+    node: Node, ns: str
+) -> None:
+    kept = write_claim(node.kube, ns, "kept", [result("gpu-1", consumed={"cores": "40"})])
+    whole = write_claim(node.kube, ns, "whole", [result("gpu-2")])
+    gone = write_claim(node.kube, ns, "gone", [result("gpu-3")])
+    preparer = node.preparer()
+    await preparer.reconcile()
+    claims = await prepared(preparer, kept, whole, gone)
+    before = node.held()
+    assert await preparer.restore_lost() == ()  # the Runtime lost nothing
+    assert node.held() == before
+
+    await node.restart_runtime()
+    assert node.held() == {}
+    # the checkpoint in memory is current: the files are not read again
+    for path in Checkpoint(node.state_dir).directory.iterdir():
+        path.write_text("{")
+    # the Runtime is back while the kubelet repeats one claim and unprepares another
+    restored, repeated, unprepared = await asyncio.gather(
+        preparer.restore_lost(), preparer.prepare([kept]), preparer.unprepare([gone])
+    )
+    assert whole.uid in restored
+    assert repeated == {kept.uid: claims[0]}
+    assert unprepared == {gone.uid: ""}
+    assert node.held() == {k: v for k, v in before.items() if k != container_key(gone.uid)}
+    assert len(node.sim.allocator.allocations()) == 2, "a claim is held twice"
+    assert node.specs() == sorted(
+        CdiSpecs(node.cdi_dir, DRIVER).path(r.uid).name for r in (kept, whole)
+    )
+    assert await preparer.restore_lost() == ()
+    assert len(node.sim.allocator.allocations()) == 2
+
+
+async def test_repeat_while_the_runtime_is_away_keeps_the_claim(node: Node, ns: str) -> None:
+    ref = write_claim(node.kube, ns, "away", [result("gpu-5")])
+    preparer = node.preparer()
+    await preparer.reconcile()
+    (claim,) = await prepared(preparer, ref)
+    spec = CdiSpecs(node.cdi_dir, DRIVER).path(ref.uid)
+    await node.sim.stop(0)
+    error = (await preparer.prepare([ref]))[ref.uid]
+    assert isinstance(error, str)
+    assert "not reachable" in error
+    assert spec.exists(), "a prepared claim's CDI spec was removed"
+    assert preparer.prepared == {ref.uid: claim}
+    node.sim = Simulator(node.sim.node, node.sim.socket_dir)
+    await node.sim.start()
+    assert await preparer.restore_lost() == (ref.uid,)
+    assert list(node.held()) == [container_key(ref.uid)]
+    assert await preparer.prepare([ref]) == {ref.uid: claim}
+
+
+async def test_devices_come_from_the_inventory_provider(node: Node, ns: str) -> None:
+    runtime = node.runtime
+    assert isinstance(runtime, CountingRuntime)
+    devices = await runtime.list_devices()
+    seen: list[Sequence[pb.Device] | None] = [devices]
+    preparer = node.preparer(inventory=lambda: seen[0])
+    await preparer.reconcile()
+    runtime.list_calls = 0
+    known = write_claim(node.kube, ns, "known", [result("gpu-0", consumed={"cores": "10"})])
+    await prepared(preparer, known)
+    assert runtime.list_calls == 0
+    # a device the provider does not know yet: the Runtime is asked
+    seen[0] = [d for d in devices if d.index != 5]
+    fresh = write_claim(node.kube, ns, "fresh", [result("gpu-5")])
+    await prepared(preparer, fresh)
+    assert runtime.list_calls == 1
+    # no inventory yet (the publisher has not read it): the Runtime is asked
+    seen[0] = None
+    cold = write_claim(node.kube, ns, "cold", [result("gpu-6")])
+    await prepared(preparer, cold)
+    assert runtime.list_calls == 2
+    # a device neither knows is refused
+    seen[0] = devices
+    ghost = write_claim(node.kube, ns, "ghost", [result("gpu-42")])
+    error = (await preparer.prepare([ghost]))[ghost.uid]
+    assert isinstance(error, str)
+    assert "device gpu-42 is not in the Runtime's inventory" in error
+    assert runtime.list_calls == 3
+    assert set(node.held()) == {container_key(r.uid) for r in (known, fresh, cold)}
+
+
 async def test_start_releases_allocations_nobody_knows(node: Node, ns: str) -> None:
     live = write_claim(node.kube, ns, "live", [result("gpu-0")])
     gone = write_claim(node.kube, ns, "gone", [result("gpu-1")])
@@ -464,17 +568,101 @@ async def test_unprepare_unknown_claim_succeeds(node: Node, ns: str) -> None:
     assert await preparer.unprepare([ghost]) == {ghost.uid: ""}
 
 
+def checkpointed(uid: str) -> PreparedClaim:
+    """A prepared claim of one TDM share."""
+    share = DeviceShare("GPU-x", 30, 25)
+    return PreparedClaim(
+        ClaimRef("ns", f"c-{uid}", uid),
+        (ClaimDevice(("gpu",), POOL, "gpu-0", share),),
+        (share,),
+        f"{DRIVER}/claim={uid}",
+    )
+
+
 def test_damaged_checkpoint_is_refused(tmp_path: Path) -> None:
     checkpoint = Checkpoint(tmp_path)
-    claim = PreparedClaim(ClaimRef("ns", "c", "u-1"), (), (), f"{DRIVER}/claim=u-1")
-    checkpoint.put(claim)
-    doc = json.loads(checkpoint.path.read_text())
-    doc["claims"]["u-1"]["name"] = "other"
-    checkpoint.path.write_text(json.dumps(doc))
-    with pytest.raises(CheckpointError, match="does not match its checksum"):
+    checkpoint.put(checkpointed("u-1"))
+    path = checkpoint.path("u-1")
+    good = path.read_text()
+    doc = json.loads(good)
+    doc["claim"]["name"] = "other"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} does not match its checksum"):
         Checkpoint(tmp_path).load()
-    checkpoint.path.write_text("{")
-    with pytest.raises(CheckpointError, match=f"checkpoint {checkpoint.path} is unreadable"):
+    path.write_text("{")
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} is unreadable"):
+        Checkpoint(tmp_path).load()
+    path.write_text(good.replace('"version": 2', '"version": 9'))
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} has version 9, expected 2"):
+        Checkpoint(tmp_path).load()
+    other = checkpoint.path("u-2")
+    other.write_text(good)
+    path.write_text(good)
+    with pytest.raises(CheckpointError, match=f"checkpoint {other} holds claim UID u-1"):
+        Checkpoint(tmp_path).load()
+
+
+def test_checkpoint_writes_only_the_claim_it_changes(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(tmp_path)
+    for i in range(3):
+        checkpoint.put(checkpointed(f"u-{i}"))
+    before = {p.name: os.stat(p) for p in checkpoint.directory.iterdir()}
+    checkpoint.put(checkpointed("u-3"))
+    checkpoint.drop("u-1")
+    after = {p.name: os.stat(p) for p in checkpoint.directory.iterdir()}
+    assert sorted(after) == ["u-0.json", "u-2.json", "u-3.json"], "a temporary file was left"
+    for name in ("u-0.json", "u-2.json"):
+        assert (after[name].st_ino, after[name].st_mtime_ns) == (
+            before[name].st_ino,
+            before[name].st_mtime_ns,
+        ), f"{name} was written again"
+    reread = Checkpoint(tmp_path)
+    reread.load()
+    assert reread.claims == {u: checkpointed(u) for u in ("u-0", "u-2", "u-3")}
+    # a write a crash interrupted is no claim
+    (checkpoint.directory / ".u-4.json.tmp").write_text("{")
+    reread.load()
+    assert set(reread.claims) == {"u-0", "u-2", "u-3"}
+    assert not list(checkpoint.directory.glob(".*"))
+
+
+def test_checkpoint_of_the_single_file_format_is_split(tmp_path: Path) -> None:
+    """A plugin upgraded from the single checkpoint file keeps every claim."""
+    entries = {
+        uid: {
+            "namespace": "ns",
+            "name": f"c-{uid}",
+            "devices": [
+                {
+                    "requests": ["gpu"],
+                    "pool": POOL,
+                    "device": "gpu-0",
+                    "share": {"id": "GPU-x", "cores": 30, "memory": 25},
+                }
+            ],
+            "shares": [{"id": "GPU-x", "cores": 30, "memory": 25}],
+            "cdi": f"{DRIVER}/claim={uid}",
+        }
+        for uid in ("u-1", "u-2")
+    }
+    checksum = hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+    legacy = tmp_path / "checkpoint.json"
+    legacy.write_text(json.dumps({"version": 1, "checksum": checksum, "claims": entries}))
+    checkpoint = Checkpoint(tmp_path)
+    checkpoint.load()
+    assert checkpoint.claims == {u: checkpointed(u) for u in ("u-1", "u-2")}
+    assert not legacy.exists()
+    assert sorted(p.name for p in checkpoint.directory.iterdir()) == ["u-1.json", "u-2.json"]
+    reread = Checkpoint(tmp_path)
+    reread.load()
+    assert reread.claims == checkpoint.claims
+
+    entries["u-1"]["name"] = "other"
+    legacy.write_text(json.dumps({"version": 1, "checksum": checksum, "claims": entries}))
+    with pytest.raises(CheckpointError, match=f"checkpoint {legacy} does not match its checksum"):
+        Checkpoint(tmp_path).load()
+    legacy.write_text(json.dumps({"version": 7, "checksum": checksum, "claims": entries}))
+    with pytest.raises(CheckpointError, match=f"checkpoint {legacy} has version 7, expected 1"):
         Checkpoint(tmp_path).load()
 
 

@@ -1,8 +1,11 @@
 """The checkpoint of prepared claims: what each holds in the Runtime and what the kubelet was
 answered, so that a restarted plugin prepares nothing twice and leaks nothing.
 
-One JSON file, written to a temporary file and renamed; a SHA-256 checksum of its entries
-tells a damaged file from a good one.
+One small JSON file per claim, `<directory>/claims/<uid>.json`, so that recording or
+forgetting a claim writes that claim only, whatever else is held. Each is written to a
+hidden temporary file, synced and renamed (the directory synced after it); a SHA-256
+checksum of its entry tells a damaged file from a good one. The single file of earlier
+versions (`checkpoint.json`) is read once and split into per-claim files.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from typing import Any
 from lj_runtimekit.deviceplugin.internal.dra.claims import ClaimDevice, ClaimRef
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
 
-FILE_NAME = "checkpoint.json"
-VERSION = 1
+CLAIMS_DIR = "claims"
+VERSION = 2
+LEGACY_FILE = "checkpoint.json"
+LEGACY_VERSION = 1
+"""The single file of every claim, written before per-claim files."""
 
 
 class CheckpointError(Exception):
@@ -81,69 +87,130 @@ def _decode(uid: str, raw: Mapping[str, Any]) -> PreparedClaim:
     )
 
 
-def _checksum(entries: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(entries, sort_keys=True).encode()).hexdigest()
+def _checksum(entry: Any) -> str:
+    return hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {path} is unreadable: {exc}") from exc
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Checkpoint:
-    """Prepared claims by UID, kept in `<directory>/checkpoint.json` (blocking I/O)."""
+    """Prepared claims by UID, one file each under `<directory>/claims/` (blocking I/O;
+    calls for different claims may run at once, in threads)."""
 
     def __init__(self, directory: Path) -> None:
-        self.path = directory / FILE_NAME
+        self.directory = directory / CLAIMS_DIR
+        self.legacy_path = directory / LEGACY_FILE
         self._claims: dict[str, PreparedClaim] = {}
 
     @property
     def claims(self) -> Mapping[str, PreparedClaim]:
-        """The prepared claims by UID."""
+        """The prepared claims by UID (a copy)."""
         return dict(self._claims)
 
+    def get(self, uid: str) -> PreparedClaim | None:
+        """The prepared claim of a UID, if recorded."""
+        return self._claims.get(uid)
+
+    def path(self, uid: str) -> Path:
+        """The file of a claim."""
+        return self.directory / f"{uid}.json"
+
     def load(self) -> None:
-        """Read the file (none yet: no claims); CheckpointError when it is damaged."""
-        try:
-            doc = json.loads(self.path.read_bytes())
-        except FileNotFoundError:
-            self._claims = {}
-            return
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint {self.path} is unreadable: {exc}") from exc
+        """Read every claim's file (none yet: no claims); CheckpointError, naming the file,
+        when one is damaged. A file of an earlier version is split into claim files first."""
+        if self.legacy_path.exists():
+            self._split_legacy()
+        claims: dict[str, PreparedClaim] = {}
+        if self.directory.is_dir():
+            for tmp in self.directory.glob(".*.tmp"):  # a write a crash interrupted
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+            for path in sorted(self.directory.glob("*.json")):
+                claim = self._read(path)
+                claims[claim.ref.uid] = claim
+        self._claims = claims
+
+    def _read(self, path: Path) -> PreparedClaim:
+        doc = _read_json(path)
         try:
             if doc["version"] != VERSION:
                 raise CheckpointError(
-                    f"checkpoint {self.path} has version {doc['version']}, expected {VERSION}"
+                    f"checkpoint {path} has version {doc['version']}, expected {VERSION}"
+                )
+            entry = doc["claim"]
+            if _checksum(entry) != doc["checksum"]:
+                raise CheckpointError(f"checkpoint {path} does not match its checksum")
+            uid = str(entry["uid"])
+            if path.name != f"{uid}.json":
+                raise CheckpointError(f"checkpoint {path} holds claim UID {uid}")
+            return _decode(uid, entry)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(f"checkpoint {path} is malformed: {exc!r}") from exc
+
+    def _split_legacy(self) -> None:
+        path = self.legacy_path
+        doc = _read_json(path)
+        try:
+            if doc["version"] != LEGACY_VERSION:
+                raise CheckpointError(
+                    f"checkpoint {path} has version {doc['version']}, expected {LEGACY_VERSION}"
                 )
             entries = doc["claims"]
             if _checksum(entries) != doc["checksum"]:
-                raise CheckpointError(f"checkpoint {self.path} does not match its checksum")
-            self._claims = {uid: _decode(uid, raw) for uid, raw in entries.items()}
+                raise CheckpointError(f"checkpoint {path} does not match its checksum")
+            claims = [_decode(uid, raw) for uid, raw in entries.items()]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CheckpointError(f"checkpoint {self.path} is malformed: {exc!r}") from exc
+            raise CheckpointError(f"checkpoint {path} is malformed: {exc!r}") from exc
+        for claim in claims:
+            self.put(claim)
+        try:
+            path.unlink()
+            _sync_dir(path.parent)
+        except OSError as exc:
+            raise CheckpointError(f"cannot remove checkpoint {path}: {exc}") from exc
 
     def put(self, claim: PreparedClaim) -> None:
-        """Record a prepared claim and write the file."""
-        claims = {**self._claims, claim.ref.uid: claim}
-        self._write(claims)
-        self._claims = claims
-
-    def drop(self, uid: str) -> None:
-        """Forget a claim and write the file (nothing when it is not recorded)."""
-        if uid not in self._claims:
-            return
-        claims = {k: v for k, v in self._claims.items() if k != uid}
-        self._write(claims)
-        self._claims = claims
-
-    def _write(self, claims: Mapping[str, PreparedClaim]) -> None:
-        entries = {uid: _encode(c) for uid, c in claims.items()}
-        doc = {"version": VERSION, "checksum": _checksum(entries), "claims": entries}
-        tmp = self.path.with_name(f".{FILE_NAME}.tmp")
+        """Record a prepared claim: write its file."""
+        uid = claim.ref.uid
+        entry = {"uid": uid, **_encode(claim)}
+        doc = {"version": VERSION, "checksum": _checksum(entry), "claim": entry}
+        path = self.path(uid)
+        tmp = self.directory / f".{path.name}.tmp"
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(json.dumps(doc, indent=1, sort_keys=True).encode())
+                f.write(json.dumps(doc, sort_keys=True).encode())
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            os.replace(tmp, path)
+            _sync_dir(self.directory)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            raise CheckpointError(f"cannot write checkpoint {self.path}: {exc}") from exc
+            raise CheckpointError(f"cannot write checkpoint {path}: {exc}") from exc
+        self._claims[uid] = claim
+
+    def drop(self, uid: str) -> None:
+        """Forget a claim: remove its file (nothing when it is not recorded)."""
+        if uid not in self._claims:
+            return
+        path = self.path(uid)
+        try:
+            path.unlink(missing_ok=True)
+            _sync_dir(self.directory)
+        except OSError as exc:
+            raise CheckpointError(f"cannot remove checkpoint {path}: {exc}") from exc
+        self._claims.pop(uid, None)

@@ -4,7 +4,12 @@ A claim is allocated once in the Runtime as a holder of its own (container key
 `claim/<uid>`), however many containers and pods share it; its injection becomes a CDI
 spec, and the claim is recorded in the checkpoint. A refusal leaves nothing held and no
 CDI spec. Claims are locked one by one; claims of one request are prepared concurrently.
-On start the checkpoint is reconciled with the Runtime's claim allocations.
+On start the checkpoint is reconciled with the Runtime's claim allocations, and again
+whenever the Runtime comes back (it may have restarted without them).
+
+A prepare costs the same however many claims are held: devices are resolved against the
+inventory the slice publisher follows (the Runtime is asked only when that is unknown or
+does not name a claim's device) and the checkpoint writes the one claim.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from lj_runtimekit.deviceplugin.internal.dra.cdi import CdiError, CdiSpecs
@@ -22,6 +27,7 @@ from lj_runtimekit.deviceplugin.internal.dra.checkpoint import (
     PreparedClaim,
 )
 from lj_runtimekit.deviceplugin.internal.dra.claims import (
+    ClaimDevice,
     ClaimError,
     ClaimRef,
     claim_devices,
@@ -100,17 +106,20 @@ class Preparer:
         cdi: CdiSpecs,
         checkpoint: Checkpoint,
         *,
+        inventory: Callable[[], Sequence[pb.Device] | None] | None = None,
         kube_retry: KubeRetryPolicy = KUBE_RETRY,
     ) -> None:
+        """`inventory`: the Runtime's devices as last seen (None: not known yet); without
+        it every claim reads them from the Runtime."""
         self._kube = kube
         self._runtime = runtime
         self.driver = driver
         self.pool = pool
         self._cdi = cdi
         self._checkpoint = checkpoint
+        self._inventory = inventory
         self._kube_retry = kube_retry
         self._locks = _KeyedLocks()
-        self._write = asyncio.Lock()
 
     @property
     def prepared(self) -> dict[str, PreparedClaim]:
@@ -121,38 +130,36 @@ class Preparer:
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Each claim's devices, or the error the kubelet shows for it."""
-        try:
-            inventory = tuple(await self._runtime.list_devices())
-        except (RuntimeUnavailableError, RuntimeCallError) as exc:
-            return {ref.uid: f"{ref}: cannot read the Runtime's devices: {exc}" for ref in refs}
-        outcomes = await asyncio.gather(*(self._prepare_one(ref, inventory) for ref in refs))
+        outcomes = await asyncio.gather(*(self._prepare_one(ref) for ref in refs))
         return {ref.uid: outcome for ref, outcome in zip(refs, outcomes, strict=True)}
 
-    async def _prepare_one(
-        self, ref: ClaimRef, inventory: tuple[pb.Device, ...]
-    ) -> PreparedClaim | str:
+    async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim | str:
         async with self._locks.hold(ref.uid):
             try:
-                known = self._checkpoint.claims.get(ref.uid)
+                known = self._checkpoint.get(ref.uid)
                 if known is not None:
                     return await self._ensure(known)
-                return await self._prepare_new(ref, inventory)
+                return await self._prepare_new(ref)
             except ClaimError as exc:
                 log.warning("claim not prepared", extra={"claim": str(ref), "reason": str(exc)})
                 return str(exc)
 
-    async def _prepare_new(self, ref: ClaimRef, inventory: tuple[pb.Device, ...]) -> PreparedClaim:
+    async def _prepare_new(self, ref: ClaimRef) -> PreparedClaim:
         claim = await self._read(ref)
-        devices = claim_devices(claim, ref, self.driver, self.pool, inventory)
+        devices = await self._devices(claim, ref)
         if not devices:
             return PreparedClaim(ref, (), (), "")
         shares = merged_shares(ref, devices)
         prepared = PreparedClaim(ref, devices, shares, self._cdi.device_id(ref.uid))
-        spec = await self._allocate(prepared)
         try:
-            await asyncio.to_thread(self._cdi.write, ref.uid, spec)
-            async with self._write:
-                await asyncio.to_thread(self._checkpoint.put, prepared)
+            spec = await self._allocate(prepared)
+        except ClaimError as exc:
+            if isinstance(exc.__cause__, RuntimeUnavailableError):
+                # The call may have reached the Runtime before the answer was lost.
+                await self._undo(ref)
+            raise
+        try:
+            await asyncio.to_thread(self._record, prepared, spec)
         except (CdiError, CheckpointError) as exc:
             await self._undo(ref)
             raise ClaimError(f"{ref}: {exc}") from exc
@@ -161,6 +168,26 @@ class Preparer:
             extra={"claim": str(ref), "devices": ",".join(s.device_id for s in shares)},
         )
         return prepared
+
+    async def _devices(self, claim: KubeObject, ref: ClaimRef) -> tuple[ClaimDevice, ...]:
+        """The claim's devices, resolved against the known inventory; against the Runtime's
+        own when that is unknown or refuses the claim (it may lag behind the Runtime)."""
+        known = self._inventory() if self._inventory is not None else None
+        if known is not None:
+            try:
+                return claim_devices(claim, ref, self.driver, self.pool, known)
+            except ClaimError:
+                pass
+        try:
+            inventory = await self._runtime.list_devices()
+        except (RuntimeUnavailableError, RuntimeCallError) as exc:
+            raise ClaimError(f"{ref}: cannot read the Runtime's devices: {exc}") from exc
+        return claim_devices(claim, ref, self.driver, self.pool, inventory)
+
+    def _record(self, claim: PreparedClaim, spec: pb.InjectionSpec) -> None:
+        """Write the claim's CDI spec, then its checkpoint entry (blocking)."""
+        self._cdi.write(claim.ref.uid, spec)
+        self._checkpoint.put(claim)
 
     async def _ensure(self, known: PreparedClaim) -> PreparedClaim:
         """A checkpointed claim again: the Runtime holds it (the same Allocate is answered
@@ -192,11 +219,7 @@ class Preparer:
         )
         try:
             response = await self._runtime.allocate(request)
-        except RuntimeCallError as exc:
-            raise ClaimError(f"{ref}: {exc}") from exc
-        except RuntimeUnavailableError as exc:
-            # The call may have reached the Runtime before the answer was lost.
-            await self._undo(ref)
+        except (RuntimeCallError, RuntimeUnavailableError) as exc:
             raise ClaimError(f"{ref}: {exc}") from exc
         return response.spec
 
@@ -219,16 +242,19 @@ class Preparer:
         async with self._locks.hold(ref.uid):
             try:
                 released = await self._runtime.release(container_key(ref.uid))
-                await asyncio.to_thread(self._cdi.remove, ref.uid)
-                async with self._write:
-                    await asyncio.to_thread(self._checkpoint.drop, ref.uid)
+                await asyncio.to_thread(self._forget, ref.uid)
             except (RuntimeUnavailableError, RuntimeCallError, CdiError, CheckpointError) as exc:
                 log.warning("claim not unprepared", extra={"claim": str(ref), "reason": str(exc)})
                 return f"{ref}: {exc}"
         log.info("claim unprepared", extra={"claim": str(ref), "released": released})
         return ""
 
-    # Start
+    def _forget(self, uid: str) -> None:
+        """Remove the claim's CDI spec, then its checkpoint entry (blocking)."""
+        self._cdi.remove(uid)
+        self._checkpoint.drop(uid)
+
+    # Start, and the Runtime back
 
     async def reconcile(self) -> Reconciled:
         """Load the checkpoint and make the Runtime agree with it: allocate again what the
@@ -236,18 +262,9 @@ class Preparer:
         server knows (claim gone, or another UID), remove CDI specs of unknown claims.
         Raises CheckpointError, RuntimeUnavailableError and RuntimeCallError."""
         await asyncio.to_thread(self._checkpoint.load)
-        held = {a.claim_uid: a for a in await self._runtime.list_allocations() if a.claim_uid}
         known = self._checkpoint.claims
-        reallocated: list[str] = []
-        for uid, claim in known.items():
-            try:
-                await self._ensure(claim)
-            except ClaimError as exc:
-                log.error("checkpointed claim not held", extra={"reason": str(exc)})
-                continue
-            if uid not in held:
-                reallocated.append(uid)
-                log.warning("claim allocated again (the Runtime lost it)", extra={"claim": uid})
+        held = await self._held()
+        reallocated = await self._hold(known, held, lost_only=False)
         released = [
             uid
             for uid, allocation in held.items()
@@ -260,6 +277,48 @@ class Preparer:
         for uid in removed:
             self._cdi.remove(uid)
         return Reconciled(tuple(reallocated), tuple(released), tuple(removed))
+
+    async def restore_lost(self) -> tuple[str, ...]:
+        """After the Runtime came back (it may have restarted without its allocations):
+        allocate again the prepared claims it does not hold, from the checkpoint as it
+        stands (not read again), each under its claim's lock, so no prepare or unprepare
+        runs beside it. The UIDs allocated again. Raises RuntimeUnavailableError and
+        RuntimeCallError when the Runtime's allocations cannot be listed."""
+        known = self._checkpoint.claims  # before the listing: a claim prepared later is held
+        restored = await self._hold(known, await self._held(), lost_only=True)
+        return tuple(restored)
+
+    async def _held(self) -> dict[str, pb.Allocation]:
+        """The Runtime's claim allocations by claim UID."""
+        return {a.claim_uid: a for a in await self._runtime.list_allocations() if a.claim_uid}
+
+    async def _hold(
+        self,
+        claims: Mapping[str, PreparedClaim],
+        held: Mapping[str, pb.Allocation],
+        *,
+        lost_only: bool,
+    ) -> list[str]:
+        """Allocate the checkpointed claims (those the Runtime lost, or all: the Runtime
+        answers a held one with its allocation) and write their missing CDI specs; the UIDs
+        the Runtime had lost."""
+        reallocated: list[str] = []
+        for uid in claims:
+            if lost_only and uid in held:
+                continue
+            async with self._locks.hold(uid):
+                claim = self._checkpoint.get(uid)
+                if claim is None:  # unprepared meanwhile
+                    continue
+                try:
+                    await self._ensure(claim)
+                except ClaimError as exc:
+                    log.error("checkpointed claim not held", extra={"reason": str(exc)})
+                    continue
+            if uid not in held:
+                reallocated.append(uid)
+                log.warning("claim allocated again (the Runtime lost it)", extra={"claim": uid})
+        return reallocated
 
     async def _orphan(self, allocation: pb.Allocation) -> bool:
         """True when the API server has no claim of this allocation's name and UID."""
