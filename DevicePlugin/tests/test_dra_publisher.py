@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -243,6 +244,92 @@ async def test_inventory_and_on_reconnect(
             await node.wait(lambda: len(seen) == 2 or NotYet(str(seen)), "on_reconnect again")
             assert node.devices()["gpu-3"]["taints"][0]["value"] == "XID-79"
         assert len(seen) == 2
+
+
+async def test_slices_deleted_by_someone_else_are_published_again(
+    dra_plane: ControlPlane, workdir: Path
+) -> None:
+    async with (
+        node_with_sim(dra_plane, workdir, "mig-8gpu", "pub-wiped") as node,
+        running(node.publisher()) as publisher,
+    ):
+        first = await node.at_generation(1)
+        # As the kubelet does when it starts: every slice of the node goes.
+        node.kube.request("DELETE", SLICES, query={"fieldSelector": f"spec.nodeName={node.name}"})
+        again = await node.at_generation(2)
+        assert publisher.generation == 2
+        assert sorted(again) == sorted(first)
+        assert node.devices().keys() == {
+            d["name"] for s in first.values() for d in s["spec"]["devices"]
+        }
+
+
+async def test_a_foreign_edit_is_overwritten_above_its_generation(
+    dra_plane: ControlPlane, workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "lj_runtimekit.deviceplugin.internal.dra.publisher")
+    async with node_with_sim(dra_plane, workdir, "tdm-8gpu", "pub-edit") as node:
+        async with running(node.publisher()):
+            (name,) = await node.at_generation(1)
+            devices = node.devices()
+            edited = node.kube.request("GET", f"{SLICES}/{name}")
+            edited["spec"]["devices"] = edited["spec"]["devices"][:1]
+            edited["spec"]["pool"]["generation"] = 9
+            node.kube.request("PUT", f"{SLICES}/{name}", edited)
+            await node.at_generation(10)
+            assert node.devices() == devices
+
+            # A slice of the pool written by someone else goes.
+            extra = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"pub-edit-{DRIVER}-5"},
+                "spec": {
+                    "driver": DRIVER,
+                    "nodeName": node.name,
+                    "pool": {"name": node.name, "generation": 20, "resourceSliceCount": 2},
+                    "devices": [],
+                },
+            }
+            node.kube.request("POST", SLICES, extra)
+            assert list(await node.at_generation(21)) == [name]
+            assert node.devices() == devices
+        changed = [r for r in caplog.records if "someone else" in r.getMessage()]
+        assert len(changed) == 2
+
+
+async def test_a_writer_fighting_the_publisher_is_answered_with_backoff(
+    dra_plane: ControlPlane, workdir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "lj_runtimekit.deviceplugin.internal.dra.publisher")
+    async with node_with_sim(dra_plane, workdir, "tdm-8gpu", "pub-fight") as node:
+        async with running(node.publisher()):
+            (name,) = await node.at_generation(1)
+
+            def fight(rounds: int) -> float:
+                """Overwrite the slice each time the publisher has written it; the seconds
+                the rounds took."""
+                start = time.monotonic()
+                written = 0
+
+                def republished() -> dict[str, Any] | NotYet:
+                    obj = node.kube.request("GET", f"{SLICES}/{name}")
+                    generation = obj["spec"]["pool"]["generation"]
+                    return obj if generation > written else NotYet(f"generation {generation}")
+
+                for _ in range(rounds):
+                    obj = wait_for(republished, 30, "the slice written again", interval_s=0.02)
+                    written = obj["spec"]["pool"]["generation"] + 1
+                    obj["spec"]["pool"]["generation"] = written
+                    obj["spec"]["devices"] = []
+                    node.kube.request("PUT", f"{SLICES}/{name}", obj)
+                return time.monotonic() - start
+
+            # Republished at once, then after 0.4 s, then at most every 0.5 s.
+            assert await asyncio.to_thread(fight, 6) >= 0.4 + 3 * 0.5
+            await node.at_generation(1 + 6 * 2)
+        delays = [r.__dict__["wait_s"] for r in caplog.records if "someone else" in r.getMessage()]
+        assert delays == [0, 0.4, 0.5, 0.5, 0.5, 0.5]
 
 
 async def test_republish_on_health_changes(dra_plane: ControlPlane, workdir: Path) -> None:

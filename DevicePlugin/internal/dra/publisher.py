@@ -5,7 +5,13 @@ and publishes above their pool generation; afterwards each change of the invento
 content (devices, modes, health) bumps the generation of every slice of the pool, extra
 slices are deleted, and unchanged content is not written again. The Runtime is followed
 with ListDevices, then WatchDevices, reconnecting with bounded backoff (tenacity) when it
-restarts; the slices stay as they are while it is away. `inventory` is the Runtime's
+restarts; the slices stay as they are while it is away.
+
+The pool's slices are watched too (an informer): when someone else deletes or changes one
+(the kubelet deletes its node's slices when it starts), or adds one to the pool, the
+publisher adopts the pool again and republishes the last inventory above the highest
+generation seen. A writer that keeps changing the pool is logged and answered with
+bounded backoff, never at once again and again. `inventory` is the Runtime's
 devices as last seen; `on_reconnect` is awaited each time ListDevices answers again after
 the first time (the Runtime came back, or publishing was interrupted), before the slices
 are synced.
@@ -17,6 +23,7 @@ what it wrote with what was stored, logs the missing gate once and reports it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -26,7 +33,14 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
-from lj_runtimekit.proto.pkg.kube import KubeClient, KubeError, NotFoundError, RetryPolicy
+from lj_runtimekit.proto.pkg.kube import (
+    Informer,
+    KubeClient,
+    KubeError,
+    KubeObject,
+    NotFoundError,
+    RetryPolicy,
+)
 from lj_runtimekit.proto.pkg.kube import call_async as kube_call
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.proto.pkg.runtimeclient import (
@@ -112,9 +126,19 @@ class SlicePublisher:
         self._on_reconnect = on_reconnect
         self._inventory: tuple[pb.Device, ...] | None = None
         self._generation = 0
+        self._seen_generation = 0
+        """The highest pool generation the watch of the pool has seen."""
         self._published: list[Any] | None = None
         """Content of the pool as last written; None: unknown (adopt the server's first)."""
         self._names: set[str] = set()
+        self._versions: dict[str, str] = {}
+        """resourceVersion of each slice as last written (by name)."""
+        self._lock = asyncio.Lock()
+        """Held while the pool is written or compared with the server."""
+        self._changed = asyncio.Event()
+        """Set when the watch of the pool saw a slice we did not write."""
+        self._repeats = 0
+        self._last_foreign = -float("inf")
         self._node_uid: str | None = None
         self._missing: set[str] = set()
 
@@ -152,14 +176,43 @@ class SlicePublisher:
         return items
 
     async def run(self) -> None:
-        """Publish and follow the Runtime until cancelled, retrying with bounded backoff."""
+        """Publish, follow the Runtime and guard the pool until cancelled, retrying with
+        bounded backoff."""
+        loop = asyncio.get_running_loop()
+
+        def on_slice(etype: str, obj: KubeObject) -> None:  # in the informer's thread
+            loop.call_soon_threadsafe(self._on_slice, etype, obj)
+
+        informer = Informer(
+            self._kube,
+            SLICES,
+            on_slice,
+            f"resourceslices-{self._node}",
+            params=self._selector(),
+            initial_backoff_s=self._initial_backoff_s,
+            max_backoff_s=self._max_backoff_s,
+        )
+        informer.start()
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._publish())
+                tasks.create_task(self._guard())
+        finally:
+            informer.stop()
+
+    def _retrying(self, *errors: type[Exception]) -> AsyncRetrying:
+        """Tries that wait with bounded backoff after `errors`."""
+        return AsyncRetrying(
+            retry=retry_if_exception_type(errors),
+            wait=wait_exponential(multiplier=self._initial_backoff_s, max=self._max_backoff_s),
+            before_sleep=self._before_retry,
+        )
+
+    async def _publish(self) -> None:
+        """Follow the Runtime and publish its inventory, for ever."""
         while True:
-            retrying = AsyncRetrying(
-                retry=retry_if_exception_type(
-                    (RuntimeUnavailableError, RuntimeCallError, KubeError, _StreamEnded)
-                ),
-                wait=wait_exponential(multiplier=self._initial_backoff_s, max=self._max_backoff_s),
-                before_sleep=self._before_retry,
+            retrying = self._retrying(
+                RuntimeUnavailableError, RuntimeCallError, KubeError, _StreamEnded
             )
             async for attempt in retrying:
                 with attempt:
@@ -212,12 +265,80 @@ class SlicePublisher:
                 extra={"node": self._node, "error": str(exc) or type(exc).__name__},
             )
 
+    def _on_slice(self, etype: str, obj: KubeObject) -> None:
+        """A watch event of the pool (on the loop): wake the guard unless it is our write."""
+        meta = obj.get("metadata") or {}
+        pool = (obj.get("spec") or {}).get("pool") or {}
+        self._seen_generation = max(self._seen_generation, int(pool.get("generation") or 0))
+        name = str(meta.get("name"))
+        if etype == "DELETED":
+            foreign = name in self._versions
+        else:
+            foreign = self._versions.get(name) != meta.get("resourceVersion")
+        if foreign:
+            self._changed.set()
+
+    async def _guard(self) -> None:
+        """Publish the pool again each time the watch saw it changed by someone else."""
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            async for attempt in self._retrying(KubeError):
+                with attempt:
+                    await self._restore()
+
+    async def _restore(self) -> None:
+        """Compare the pool on the server with what was written; when someone else changed
+        it, adopt it and publish the last inventory again (after a backoff when that keeps
+        happening)."""
+        async with self._lock:
+            if self._published is not None:
+                stored = {
+                    s["metadata"]["name"]: s["metadata"]["resourceVersion"]
+                    for s in await self._list()
+                }
+                if stored == self._versions:
+                    return
+                self._published = None
+                now = asyncio.get_running_loop().time()
+                recent = now - self._last_foreign < 2 * self._max_backoff_s
+                self._repeats = self._repeats + 1 if recent else 0
+                self._last_foreign = now
+                wait_s = (
+                    min(self._initial_backoff_s * 2**self._repeats, self._max_backoff_s)
+                    if self._repeats
+                    else 0.0
+                )
+                log.warning(
+                    "ResourceSlices of the pool changed by someone else, publishing them again",
+                    extra={
+                        "node": self._node,
+                        "slices": sorted(
+                            n
+                            for n in set(stored) | set(self._versions)
+                            if stored.get(n) != self._versions.get(n)
+                        ),
+                        "repeats": self._repeats,
+                        "wait_s": round(wait_s, 2),
+                    },
+                )
+            else:
+                wait_s = 0.0
+        await asyncio.sleep(wait_s)
+        if self._inventory is not None:
+            await self._sync(self._inventory)
+
     async def _adopt(self) -> None:
         """Take over the pool on the server: its slices and generation, and the node's UID."""
         existing = await self._list()
         self._names = {s["metadata"]["name"] for s in existing}
+        self._versions = {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in existing}
         self._generation = max(
-            [self._generation, *(s["spec"]["pool"]["generation"] for s in existing)]
+            [
+                self._generation,
+                self._seen_generation,
+                *(s["spec"]["pool"]["generation"] for s in existing),
+            ]
         )
         try:
             node = await self._call("get Node", "GET", f"/api/v1/nodes/{self._node}")
@@ -242,17 +363,18 @@ class SlicePublisher:
     async def _sync(self, devices: Iterable[pb.Device]) -> None:
         """Publish the pool of `devices` unless its content is what was last written."""
         devices = list(devices)
-        if self._published is None:
-            await self._adopt()
-        while True:
-            slices = self._build(devices, self._generation + 1)
-            if _content(slices) == self._published:
-                return
-            taints = DEVICE_TAINTS in self._missing
-            await self._write(slices)
-            if (DEVICE_TAINTS in self._missing) == taints:
-                return
-            # Written with taints the server dropped: publish again without the unhealthy.
+        async with self._lock:
+            if self._published is None:
+                await self._adopt()
+            while True:
+                slices = self._build(devices, self._generation + 1)
+                if _content(slices) == self._published:
+                    return
+                taints = DEVICE_TAINTS in self._missing
+                await self._write(slices)
+                if (DEVICE_TAINTS in self._missing) == taints:
+                    return
+                # Written with taints the server dropped: publish again without the unhealthy.
 
     async def _write(self, slices: Sequence[dict[str, Any]]) -> None:
         generation = slices[0]["spec"]["pool"]["generation"]
@@ -263,6 +385,7 @@ class SlicePublisher:
             else:
                 stored = await self._call("create ResourceSlice", "POST", SLICES, obj)
                 self._names.add(name)
+            self._versions[name] = stored["metadata"]["resourceVersion"]
             for gate in sorted(dropped_gates(obj, stored) - self._missing):
                 self._missing.add(gate)
                 log.warning(
@@ -286,6 +409,7 @@ class SlicePublisher:
         )
 
     async def _delete(self, name: str) -> None:
+        self._versions.pop(name, None)
         with contextlib.suppress(NotFoundError):
             await self._call("delete ResourceSlice", "DELETE", f"{SLICES}/{name}")
         self._names.discard(name)
@@ -296,5 +420,6 @@ class SlicePublisher:
         for obj in await self._list():
             await self._delete(obj["metadata"]["name"])
         self._names.clear()
+        self._versions.clear()
         self._published = None
         log.info("removed ResourceSlices", extra={"node": self._node})
