@@ -606,13 +606,6 @@ def test_kubelet_restart_prepares_again_without_a_second_allocation(space: Bed) 
     assert check_invariant(bed) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=WaitTimeout,
-    reason="the kubelet deletes its node's ResourceSlices when it starts; lj-dra-plugin's"
-    " publisher follows the Runtime only and does not publish them again, so the node"
-    " takes no new claims until the plugin restarts",
-)
 def test_slices_are_published_again_after_a_kubelet_restart(space: Bed) -> None:
     bed = space
     (pod,) = bed.running(*start_pods(bed, "wiped", 1, 0))
