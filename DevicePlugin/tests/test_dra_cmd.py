@@ -1,6 +1,7 @@
 """`lj-dra-plugin` as a process: operator mistakes are one line and exit 1; on a node it
 publishes the node's slices, registers, prepares claims, keeps them across a restart
-(checkpoint), stops on SIGTERM leaving its slices, and `--remove-slices` uninstalls."""
+(checkpoint) and gives them back to a Runtime that restarted under it, stops on SIGTERM
+leaving its slices, and `--remove-slices` uninstalls."""
 
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ from lj_runtimekit.proto.k8s.dra.v1 import api_pb2 as v1
 from lj_runtimekit.proto.k8s.dra.v1 import api_pb2_grpc as v1_grpc
 from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2 as reg
 from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2_grpc as pb_grpc
 from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET
-from lj_runtimekit.testkit.waits import wait_for
+from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 from . import test_dra_prepare as bed
 from .test_dra_prepare import DRIVER, result, write_claim
@@ -146,6 +149,15 @@ def node_slices(kube: KubeClient, node: str) -> list[dict[str, Any]]:
     return items
 
 
+def held_keys(sim: SimulatorProcess) -> list[str] | NotYet:
+    """The container keys the Runtime holds (blocking; NotYet while it holds none)."""
+    with grpc.insecure_channel(sim.runtime_target) as channel:
+        answer = pb_grpc.AllocationServiceStub(channel).ListAllocations(
+            pb.ListAllocationsRequest(), timeout=5
+        )
+    return sorted(a.container_key for a in answer.allocations) or NotYet("nothing held")
+
+
 async def prepare(plugin: Plugin, claim: v1.Claim) -> v1.NodePrepareResourceResponse:
     """NodePrepareResources of one claim, as the kubelet calls it."""
     target = f"unix:{service_socket(plugin.kubelet_dir, DRIVER)}"
@@ -190,7 +202,19 @@ async def test_plugin_on_a_node(
             async with RuntimeClient(sim.socket_dir, RUNTIME_SOCKET) as runtime:
                 keys = [a.container_key for a in await runtime.list_allocations()]
             assert keys == [container_key(ref.uid)]
-            assert plugin.stop() == 0
+
+            sim.stop()  # a Runtime that restarts without its allocations, the plugin running
+            with SimulatorProcess(sim.socket_dir, EXAMPLE_NODES / "tdm-8gpu.yaml") as again:
+                keys = wait_for(
+                    lambda: held_keys(again),
+                    30,
+                    "the claim allocated again in the restarted Runtime",
+                    describe=plugin.log,
+                )
+                assert keys == [container_key(ref.uid)]
+                assert await prepare(plugin, claim) == first
+                assert held_keys(again) == [container_key(ref.uid)]
+                assert plugin.stop() == 0
         finally:
             if plugin.proc is not None and plugin.proc.poll() is None:
                 plugin.proc.kill()

@@ -169,12 +169,20 @@ async def _run(cfg: Config) -> None:
     runtime = RuntimeClient(cfg.runtime_socket.parent, cfg.runtime_socket.name, RetryPolicy())
     try:
         await _check_api(cfg)
-        publisher = SlicePublisher(cfg.kube, runtime, cfg.protocol, cfg.node_name)
         if cfg.remove_slices:
-            await publisher.remove()
+            await SlicePublisher(cfg.kube, runtime, cfg.protocol, cfg.node_name).remove()
             log.info("slices removed", extra={"node": cfg.node_name})
             return
         driver = cfg.protocol.dra.driver
+        # Each needs the other: claims are resolved against the inventory the publisher
+        # follows, and a Runtime the publisher finds back gets its lost claims again.
+        publisher = SlicePublisher(
+            cfg.kube,
+            runtime,
+            cfg.protocol,
+            cfg.node_name,
+            on_reconnect=lambda: preparer.restore_lost(),
+        )
         preparer = Preparer(
             cfg.kube,
             runtime,
@@ -182,6 +190,7 @@ async def _run(cfg: Config) -> None:
             cfg.node_name,
             CdiSpecs(cfg.cdi_dir, driver),
             Checkpoint(cfg.state_dir),
+            inventory=publisher.inventory,
         )
         try:
             done = await preparer.reconcile()

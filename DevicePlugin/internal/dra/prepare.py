@@ -278,15 +278,18 @@ class Preparer:
             self._cdi.remove(uid)
         return Reconciled(tuple(reallocated), tuple(released), tuple(removed))
 
-    async def restore_lost(self) -> tuple[str, ...]:
+    async def restore_lost(self) -> None:
         """After the Runtime came back (it may have restarted without its allocations):
         allocate again the prepared claims it does not hold, from the checkpoint as it
         stands (not read again), each under its claim's lock, so no prepare or unprepare
-        runs beside it. The UIDs allocated again. Raises RuntimeUnavailableError and
-        RuntimeCallError when the Runtime's allocations cannot be listed."""
+        runs beside it. Raises RuntimeUnavailableError and RuntimeCallError when the
+        Runtime's allocations cannot be listed."""
         known = self._checkpoint.claims  # before the listing: a claim prepared later is held
         restored = await self._hold(known, await self._held(), lost_only=True)
-        return tuple(restored)
+        log.info(
+            "prepared claims checked after the Runtime came back",
+            extra={"prepared": len(known), "reallocated": len(restored)},
+        )
 
     async def _held(self) -> dict[str, pb.Allocation]:
         """The Runtime's claim allocations by claim UID."""
