@@ -56,7 +56,7 @@ from lj_runtimekit.testkit.dra import (
     exactly,
 )
 from lj_runtimekit.testkit.invariant import Holding, sharing_violations
-from lj_runtimekit.testkit.waits import NotYet, WaitTimeout, wait_for
+from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.controlplane]
 
@@ -534,13 +534,6 @@ def test_plugin_start_after_a_runtime_restart_holds_the_claims_again(space: Bed)
     assert check_invariant(bed) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=WaitTimeout,
-    reason="lj-dra-plugin reconciles its checkpoint with the Runtime only when it starts: a"
-    " Runtime that restarted without its allocations is not given the prepared claims again"
-    " (the publisher reconnects, the preparer does not reconcile)",
-)
 def test_runtime_restart_is_reconciled_by_the_running_plugin(space: Bed) -> None:
     bed = space
     bed.running(*start_pods(bed, "rt", 1, 1))
