@@ -11,6 +11,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -216,14 +217,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
             configmaps, source, args.protocol_name, with_protocol, args.namespace
         )
     )
+    metrics = _metrics(args.metrics_dir)
     running, named = verify.check_running_protocol(
-        with_protocol,
-        workloads,
-        configmaps,
-        pods,
-        nodes,
-        _metrics(args.metrics_dir),
-        args.namespace,
+        with_protocol, workloads, configmaps, pods, nodes, metrics, args.namespace
     )
     report.extend(running)
     report.extend(
@@ -244,6 +240,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 want,
                 protocol,
                 args.namespace,
+                metrics=metrics,
+                now=datetime.now(UTC),
             )
         )
     return _print_report(report)

@@ -11,9 +11,16 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from lj_runtimekit.deploy.components import CHECKSUM_ANNOTATION, DRA_PLUGIN, Component, DeployError
+from lj_runtimekit.deploy.components import (
+    BY_NAME,
+    CHECKSUM_ANNOTATION,
+    DRA_PLUGIN,
+    Component,
+    DeployError,
+)
 from lj_runtimekit.deploy.manifests import config_checksum
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import (
@@ -804,6 +811,206 @@ def check_metrics(text: str, where: str) -> Report:
 
 # -- DRA mode ------------------------------------------------------------------------------------
 
+PUBLISH_WINDOW_S = 60
+"""How long a pool's slices may disagree (generations, slice count) while the DRA plugin
+publishes: it writes them one after another, each write retried for up to 30 s."""
+_MODES = ("exclusive", "tdm", "mig")
+_TDM_MEMORY_SLACK = 100
+"""A TDM device's `memory` capacity is 100 steps of 1 % of its memory, rounded up: less than
+100 bytes above what the Runtime reports."""
+_SERIES_RE = re.compile(r"^(lj_runtimekit_\w+?)(?:\{(.*)\})?\s+(\S+)")
+_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_UNESCAPE = {"n": "\n", '"': '"', "\\": "\\"}
+_LABEL_NAMES = {
+    "uuid": "UUID",
+    "device": "gpu",
+    "mig_profile": "GPU_I_PROFILE",
+    "mig_instance_id": "GPU_I_ID",
+}
+"""The Exporter's labels read here -> their name under --dcgm-label-names."""
+_SI = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_BYTES_RE = re.compile(r"^(\d+)([KMGTPE]i|[kMGTPE])?$")
+
+
+@dataclass(frozen=True)
+class RuntimeDevice:
+    """A device or MIG instance the Runtime reports, as the DRA plugin publishes it."""
+
+    uuid: str
+    what: str
+    """How the operator knows it: `gpu 3`, `gpu 6 MIG 1g.10gb instance 9`."""
+    mode: str
+    """`exclusive`, `tdm` or `mig` (a MIG instance)."""
+    healthy: bool
+    memory: int
+
+
+def _series(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
+    for line in text.splitlines():
+        match = _SERIES_RE.match(line)
+        if match is None:
+            continue
+        labels = {
+            k: re.sub(r"\\(.)", lambda m: _UNESCAPE.get(m.group(1), m.group(0)), v)
+            for k, v in _LABEL_RE.findall(match.group(2) or "")
+        }
+        try:
+            yield match.group(1), labels, float(match.group(3))
+        except ValueError:
+            continue
+
+
+def _label(labels: Mapping[str, str], name: str) -> str:
+    return labels.get(name, labels.get(_LABEL_NAMES.get(name, name), ""))
+
+
+def exporter_inventory(text: str) -> list[RuntimeDevice] | None:
+    """What a node's Exporter read from its Runtime (its /metrics answer), as the DRA plugin
+    publishes it: exclusive and TDM devices, the instances of a MIG-mode GPU (not the GPU),
+    nothing of an unknown kind or mode. None when the answer holds no inventory (the Exporter
+    cannot read the Runtime: `lj_runtimekit_runtime_up` 0, or no device series)."""
+    info: dict[str, tuple[str, str]] = {}
+    modes: dict[str, str] = {}
+    healthy: dict[str, bool] = {}
+    memory: dict[str, int] = {}
+    migs: dict[tuple[str, str], tuple[str, str]] = {}
+    mig_memory: dict[tuple[str, str], int] = {}
+    mig_healthy: dict[tuple[str, str], bool] = {}
+    up: float | None = None
+    for name, labels, value in _series(text):
+        uuid = _label(labels, "uuid")
+        instance = (uuid, _label(labels, "mig_instance_id"))
+        family = name.removeprefix("lj_runtimekit_")
+        if family == "runtime_up":
+            up = value
+        elif family == "device_info":
+            info[uuid] = (labels.get("kind", ""), _label(labels, "device"))
+        elif family == "device_mode" and value == 1:
+            modes[uuid] = labels.get("mode", "")
+        elif family == "device_healthy":
+            healthy[uuid] = value == 1
+        elif family == "device_memory_total_bytes":
+            memory[uuid] = int(value)
+        elif family == "mig_info":
+            migs[instance] = (labels.get("mig_uuid", ""), _label(labels, "mig_profile"))
+        elif family == "mig_memory_total_bytes":
+            mig_memory[instance] = int(value)
+        elif family == "mig_healthy":
+            mig_healthy[instance] = value == 1
+    if up == 0 or (up is None and not info):
+        return None
+    out: list[RuntimeDevice] = []
+    for uuid, (kind_name, index) in info.items():
+        kind = devicekind.by_name(kind_name)
+        mode = modes.get(uuid, "")
+        if kind is None or mode not in _MODES:
+            continue
+        what = f"{kind_name} {index}"
+        if mode != "mig":
+            out.append(
+                RuntimeDevice(uuid, what, mode, healthy.get(uuid, False), memory.get(uuid, 0))
+            )
+            continue
+        if not kind.shareable:
+            continue
+        for (parent, number), (mig_uuid, profile) in migs.items():
+            if parent != uuid:
+                continue
+            key = (parent, number)
+            out.append(
+                RuntimeDevice(
+                    mig_uuid,
+                    f"{what} MIG {profile} instance {number}",
+                    "mig",
+                    healthy.get(uuid, False) and mig_healthy.get(key, False),
+                    mig_memory.get(key, 0),
+                )
+            )
+    return out
+
+
+def _bytes(value: object) -> int | None:
+    """A whole-byte quantity as the API server writes it (`85899346k`, `10Gi`)."""
+    match = _BYTES_RE.match(str(value))
+    if match is None:
+        return None
+    suffix = match.group(2) or ""
+    return int(match.group(1)) * (_BINARY.get(suffix) or _SI.get(suffix, 0))
+
+
+def _attribute(device: Obj, name: str, driver: str) -> object:
+    """A device attribute's value (bare, or qualified by the driver's domain)."""
+    attributes = device.get("attributes") or {}
+    value = attributes.get(name, attributes.get(f"{driver}/{name}")) or {}
+    return next(iter(value.values()), None) if isinstance(value, Mapping) else None
+
+
+def _differences(
+    devices: Iterable[Obj], runtime: Iterable[RuntimeDevice], driver: str
+) -> list[str]:
+    """What the published devices get wrong, matched by `uuid`: a device the Runtime has (and
+    reports healthy: an unhealthy one may be left out) but the pool lacks, a device the
+    Runtime lacks, and mode, health (a taint) or memory capacity not the Runtime's."""
+    published = {str(_attribute(d, "uuid", driver)): d for d in devices}
+    wanted = {d.uuid: d for d in runtime}
+    out: list[str] = []
+    for uuid, want in wanted.items():
+        if uuid not in published and want.healthy:
+            out.append(f"missing {want.what} ({uuid})")
+    for uuid, device in published.items():
+        name = str(device.get("name", "?"))
+        want_or_none = wanted.get(uuid)
+        if want_or_none is None:
+            out.append(f"extra {name} ({uuid})")
+            continue
+        want = want_or_none
+        mode = _attribute(device, "mode", driver)
+        if mode != want.mode:
+            out.append(f"{name} mode {mode} (Runtime: {want.mode})")
+        tainted = bool(device.get("taints"))
+        if tainted == want.healthy:
+            health = "healthy" if want.healthy else "unhealthy"
+            out.append(f"{name} {'tainted' if tainted else 'untainted'} (Runtime: {health})")
+        raw = ((device.get("capacity") or {}).get("memory") or {}).get("value")
+        memory = _bytes(raw)
+        above = (memory if memory is not None else -1) - want.memory
+        if not (0 <= above < _TDM_MEMORY_SLACK if want.mode == "tdm" else above == 0):
+            out.append(f"{name} memory {raw} (Runtime: {want.memory})")
+    return out
+
+
+def _written_at(slices: Iterable[Obj]) -> datetime | None:
+    """The last write of any of `slices` (their managed fields' times), None when unknown."""
+    times = [
+        datetime.fromisoformat(str(entry["time"]))
+        for s in slices
+        for entry in s.get("metadata", {}).get("managedFields") or []
+        if entry.get("time")
+    ]
+    return max(times) if times else None
+
+
+def _age(slices: Iterable[Obj], now: datetime | None) -> int | None:
+    written = _written_at(slices)
+    if now is None or written is None:
+        return None
+    return int((now - written).total_seconds())
+
+
+def _exporter_metrics(
+    node: str, pods: Iterable[Obj], metrics: Mapping[str, str]
+) -> tuple[str, str] | None:
+    """(pod, /metrics answer) of an Exporter pod on `node` whose answer was read."""
+    for pod in sorted(pods, key=_name):
+        if (
+            _labels(pod).get("app") == BY_NAME["exporter"].app
+            and pod.get("spec", {}).get("nodeName") == node
+            and _name(pod) in metrics
+        ):
+            return _name(pod), metrics[_name(pod)]
+    return None
+
 
 def check_dra(
     workloads: Iterable[Obj],
@@ -814,10 +1021,17 @@ def check_dra(
     want_classes: Iterable[str],
     protocol: Protocol,
     namespace: str,
+    *,
+    metrics: Mapping[str, str] | None = None,
+    now: datetime | None = None,
 ) -> Report:
     """DRA mode: the driver's DeviceClasses exist; on each enabled node labelled
-    `labels.device_api` = dra the DRA plugin runs (ready) and publishes ResourceSlices of the
-    driver; the DRA plugin's DaemonSet runs nowhere else."""
+    `labels.device_api` = dra the DRA plugin runs (ready) and publishes one pool of
+    ResourceSlices of the driver, its slices at one generation (beyond PUBLISH_WINDOW_S
+    before `now`), holding the devices its Runtime reports with their mode, health and
+    memory (the Runtime as the node's Exporter read it: `metrics`, pod name -> its /metrics
+    answer); the DRA plugin's DaemonSet runs nowhere else and no other node has slices of
+    the driver."""
     report = Report()
     driver = protocol.dra.driver
     live = {_name(c) for c in device_classes}
@@ -835,37 +1049,154 @@ def check_dra(
         for n in nodes
         if _labels(n).get(protocol.labels.enable) == "true" and _labels(n).get(api) == DRA_MODE
     )
+    pods = list(pods)
+    by_node: dict[str, list[Obj]] = {}
+    for item in resource_slices:
+        spec = item.get("spec") or {}
+        if spec.get("driver") == driver and spec.get("nodeName"):
+            by_node.setdefault(str(spec["nodeName"]), []).append(item)
     if not dra_nodes:
         report.info.append(
             f"{DRA_PLUGIN.name}: no enabled node is labelled {api}={DRA_MODE}: the DRA plugin"
             f" runs nowhere (kubectl label node <gpu-node> {api}={DRA_MODE})"
         )
-        return report
-    workloads = list(workloads)
-    report.extend(check_workloads([DRA_PLUGIN], workloads, pods, namespace, protocol.labels.enable))
-    devices: dict[str, int] = {}
-    for item in resource_slices:
-        spec = item.get("spec") or {}
-        if spec.get("driver") == driver and spec.get("nodeName"):
-            node = str(spec["nodeName"])
-            devices[node] = devices.get(node, 0) + len(spec.get("devices") or [])
+    else:
+        report.extend(
+            check_workloads([DRA_PLUGIN], workloads, pods, namespace, protocol.labels.enable)
+        )
     for node in dra_nodes:
-        if node not in devices:
+        report.extend(
+            _check_pool(node, by_node.get(node, []), pods, metrics or {}, protocol, namespace, now)
+        )
+    for node in sorted(set(by_node) - set(dra_nodes)):
+        report.extend(_check_stray(node, by_node[node], pods, protocol, now))
+    return report
+
+
+def _check_pool(
+    node: str,
+    slices: list[Obj],
+    pods: list[Obj],
+    metrics: Mapping[str, str],
+    protocol: Protocol,
+    namespace: str,
+    now: datetime | None,
+) -> Report:
+    """One DRA node: its pool is there, whole, at one generation, and what its Runtime has."""
+    report = Report()
+    driver = protocol.dra.driver
+    plugin = f"{DRA_PLUGIN.name}: node {node}"
+    pods_of = (
+        f"kubectl -n {namespace} get pods -l app={DRA_PLUGIN.app}"
+        f" --field-selector spec.nodeName={node}"
+    )
+    restart = (
+        f"fix: read its DRA plugin's log ({pods_of}, then kubectl logs), then restart it"
+        f" (kubectl -n {namespace} delete pods -l app={DRA_PLUGIN.app}"
+        f" --field-selector spec.nodeName={node})"
+    )
+    if not slices:
+        report.problems.append(
+            f"{plugin} ({protocol.labels.device_api}={DRA_MODE}) publishes no ResourceSlice of"
+            f" driver {driver}; fix: read its DRA plugin's log ({pods_of}, then kubectl logs)"
+        )
+        return report
+    others = sorted({str(s["spec"].get("pool", {}).get("name")) for s in slices} - {node})
+    if others:
+        report.problems.append(
+            f"{plugin}: ResourceSlices of driver {driver} in pool(s) {', '.join(others)} (the DRA"
+            f" plugin publishes one pool, named after the node); fix: kubectl delete"
+            f" resourceslices --field-selector spec.driver={driver},spec.nodeName={node}, then"
+            f" restart its DRA plugin (kubectl -n {namespace} delete pods -l app={DRA_PLUGIN.app}"
+            f" --field-selector spec.nodeName={node})"
+        )
+        return report
+    pools = [s["spec"].get("pool") or {} for s in slices]
+    at = [int(p.get("generation") or 0) for p in pools]
+    generations = sorted(set(at))
+    top = generations[-1]
+    current = [s for s, g in zip(slices, at, strict=True) if g == top]
+    count = max(
+        int(p.get("resourceSliceCount") or 0) for p, g in zip(pools, at, strict=True) if g == top
+    )
+    if len(generations) > 1 or len(current) != count:
+        shown = (
+            f"slices at generations {', '.join(map(str, generations))}"
+            if len(generations) > 1
+            else f"{len(current)} slice(s) at generation {top} of {count}"
+        )
+        age = _age(slices, now)
+        if age is not None and age > PUBLISH_WINDOW_S:
             report.problems.append(
-                f"{DRA_PLUGIN.name}: node {node} ({api}={DRA_MODE}) publishes no ResourceSlice of"
-                f" driver {driver}; fix: read its DRA plugin's log (kubectl -n {namespace} get"
-                f" pods -l app={DRA_PLUGIN.app} --field-selector spec.nodeName={node}, then"
-                " kubectl logs)"
+                f"{plugin}: pool {node} has {shown}, last written {age} s ago (a publish takes"
+                f" under {PUBLISH_WINDOW_S} s): the scheduler sees {len(current)} of {count}"
+                f" slice(s) of generation {top}; {restart}"
             )
         else:
-            report.ok.append(
-                f"{DRA_PLUGIN.name}: node {node} publishes {devices[node]} device(s) of {driver}"
+            when = "at an unknown time" if age is None else f"{age} s ago"
+            report.info.append(
+                f"{plugin}: pool {node} has {shown}, last written {when}: a publish may be under"
+                " way, its devices are not compared with the Runtime; run verify again"
             )
-    strays = sorted(set(devices) - set(dra_nodes))
-    if strays:
+        return report
+    devices = [d for s in current for d in s["spec"].get("devices") or []]
+    read = _exporter_metrics(node, pods, metrics)
+    if read is None:
         report.info.append(
-            f"{DRA_PLUGIN.name}: ResourceSlices of {driver} for nodes not in DRA mode:"
-            f" {', '.join(strays)} (left by a node moved back to the Device Plugin; deploy-all.sh"
-            " delete --dra removes them all)"
+            f"{plugin}: its slices are not compared with the Runtime: no Exporter /metrics read"
+            " from the node (verify reads them with the exporter among --components, through"
+            " the API server proxy or --metrics-url=POD=URL)"
+        )
+        report.ok.append(f"{plugin} publishes {len(devices)} device(s) of {driver}")
+        return report
+    pod, text = read
+    runtime = exporter_inventory(text)
+    if runtime is None:
+        report.problems.append(
+            f"{plugin}: the Exporter pod {namespace}/{pod} reports no device inventory"
+            " (lj_runtimekit_runtime_up 0: it cannot read the Runtime), so the slices are not"
+            f" compared; fix: check the Runtime on {node} (hack/node-precheck.sh) and"
+            f" kubectl -n {namespace} logs {pod}"
+        )
+        return report
+    wrong = _differences(devices, runtime, driver)
+    if wrong:
+        report.problems.append(
+            f"{plugin}: pool {node} (generation {top}) disagrees with the Runtime (as the"
+            f" Exporter pod {namespace}/{pod} reads it): {'; '.join(wrong)}; {restart}"
+        )
+    else:
+        report.ok.append(
+            f"{plugin} publishes {len(devices)} device(s) of {driver}, as its Runtime reports"
+            f" them (Exporter pod {namespace}/{pod})"
+        )
+    return report
+
+
+def _check_stray(
+    node: str, slices: list[Obj], pods: list[Obj], protocol: Protocol, now: datetime | None
+) -> Report:
+    """Slices of the driver on a node not in DRA mode: a problem once nothing has written them
+    for PUBLISH_WINDOW_S and no DRA plugin pod is left there (the kubelet deletes a gone
+    driver's slices 30 s after it unregisters)."""
+    report = Report()
+    driver = protocol.dra.driver
+    age = _age(slices, now)
+    plugin_there = any(
+        _labels(p).get("app") == DRA_PLUGIN.app and p.get("spec", {}).get("nodeName") == node
+        for p in pods
+    )
+    where = f"{DRA_PLUGIN.name}: ResourceSlices of {driver} for nodes not in DRA mode: {node}"
+    if age is not None and age > PUBLISH_WINDOW_S and not plugin_there:
+        report.problems.append(
+            f"{where} ({len(slices)} slice(s), last written {age} s ago, no DRA plugin there: the"
+            " scheduler can allocate their devices to claims the node cannot prepare); fix:"
+            f" kubectl delete resourceslices --field-selector spec.driver={driver},"
+            f"spec.nodeName={node}"
+        )
+    else:
+        report.info.append(
+            f"{where} (left by a node moved back to the Device Plugin: the kubelet deletes them"
+            " 30 s after the DRA plugin leaves; deploy-all.sh delete --dra removes them all)"
         )
     return report
