@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from kubernetes.utils.quantity import parse_quantity
 
 from lj_runtimekit.deviceplugin.internal.dra.naming import (
     CORES,
@@ -12,7 +11,6 @@ from lj_runtimekit.deviceplugin.internal.dra.naming import (
     device_name,
     memory_step,
     mig_name,
-    quantity,
     resolve,
     share_of,
 )
@@ -86,20 +84,3 @@ def test_capacity_on_an_unshared_device_is_refused() -> None:
     assert ref is not None
     with pytest.raises(ShareError, match="device gpu-0 is not shared"):
         share_of(ref, {CORES: "30"})
-
-
-@pytest.mark.parametrize(
-    ("value", "text"),
-    [
-        (0, "0"),
-        (100, "100"),
-        (1000, "1k"),
-        (85899346000, "85899346k"),
-        (858993460, "858993460"),
-        (10**9, "1G"),
-        (10**21, "1000E"),
-    ],
-)
-def test_quantities_are_written_as_the_api_server_stores_them(value: int, text: str) -> None:
-    assert quantity(value) == text
-    assert parse_quantity(text) == value

@@ -1,4 +1,4 @@
-"""The cache's ranked node indexes stay exact while nodes move between buckets; quantities."""
+"""The cache's ranked node indexes stay exact while nodes move between buckets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from lj_runtimekit.schedulerframework.internal.cache.cache import RankedBuckets
-from lj_runtimekit.schedulerframework.internal.cache.podinfo import QuantityError, quantity
 from lj_runtimekit.testkit.scheduler.fake import GPU, FakeCluster
 
 
@@ -66,31 +65,6 @@ def test_free_index_follows_binds_deletes_and_node_removal(cluster: FakeCluster)
     assert cache.nodes_with_free("gpu", 4, ascending=True) == ["n1", "n2", "n3"]
     cluster.scheduler.on_node("DELETED", {"metadata": {"name": "n2"}})
     assert cache.nodes_with_free("gpu", 1, ascending=True) == ["n1", "n3"]
-
-
-@pytest.mark.parametrize(
-    ("text", "milli", "expected"),
-    [
-        ("1.5Gi", False, 3 * 2**29),
-        ("2e3", False, 2000),
-        ("0.5", True, 500),
-        ("1.5", True, 1500),
-        ("250M", False, 250 * 10**6),
-        ("1.5k", False, 1500),
-        ("12n", True, 1),  # rounded up, as Quantity.MilliValue
-        ("0.5", False, 1),
-        ("1500m", False, 2),
-        ("1e-3", True, 1),
-    ],
-)
-def test_quantities_with_fractions_and_exponents(text: str, milli: bool, expected: int) -> None:
-    assert quantity(text, milli) == expected
-
-
-@pytest.mark.parametrize("text", ["abc", "1ki", "1.2.3", "Gi", "NaN", "1X", "m"])
-def test_bad_quantities_are_refused(text: str) -> None:
-    with pytest.raises(QuantityError, match="invalid quantity"):
-        quantity(text)
 
 
 def test_scheduler_starts_without_the_official_client() -> None:

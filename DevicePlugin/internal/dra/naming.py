@@ -20,11 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from kubernetes.utils.quantity import parse_quantity
-
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.devicekind import name_of
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
+from lj_runtimekit.proto.pkg.quantity import QuantityError, format_quantity, parse_quantity
 
 CORES = "cores"
 """Consumable capacity of a TDM device: core percentage, 100 per device."""
@@ -49,19 +48,8 @@ def mig_name(device: pb.Device, instance: pb.MigInstance) -> str:
     return f"{device_name(device)}-mig-{instance.instance_id}"
 
 
-_DECIMAL_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
-
-
-def quantity(value: int) -> str:
-    """`value` as the API server stores it (canonical decimal SI: the largest power of 1000
-    that divides it, e.g. 85899346000 -> "85899346k"), so a slice reads back as written."""
-    if value < 0:
-        raise ValueError(f"a capacity is never negative: {value}")
-    exponent = 0
-    while value and value % 1000 == 0 and exponent < len(_DECIMAL_SUFFIXES) - 1:
-        value //= 1000
-        exponent += 1
-    return f"{value}{_DECIMAL_SUFFIXES[exponent]}"
+quantity = format_quantity
+"""A capacity as the API server stores it, so a published slice reads back as written."""
 
 
 def memory_step(device: pb.Device) -> int:
@@ -108,13 +96,13 @@ def _quantity(consumed: Mapping[str, str], key: str, device: str) -> Decimal | N
         return None
     try:
         value = parse_quantity(consumed[key])
-    except ValueError as exc:
+    except QuantityError as exc:
         raise ShareError(
             f"device {device}: consumed capacity {key}={consumed[key]!r}: {exc}"
         ) from exc
     if value < 0:
         raise ShareError(f"device {device}: consumed capacity {key}={consumed[key]!r} is negative")
-    return Decimal(value)
+    return value
 
 
 def share_of(ref: DeviceRef, consumed: Mapping[str, str] | None) -> DeviceShare:

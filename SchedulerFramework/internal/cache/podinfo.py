@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 from lj_runtimekit.proto.pkg.protocol.assignment import peak_use
+from lj_runtimekit.proto.pkg.quantity import QuantityError as QuantityError
+from lj_runtimekit.proto.pkg.quantity import quantity_value
 
 KubeObject = dict[str, Any]
 """A Kubernetes object as decoded from the API server's JSON."""
@@ -26,76 +27,10 @@ EPHEMERAL_STORAGE = "ephemeral-storage"
 
 # -- quantities ----------------------------------------------------------------------------
 
-_SUFFIX: Mapping[str, int] = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-}
-
-
-_DECIMAL_SUFFIX: Mapping[str, Decimal] = {
-    **{k: Decimal(v) for k, v in _SUFFIX.items() if k},
-    "K": Decimal(10**3),
-    "m": Decimal("0.001"),
-    "u": Decimal("0.000001"),
-    "n": Decimal("0.000000001"),
-}
-
-
-class QuantityError(ValueError):
-    """A resource quantity that does not parse."""
-
-
-def _decimal(text: str) -> Decimal:
-    """A quantity with a fraction or an exponent ("1.5Gi", "2e3", "0.5"). Written here, not
-    taken from the official client: importing it took seconds of every start."""
-    number, factor = text, Decimal(1)
-    for suffix in (text[-2:], text[-1:]):
-        if suffix and suffix in _DECIMAL_SUFFIX and len(suffix) < len(text):
-            number, factor = text[: -len(suffix)], _DECIMAL_SUFFIX[suffix]
-            break
-    try:
-        dec = Decimal(number)
-    except InvalidOperation:
-        raise QuantityError(f"invalid quantity {text!r}") from None
-    if not dec.is_finite():
-        raise QuantityError(f"invalid quantity {text!r}")
-    return dec * factor
-
-
-def quantity(value: object, milli: bool = False) -> int:
-    """A Kubernetes quantity as an integer (milli-units when `milli`, rounded up)."""
-    text = str(value).strip()
-    num, suffix = text, ""
-    for i, ch in enumerate(text):
-        if ch.isalpha() and ch not in "eE":
-            num, suffix = text[:i], text[i:]
-            break
-    if suffix in _SUFFIX and num and (num.isdigit()):
-        return int(num) * _SUFFIX[suffix] * (1000 if milli else 1)
-    if suffix == "m" and num.isdigit():
-        whole = int(num)
-        return whole if milli else -(-whole // 1000)
-    dec = _decimal(text)
-    if milli:
-        dec *= 1000
-    # up, as Quantity.Value/MilliValue do (Decimal's // truncates toward zero)
-    return int(dec.to_integral_value(rounding=ROUND_CEILING))
-
 
 def resource_amount(name: str, value: object) -> int:
     """cpu in millicores, everything else in base units."""
-    return quantity(value, milli=(name == CPU))
+    return quantity_value(value, milli=(name == CPU))
 
 
 # -- pods ----------------------------------------------------------------------------------
