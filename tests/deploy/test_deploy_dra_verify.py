@@ -294,7 +294,7 @@ async def test_a_good_node_passes(plane: ControlPlane, namespace: str, tmp_path:
         ]
 
 
-async def test_a_dra_node_without_slices(
+async def test_a_dra_node_without_slices_or_with_another_pool(
     plane: ControlPlane, namespace: str, tmp_path: Path
 ) -> None:
     async with node(plane, tmp_path, "verify-empty") as n:
@@ -304,6 +304,28 @@ async def test_a_dra_node_without_slices(
             f" ResourceSlice of driver {DRIVER}; fix: read its DRA plugin's log (kubectl -n {NS}"
             f" get pods -l app={DRA_PLUGIN.app} --field-selector spec.nodeName={n.name}, then"
             " kubectl logs)"
+        ]
+        n.kube.request(
+            "POST",
+            SLICES,
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{n.name}-by-hand"},
+                "spec": {
+                    "driver": DRIVER,
+                    "nodeName": n.name,
+                    "pool": {"name": "by-hand", "generation": 1, "resourceSliceCount": 1},
+                    "devices": [],
+                },
+            },
+        )
+        assert about(check(plane, metrics), n.name) == [
+            f"PROBLEM dra-plugin: node {n.name}: ResourceSlices of driver {DRIVER} in pool(s)"
+            " by-hand (the DRA plugin publishes one pool, named after the node); fix: kubectl"
+            f" delete resourceslices --field-selector spec.driver={DRIVER},spec.nodeName={n.name},"
+            f" then restart its DRA plugin (kubectl -n {NS} delete pods -l app={DRA_PLUGIN.app}"
+            f" --field-selector spec.nodeName={n.name})"
         ]
 
 
