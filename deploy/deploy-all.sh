@@ -353,7 +353,7 @@ snapshot() {
   if $dra; then
     "${kc[@]}" get deviceclasses -l app=lj-runtimekit-dra-plugin -o json >"$work/deviceclasses.json" \
       || die "cannot list the DeviceClasses (DRA mode)"
-    "${kc[@]}" get resourceslices --field-selector="spec.driver=$dra_driver" -o json \
+    "${kc[@]}" get resourceslices --field-selector="spec.driver=$dra_driver" --show-managed-fields -o json \
       >"$work/resourceslices.json" || die "cannot list the ResourceSlices of driver $dra_driver"
   fi
 }
