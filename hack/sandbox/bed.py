@@ -16,6 +16,11 @@ directories, port, NODE_NAME and kubeconfig. Once: the Scheduler Framework
 killed and restarted (`Component.restart`), which is what the end-to-end tests
 do. State and logs live under one directory (`sandbox.json` records the
 process groups for `lj-sandbox down`).
+
+With `SandboxConfig.dra` the nodes run in DRA mode (docs/dra.md): the control plane and
+the kubelets get `DRA_GATES`, the nodes are labelled `labels.device_api=dra`, the
+DeviceClasses are installed, and each node runs `lj-dra-plugin` (publishing the node's
+ResourceSlices once its kubelet has wiped them) instead of the Device Plugin.
 """
 
 from __future__ import annotations
@@ -38,14 +43,18 @@ import grpc
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
-from lj_runtimekit.envtest import ControlPlane, ControlPlaneConfig
+from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes
+from lj_runtimekit.deviceplugin.internal.dra.server import registration_socket, service_socket
+from lj_runtimekit.envtest import DRA_GATES, ControlPlane, ControlPlaneConfig
 from lj_runtimekit.envtest.hollownode import HollowNode
 from lj_runtimekit.envtest.process import Process, ProcessExitedError, log_tail
 from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2, podresources_pb2_grpc
 from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
-from lj_runtimekit.proto.pkg.protocol import Protocol, load_protocol
+from lj_runtimekit.proto.pkg.protocol import DRA_MODE, Protocol, load_protocol
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
+from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET
 from lj_runtimekit.testkit.ports import free_port
+from lj_runtimekit.testkit.waits import wait_for
 
 DEFAULT_STATE_DIR = Path("/tmp/lj-sandbox")
 NODE_KINDS = ("tdm-8gpu", "mig-8gpu", "ppu-16")
@@ -57,6 +66,7 @@ JOB_AGENT = "lj-job-agent"
 JOB_SERVICE_ACCOUNT = "lj-runtimekit-job-agent"
 SYSTEM_NAMESPACE = "kube-system"
 STATE_FILE = "sandbox.json"
+RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
 
 
 class SandboxError(RuntimeError):
@@ -92,6 +102,8 @@ class SandboxConfig:
     release_grace_s: float = 1.0
     keep_state: bool = False
     start_timeout_s: float = 120.0
+    dra: bool = False
+    """True: the nodes run in DRA mode (`lj-dra-plugin`, see the module docstring)."""
 
 
 @dataclass
@@ -229,7 +241,13 @@ class NodeHandle:
 
     @property
     def plugin(self) -> Component:
-        return self.components["device-plugin"]
+        """The node's Device Plugin, or its DRA plugin on a DRA node."""
+        return self.components.get("device-plugin") or self.components["dra-plugin"]
+
+    @property
+    def cdi_dir(self) -> Path:
+        """Where the node's DRA plugin writes its CDI specs."""
+        return self.dir / "cdi"
 
     @property
     def exporter(self) -> Component:
@@ -362,23 +380,34 @@ class Sandbox:
             cp_dir / "logs",
         ):
             self.cp = ControlPlane(
-                ControlPlaneConfig(state_dir=cp_dir, keep_state=True, kwok=False)
+                ControlPlaneConfig(
+                    state_dir=cp_dir,
+                    keep_state=True,
+                    kwok=False,
+                    feature_gates=dict(DRA_GATES) if cfg.dra else {},
+                )
             ).start()
         self._write_state()
         with self.step(f"prepare {cfg.nodes} Lingjun nodes"):
             self._create_nodes()
+        if cfg.dra:
+            with self.step("install the DRA driver's DeviceClasses"):
+                self._install_device_classes()
         with self.step("start a Runtime simulator per node"):
             for node in self.nodes:
                 self._start_sim(node)
             for node in self.nodes:
                 node.sim.wait_ready(cfg.start_timeout_s)
         self._write_state()
-        with self.step("start the kubelet (hollow node), Device Plugin and Exporter per node"):
+        plugin = "DRA plugin" if cfg.dra else "Device Plugin"
+        with self.step(f"start the kubelet (hollow node), {plugin} and Exporter per node"):
             for node in self.nodes:
                 self._add_node_agents(node)
                 node.kubelet.start()
             for node in self.nodes:
                 node.kubelet.wait_ready(cfg.start_timeout_s)
+                if cfg.dra:
+                    self._wait_slices_wiped(node)
             for node in self.nodes:
                 node.plugin.start()
                 if cfg.exporter:
@@ -388,8 +417,12 @@ class Sandbox:
                 if cfg.exporter:
                     node.exporter.wait_ready(cfg.start_timeout_s)
         self._write_state()
-        with self.step("wait for device plugin registration and node capacity"):
-            self._wait_capacity()
+        if cfg.dra:
+            with self.step("wait for each node's ResourceSlices"):
+                self._wait_slices()
+        else:
+            with self.step("wait for device plugin registration and node capacity"):
+                self._wait_capacity()
         if cfg.scheduler or cfg.controller:
             with self.step("start the Scheduler Framework and the Controller"):
                 self._start_cluster_components()
@@ -431,11 +464,14 @@ class Sandbox:
             name = f"lj-{kind.split('-')[0]}-{i}"
             node_dir = self.state_dir / name
             node_dir.mkdir(parents=True)
+            labels = {"lj-sandbox": "true"}
+            if self.config.dra:
+                labels[self.protocol.labels.device_api] = DRA_MODE
             hollow = HollowNode(
                 self.cp,
                 name,
                 address=f"127.0.0.{2 + i}",
-                labels={"lj-sandbox": "true"},
+                labels=labels,
                 state_dir=node_dir / "kubelet",
                 read_only_port=self.config.kubelet_read_only_port,
                 exec_command_prefix=JOB_AGENT,
@@ -477,26 +513,33 @@ class Sandbox:
             self._spawn(f"{node.name}-kubelet", node.hollow.prepare(), die_with_parent=False),
             ready=lambda: node.hollow.serving() and node.hollow.node_ready(),
         )
-        plugin = Component(
-            f"{node.name}/device-plugin",
-            self._spawn(
-                f"{node.name}-device-plugin",
-                [
-                    _bin("lj-device-plugin"),
-                    f"--plugin-dir={node.plugin_dir}",
-                    f"--runtime-socket-dir={node.sim_dir}",
-                    f"--kubelet-pods-url={node.pods_url}",
-                    f"--pod-resources-socket={node.pod_resources_socket}",
-                    f"--node-name={node.name}",
-                    f"--kubeconfig={kubeconfig}",
-                    "--label-node=true",
-                    f"--release-grace={self.config.release_grace_s:g}",
-                    "--collect-interval=2",
-                    "--log-format=text",
-                ],
-                env,
-            ),
-            ready=lambda: self._plugin_registered(node),
+        # The hollow node reads its own log (the ResourceSlices wipe); it is the bed's.
+        node.hollow.log_path.unlink(missing_ok=True)
+        node.hollow.log_path.symlink_to(kubelet.log_path)
+        plugin = (
+            self._dra_plugin(node)
+            if self.config.dra
+            else Component(
+                f"{node.name}/device-plugin",
+                self._spawn(
+                    f"{node.name}-device-plugin",
+                    [
+                        _bin("lj-device-plugin"),
+                        f"--plugin-dir={node.plugin_dir}",
+                        f"--runtime-socket-dir={node.sim_dir}",
+                        f"--kubelet-pods-url={node.pods_url}",
+                        f"--pod-resources-socket={node.pod_resources_socket}",
+                        f"--node-name={node.name}",
+                        f"--kubeconfig={kubeconfig}",
+                        "--label-node=true",
+                        f"--release-grace={self.config.release_grace_s:g}",
+                        "--collect-interval=2",
+                        "--log-format=text",
+                    ],
+                    env,
+                ),
+                ready=lambda: self._plugin_registered(node),
+            )
         )
         exporter = Component(
             f"{node.name}/exporter",
@@ -507,6 +550,7 @@ class Sandbox:
                     f"--runtime-socket-dir={node.sim_dir}",
                     # With port 10255 closed: a URL that refuses, so the API server serves.
                     f"--kubelet-pods-url={node.pods_url or 'http://127.0.0.1:9/pods'}",
+                    f"--pod-resources-socket={node.pod_resources_socket}",
                     f"--node-name={node.name}",
                     f"--kubeconfig={kubeconfig}",
                     f"--collection-interval={self.config.exporter_interval_s}",
@@ -518,9 +562,36 @@ class Sandbox:
             ),
             ready=lambda: _http_ok(f"http://127.0.0.1:{node.exporter_port}/healthz"),
         )
-        node.components.update({"kubelet": kubelet, "device-plugin": plugin})
+        node.components.update(
+            {"kubelet": kubelet, "dra-plugin" if self.config.dra else "device-plugin": plugin}
+        )
         if self.config.exporter:
             node.components["exporter"] = exporter
+
+    def _dra_plugin(self, node: NodeHandle) -> Component:
+        """`lj-dra-plugin` on the node's kubelet directory, Runtime socket and CDI directory;
+        ready once the kubelet can dial it."""
+        driver = self.protocol.dra.driver
+        kubelet_dir = node.hollow.root_dir
+        return Component(
+            f"{node.name}/dra-plugin",
+            self._spawn(
+                f"{node.name}-dra-plugin",
+                [
+                    _bin("lj-dra-plugin"),
+                    f"--node-name={node.name}",
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--runtime-socket={node.sim_dir / RUNTIME_SOCKET}",
+                    f"--kubelet-dir={kubelet_dir}",
+                    f"--cdi-dir={node.cdi_dir}",
+                    "--log-format=text",
+                ],
+            ),
+            ready=lambda: (
+                _unix_grpc_ready(registration_socket(kubelet_dir, driver))
+                and _unix_grpc_ready(service_socket(kubelet_dir, driver))
+            ),
+        )
 
     def expected_resources(self, node: NodeHandle) -> set[str]:
         """The extended resources a node's plugin registers (by its example node kind)."""
@@ -571,6 +642,51 @@ class Sandbox:
                             f" see {node.plugin.log_path} and {node.hollow.log_path}"
                         )
                     time.sleep(0.3)
+
+    def _install_device_classes(self) -> None:
+        """The driver's DeviceClasses as `deploy/` renders them (no extended resources)."""
+        with self.api_client() as api:
+            custom = k8s_client.CustomObjectsApi(api)
+            for obj in device_classes(self.protocol, extended_resources=False):
+                custom.create_cluster_custom_object(
+                    RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", obj
+                )
+
+    def _wait_slices_wiped(self, node: NodeHandle) -> None:
+        """Until the node's kubelet has deleted its ResourceSlices at start: slices the
+        plugin published before that would be lost."""
+
+        def wiped() -> bool:
+            node.kubelet.process.check_running()
+            return node.hollow.resource_slices_wiped()
+
+        wait_for(
+            wiped,
+            self.config.start_timeout_s,
+            f"the kubelet of {node.name} to delete its slices (log {node.kubelet.log_path})",
+        )
+
+    def _wait_slices(self) -> None:
+        """Until every node's DRA plugin has published ResourceSlices for its pool."""
+        with self.api_client() as api:
+            custom = k8s_client.CustomObjectsApi(api)
+            for node in self.nodes:
+
+                def published(node: NodeHandle = node) -> bool:
+                    node.plugin.process.check_running()
+                    listed = custom.list_cluster_custom_object(
+                        RESOURCE_GROUP,
+                        RESOURCE_VERSION,
+                        "resourceslices",
+                        field_selector=f"spec.nodeName={node.name}",
+                    )
+                    return bool(listed.get("items"))
+
+                wait_for(
+                    published,
+                    self.config.start_timeout_s,
+                    f"ResourceSlices of {node.name} (log {node.plugin.log_path})",
+                )
 
     def _start_cluster_components(self) -> None:
         kubeconfig = str(self.kubeconfig)

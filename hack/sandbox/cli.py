@@ -1,9 +1,11 @@
 """lj-sandbox: the whole LJ Runtime Kit on one machine, no GPU, no cluster.
 
-lj-sandbox up [--nodes N] [--state-dir DIR] [--no-demo] [--exit-after-demo]
+lj-sandbox up [--nodes N] [--dra] [--state-dir DIR] [--no-demo] [--exit-after-demo]
     start the bed (control plane + KWOK, N Lingjun nodes each with a Runtime simulator,
     kubelet shim, Device Plugin and Exporter, plus the Scheduler Framework and the
-    Controller), run the demo, print the placement table and metrics, stay up until Ctrl-C
+    Controller), run the demo, print the placement table and metrics, stay up until Ctrl-C;
+    --dra: the nodes in DRA mode (lj-dra-plugin, the demo's pods ask by ResourceClaim);
+    with --exit-after-demo the exit status is 1 when the ledgers disagree
 lj-sandbox down [--state-dir DIR]
     stop a sandbox (also one left over by a killed `up`) and remove its state directory
 """
@@ -22,8 +24,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from kubernetes import client as k8s_client
+
 from lj_runtimekit.envtest import ControlPlaneError, ToolsMissingError
-from lj_runtimekit.sandbox import workload
+from lj_runtimekit.sandbox import dra, workload
 from lj_runtimekit.sandbox.bed import (
     DEFAULT_STATE_DIR,
     STATE_FILE,
@@ -51,74 +55,110 @@ def _env_int(name: str, default: int) -> int:
         raise SandboxError(f"{name}={value!r} is not a number") from None
 
 
-def run_demo(bed: Sandbox) -> str:
-    """Enable the nodes by label, submit the workload, print where it landed; the table."""
+def run_demo(bed: Sandbox) -> list[str]:
+    """Enable the nodes by label, submit the workload (by ResourceClaims on a DRA bed),
+    print where it landed; where the ledgers disagree (empty when they agree)."""
+    with bed.api_client() as api:
+        _enable_nodes(bed, api)
+        if bed.config.dra:
+            return _run_dra_demo(bed, api)
+        return _run_device_plugin_demo(bed, api)
+
+
+def _enable_nodes(bed: Sandbox, api: k8s_client.ApiClient) -> None:
     protocol = bed.protocol
     names = [n.name for n in bed.nodes]
-    with bed.api_client() as api:
-        with bed.step(
-            f"label {len(names)} nodes {protocol.labels.enable}=true; enable Jobs run"
-            " the Job Agent against each node's Runtime and are cleaned",
-            bed.log_dir / "controller.log",
-        ):
-            workload.label_nodes(api, names, protocol.labels.enable, "true")
-            workload.wait_feature_state(api, names, "enabled")
-            for node, (enabled, by) in workload.runtime_feature_states(bed.nodes).items():
-                _say(f"  {node}: Runtime features {'on' if enabled else 'OFF'} (set by {by})")
-        pods = workload.demo_pods(protocol)
-        with bed.step(
-            f"submit {len(pods)} pods (TDM slices, whole GPUs, a MIG instance,"
-            " PPUs, a 4-pod JobSet-style gang)",
-            bed.log_dir / "scheduler.log",
-        ):
-            workload.ensure_namespace(api, DEMO_NAMESPACE)
-            workload.create_pods(api, DEMO_NAMESPACE, pods)
-            listed = workload.wait_pods(
-                api, DEMO_NAMESPACE, [p["metadata"]["name"] for p in pods], timeout_s=120
-            )
-        with bed.step(
-            "read placements (scheduler annotation, Device Plugin record, Runtime, kubelet)"
-        ):
-            runtime = workload.runtime_allocations(bed.nodes)
-            merged = {uid: c for per_node in runtime.values() for uid, c in per_node.items()}
-            kubelet = workload.kubelet_records(bed.nodes, protocol)
-            rows = workload.placements(listed, protocol, merged, kubelet)
-            table = workload.placement_table(rows, workload.node_device_index(api, protocol))
-            problems = workload.invariant_violations(rows, runtime, protocol)
-        print("\n" + table + "\n", flush=True)
-        _say(
-            "ledgers agree for every pod (scheduler, Device Plugin, Runtime, the kubelet's"
-            " PodResources)"
-            if not problems
-            else "LEDGER MISMATCH:\n  " + "\n  ".join(problems)
-        )
-        gang = [r for r in rows if r.name.startswith("train-")]
-        placed = sum(1 for r in gang if r.phase == "Running")
-        _say(
-            f"gang 'train': {placed}/{len(gang)} members Running"
-            + (" (all or nothing)" if placed in (0, len(gang)) else " (PARTIAL gang)")
-        )
-        with bed.step("scrape each node's exporter for the pods' metrics"):
-            _print_metrics(bed, rows)
-    return table
+    with bed.step(
+        f"label {len(names)} nodes {protocol.labels.enable}=true; enable Jobs run"
+        " the Job Agent against each node's Runtime and are cleaned",
+        bed.log_dir / "controller.log",
+    ):
+        workload.label_nodes(api, names, protocol.labels.enable, "true")
+        workload.wait_feature_state(api, names, "enabled")
+        for node, (enabled, by) in workload.runtime_feature_states(bed.nodes).items():
+            _say(f"  {node}: Runtime features {'on' if enabled else 'OFF'} (set by {by})")
 
 
-def _print_metrics(bed: Sandbox, rows: Sequence[workload.Placement]) -> None:
+def _run_device_plugin_demo(bed: Sandbox, api: k8s_client.ApiClient) -> list[str]:
+    protocol = bed.protocol
+    pods = workload.demo_pods(protocol)
+    with bed.step(
+        f"submit {len(pods)} pods (TDM slices, whole GPUs, a MIG instance,"
+        " PPUs, a 4-pod JobSet-style gang)",
+        bed.log_dir / "scheduler.log",
+    ):
+        workload.ensure_namespace(api, DEMO_NAMESPACE)
+        workload.create_pods(api, DEMO_NAMESPACE, pods)
+        listed = workload.wait_pods(
+            api, DEMO_NAMESPACE, [p["metadata"]["name"] for p in pods], timeout_s=120
+        )
+    with bed.step("read placements (scheduler annotation, Device Plugin record, Runtime, kubelet)"):
+        runtime = workload.runtime_allocations(bed.nodes)
+        merged = {uid: c for per_node in runtime.values() for uid, c in per_node.items()}
+        kubelet = workload.kubelet_records(bed.nodes, protocol)
+        rows = workload.placements(listed, protocol, merged, kubelet)
+        table = workload.placement_table(rows, workload.node_device_index(api, protocol))
+        problems = workload.invariant_violations(rows, runtime, protocol)
+    print("\n" + table + "\n", flush=True)
+    _say_ledgers("scheduler, Device Plugin, Runtime, the kubelet's PodResources", problems)
+    gang = [r for r in rows if r.name.startswith("train-")]
+    placed = sum(1 for r in gang if r.phase == "Running")
+    _say(
+        f"gang 'train': {placed}/{len(gang)} members Running"
+        + (" (all or nothing)" if placed in (0, len(gang)) else " (PARTIAL gang)")
+    )
+    with bed.step("scrape each node's exporter for the pods' metrics"):
+        _print_metrics(bed, [(r.namespace, r.name, r.node) for r in rows if r.phase == "Running"])
+    return problems
+
+
+def _run_dra_demo(bed: Sandbox, api: k8s_client.ApiClient) -> list[str]:
+    templates, pods = dra.demo_workload(bed.protocol, bed.nodes, DEMO_NAMESPACE)
+    with bed.step(
+        f"submit {len(pods)} pods with ResourceClaimTemplates (TDM slices, a whole GPU,"
+        " a MIG instance, a PPU); kube-scheduler allocates the claims",
+        bed.state_dir / "cp" / "logs",
+    ):
+        workload.ensure_namespace(api, DEMO_NAMESPACE)
+        dra.create_templates(api, templates)
+        workload.create_pods(api, DEMO_NAMESPACE, pods)
+        workload.wait_pods(
+            api, DEMO_NAMESPACE, [p["metadata"]["name"] for p in pods], timeout_s=120
+        )
+    with bed.step("read placements (claims' allocations, Runtime, kubelet)"):
+        rows, problems = dra.observe(bed, api, DEMO_NAMESPACE)
+    print("\n" + dra.placement_table(rows) + "\n", flush=True)
+    _say_ledgers("claims' allocations, Runtime, the kubelet's PodResources", problems)
+    with bed.step("scrape each node's exporter for the pods' metrics"):
+        _print_metrics(bed, [(r.namespace, r.name, r.node) for r in rows if r.phase == "Running"])
+    return problems
+
+
+def _say_ledgers(which: str, problems: Sequence[str]) -> None:
+    _say(
+        f"ledgers agree for every pod ({which})"
+        if not problems
+        else "LEDGER MISMATCH:\n  " + "\n  ".join(problems)
+    )
+
+
+def _print_metrics(bed: Sandbox, running: Sequence[tuple[str, str, str]]) -> None:
+    """A few series of each running pod, (namespace, name, node), from its node's Exporter."""
     nodes = workload.sandbox_nodes_by_name(bed)
-    running = [r for r in rows if r.phase == "Running" and r.node in nodes]
+    running = [r for r in running if r[2] in nodes]
 
     def all_seen() -> dict[str, list[str]] | NotYet:
-        texts = {n: workload.scrape(nodes[n].metrics_url) for n in {r.node for r in running}}
+        texts = {n: workload.scrape(nodes[n].metrics_url) for n in {node for *_, node in running}}
         lines = {
-            r.name: workload.pod_metric_lines(texts[r.node], r.namespace, r.name) for r in running
+            name: workload.pod_metric_lines(texts[node], ns, name) for ns, name, node in running
         }
         missing = [name for name, found in lines.items() if not found]
         return lines if not missing else NotYet(f"no series yet for {missing}")
 
     lines = wait_for(all_seen, 30, "per-pod series on the exporters")
-    for row in running:
-        print(f"  {row.name} ({nodes[row.node].metrics_url}):")
-        for line in lines[row.name][:3]:
+    for _, name, node in running:
+        print(f"  {name} ({nodes[node].metrics_url}):")
+        for line in lines[name][:3]:
             print(f"    {line}")
     print(flush=True)
 
@@ -152,17 +192,22 @@ def up(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
-    config = SandboxConfig(nodes=args.nodes, state_dir=args.state_dir, keep_state=True)
+    config = SandboxConfig(
+        nodes=args.nodes, state_dir=args.state_dir, keep_state=True, dra=args.dra
+    )
     bed = Sandbox(config, progress=_say)
-    _say(f"starting {args.nodes} Lingjun nodes under {args.state_dir}")
+    mode = " in DRA mode" if args.dra else ""
+    _say(f"starting {args.nodes} Lingjun nodes{mode} under {args.state_dir}")
     try:
         bed.start()
         _say(f"bed up in {bed.started_s:.1f}s")
+        problems: list[str] = []
         if not args.no_demo:
-            run_demo(bed)
+            problems = run_demo(bed)
             _say(f"placement table reached {time.time() - t0:.1f}s after start")
         if args.exit_after_demo:
-            return 0
+            bed.stop(failed=bool(problems))
+            return 1 if problems else 0
         _instructions(bed)
         while not stop.wait(2.0):
             for comp in bed.all_components():
@@ -221,6 +266,12 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=f"default {DEFAULT_STATE_DIR}"
         " (env LJ_SANDBOX_DIR; keep it short: unix sockets live there)",
+    )
+    u.add_argument(
+        "--dra",
+        action="store_true",
+        help="DRA nodes (label lingjun.com/device-api=dra, lj-dra-plugin, the DeviceClasses,"
+        " the DRA feature gates); the demo's pods ask by ResourceClaimTemplate",
     )
     u.add_argument("--no-demo", action="store_true", help="start the bed only")
     u.add_argument("--exit-after-demo", action="store_true", help="stop after the demo")

@@ -19,6 +19,7 @@ from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.controller.pkg.featureclient import feature_state
 from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2, podresources_pb2_grpc
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg import devicekind
 from lj_runtimekit.proto.pkg.protocol import (
     AssignmentError,
@@ -388,6 +389,14 @@ def runtime_records(nodes: Sequence[NodeHandle]) -> dict[str, dict[str, RuntimeP
     return out
 
 
+def _pod_resources(node: NodeHandle) -> list[podresources_pb2.PodResources]:
+    """The node's kubelet PodResources List."""
+    with grpc.insecure_channel(f"unix:{node.pod_resources_socket}") as channel:
+        stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
+        listed = stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=10)
+    return list(listed.pod_resources)
+
+
 def kubelet_records(nodes: Sequence[NodeHandle], protocol: Protocol) -> KubeletRecords:
     """Every node's kubelet record of the device IDs each container got (PodResources List),
     for the Runtime Kit's resources."""
@@ -395,10 +404,7 @@ def kubelet_records(nodes: Sequence[NodeHandle], protocol: Protocol) -> KubeletR
     ours = (*devicekind.resource_names(res), res.mig(""))
     out: KubeletRecords = {}
     for node in nodes:
-        with grpc.insecure_channel(f"unix:{node.pod_resources_socket}") as channel:
-            stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
-            listed = stub.List(podresources_pb2.ListPodResourcesRequest(), timeout=10)
-        for pod in listed.pod_resources:
+        for pod in _pod_resources(node):
             containers = out.setdefault((pod.namespace, pod.name), {})
             for c in pod.containers:
                 ids: dict[str, list[str]] = {}
@@ -408,6 +414,65 @@ def kubelet_records(nodes: Sequence[NodeHandle], protocol: Protocol) -> KubeletR
                         ids.setdefault(d.resource_name, []).extend(d.device_ids)
                 if ids:
                     containers[c.name] = ids
+    return out
+
+
+ClaimDevice = tuple[str, str, str]
+"""(driver, pool, device) of one device of a ResourceClaim."""
+KubeletClaims = dict[tuple[str, str], dict[str, dict[str, list[ClaimDevice]]]]
+"""(namespace, pod name) -> container -> claim name -> its devices, as the kubelet records."""
+
+
+def kubelet_claim_records(nodes: Sequence[NodeHandle]) -> KubeletClaims:
+    """Every node's kubelet record of the ResourceClaims each container uses and their
+    devices (PodResources List, `dynamic_resources`)."""
+    out: KubeletClaims = {}
+    for node in nodes:
+        for pod in _pod_resources(node):
+            containers = out.setdefault((pod.namespace, pod.name), {})
+            for c in pod.containers:
+                claims = {
+                    d.claim_name: [
+                        (r.driver_name, r.pool_name, r.device_name) for r in d.claim_resources
+                    ]
+                    for d in c.dynamic_resources
+                }
+                if claims:
+                    containers[c.name] = claims
+    return out
+
+
+async def _devices(node: NodeHandle) -> list[pb.Device]:
+    async with RuntimeClient(node.sim_dir, retry=RetryPolicy(attempts=3)) as client:
+        return list(await client.list_devices())
+
+
+def runtime_inventories(nodes: Sequence[NodeHandle]) -> dict[str, list[pb.Device]]:
+    """node -> the devices its Runtime simulator lists."""
+
+    async def gather() -> list[list[pb.Device]]:
+        return list(await asyncio.gather(*(_devices(n) for n in nodes)))
+
+    return dict(zip((n.name for n in nodes), asyncio.run(gather()), strict=True))
+
+
+def runtime_claim_allocations(
+    nodes: Sequence[NodeHandle],
+) -> dict[str, dict[str, list[tuple[DeviceShare, ...]]]]:
+    """node -> ResourceClaim uid -> the shares of each Runtime allocation held for the
+    claim (one expected), from every node's Runtime simulator."""
+
+    async def gather() -> list[list[Any]]:
+        return list(await asyncio.gather(*(_allocations(n) for n in nodes)))
+
+    out: dict[str, dict[str, list[tuple[DeviceShare, ...]]]] = {}
+    for node, allocations in zip(nodes, asyncio.run(gather()), strict=True):
+        per_claim: dict[str, list[tuple[DeviceShare, ...]]] = {}
+        for a in allocations:
+            if a.claim_uid:
+                shares = tuple(from_request(d) for d in a.devices)
+                per_claim.setdefault(a.claim_uid, []).append(shares)
+        out[node.name] = per_claim
     return out
 
 
@@ -440,7 +505,9 @@ def describe_shares(shares: Iterable[DeviceShare], names: Mapping[str, str]) -> 
 
 def placement_table(rows: Sequence[Placement], names: Mapping[str, str]) -> str:
     """pod -> node -> device/slice, one line per container."""
-    lines = [("POD", "NODE", "PHASE", "CONTAINER", "DEVICES (scheduler = plugin = Runtime)")]
+    lines: list[TableLine] = [
+        ("POD", "NODE", "PHASE", "CONTAINER", "DEVICES (scheduler = plugin = Runtime)")
+    ]
     for row in sorted(rows, key=lambda r: r.name):
         containers = row.assigned or row.allocated or {c: () for c in row.requests}
         for container in sorted(containers or {"-": ()}):
@@ -457,6 +524,15 @@ def placement_table(rows: Sequence[Placement], names: Mapping[str, str]) -> str:
             if not text:
                 text = row.reason[:90] or "-"
             lines.append((row.name, row.node or "-", row.phase, container, text))
+    return format_table(lines)
+
+
+TableLine = tuple[str, str, str, str, str]
+"""pod, node, phase, container, devices."""
+
+
+def format_table(lines: Sequence[TableLine]) -> str:
+    """The lines (the first the header) in aligned columns, the devices left as they are."""
     widths = [max(len(line[i]) for line in lines) for i in range(4)]
     return "\n".join(
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line[:4])) + "  " + line[4]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
 from lj_runtimekit.sandbox.bed import STATE_FILE, cleanup_leftovers
+from lj_runtimekit.sandbox.dra import ClaimPlacement, ledger_mismatches
 from lj_runtimekit.sandbox.workload import invariant_violations, placement_table, placements
 
 P = load_protocol()
@@ -83,3 +84,44 @@ def test_init_container_reuse_is_no_violation_and_a_kubelet_difference_is() -> N
     (problem,) = invariant_violations(rows, {"n1": runtime}, P)
     assert "container main" in problem
     assert "kubelet" in problem
+
+
+def test_dra_ledgers_flag_the_runtime_and_the_kubelet_disagreeing_with_the_claim() -> None:
+    """A claim's allocation, the Runtime's allocation for it and the kubelet's record of
+    its devices: equal is no problem; each difference, and an unallocated claim, is."""
+    driver = P.dra.driver
+    share = DeviceShare("GPU-a", 30, 25)
+    claims = {
+        "c1": {
+            "status": {
+                "allocation": {
+                    "devices": {"results": [{"driver": driver, "pool": "n1", "device": "gpu-0"}]}
+                }
+            }
+        }
+    }
+
+    def row(runtime: DeviceShare, device: str) -> ClaimPlacement:
+        return ClaimPlacement(
+            namespace="ns",
+            name="p",
+            node="n1",
+            phase="Running",
+            reason="",
+            uses={"main": ["c1"]},
+            allocated={"c1": [("gpu-0", share)]},
+            runtime={"c1": [(runtime,)]},
+            kubelet={"main": {"c1": [(driver, "n1", device)]}},
+        )
+
+    assert ledger_mismatches(row(share, "gpu-0"), claims, driver) == []
+    (runtime,) = ledger_mismatches(row(DeviceShare("GPU-a", 30, 50), "gpu-0"), claims, driver)
+    assert "claim c1" in runtime
+    assert "Runtime" in runtime
+    (kubelet,) = ledger_mismatches(row(share, "gpu-1"), claims, driver)
+    assert "container main" in kubelet
+    assert "kubelet" in kubelet
+    unallocated = row(share, "gpu-0")
+    unallocated.uses["main"].append("c2")
+    problems = ledger_mismatches(unallocated, claims, driver)
+    assert any("claim c2 is not allocated" in p for p in problems), problems
