@@ -55,6 +55,9 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
 PARTITIONABLE_DEVICES = "DRAPartitionableDevices"
 DEVICE_TAINTS = "DRADeviceTaints"
+REPEAT_WINDOW_S = 60.0
+"""A change of the pool by someone else this soon after the last one is a repeat: the
+pool is published again only after a backoff that grows with the repeats."""
 
 
 class _StreamEnded(Exception):
@@ -301,7 +304,7 @@ class SlicePublisher:
                     return
                 self._published = None
                 now = asyncio.get_running_loop().time()
-                recent = now - self._last_foreign < 2 * self._max_backoff_s
+                recent = now - self._last_foreign < REPEAT_WINDOW_S
                 self._repeats = self._repeats + 1 if recent else 0
                 self._last_foreign = now
                 wait_s = (
