@@ -64,7 +64,7 @@ build: ## Build the wheel of every workspace member into dist/
 SANDBOX_NODES ?= 4
 
 .PHONY: sandbox
-sandbox: ## The local sandbox: control plane + SANDBOX_NODES Lingjun nodes running the real kubelet (hollow nodes), every component, demo; stays up until Ctrl-C
+sandbox: ## The local sandbox: control plane + SANDBOX_NODES Lingjun nodes running the real kubelet (hollow nodes), every component, demo; stays up until Ctrl-C (SANDBOX_ARGS=--dra: DRA nodes, --exit-after-demo)
 	@t0=$$(date +%s.%N); $(MAKE) --no-print-directory deps sync && \
 		$(UV) run lj-sandbox up --nodes $(SANDBOX_NODES) --t0 $$t0 $(SANDBOX_ARGS)
 

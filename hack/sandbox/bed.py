@@ -516,31 +516,7 @@ class Sandbox:
         # The hollow node reads its own log (the ResourceSlices wipe); it is the bed's.
         node.hollow.log_path.unlink(missing_ok=True)
         node.hollow.log_path.symlink_to(kubelet.log_path)
-        plugin = (
-            self._dra_plugin(node)
-            if self.config.dra
-            else Component(
-                f"{node.name}/device-plugin",
-                self._spawn(
-                    f"{node.name}-device-plugin",
-                    [
-                        _bin("lj-device-plugin"),
-                        f"--plugin-dir={node.plugin_dir}",
-                        f"--runtime-socket-dir={node.sim_dir}",
-                        f"--kubelet-pods-url={node.pods_url}",
-                        f"--pod-resources-socket={node.pod_resources_socket}",
-                        f"--node-name={node.name}",
-                        f"--kubeconfig={kubeconfig}",
-                        "--label-node=true",
-                        f"--release-grace={self.config.release_grace_s:g}",
-                        "--collect-interval=2",
-                        "--log-format=text",
-                    ],
-                    env,
-                ),
-                ready=lambda: self._plugin_registered(node),
-            )
-        )
+        plugin = self._dra_plugin(node) if self.config.dra else self._device_plugin(node, env)
         exporter = Component(
             f"{node.name}/exporter",
             self._spawn(
@@ -567,6 +543,32 @@ class Sandbox:
         )
         if self.config.exporter:
             node.components["exporter"] = exporter
+
+    def _device_plugin(self, node: NodeHandle, env: dict[str, str]) -> Component:
+        """`lj-device-plugin` on the node's device plugin directory and Runtime; ready once
+        the kubelet holds its devices healthy."""
+        kubeconfig = str(self.kubeconfig)
+        return Component(
+            f"{node.name}/device-plugin",
+            self._spawn(
+                f"{node.name}-device-plugin",
+                [
+                    _bin("lj-device-plugin"),
+                    f"--plugin-dir={node.plugin_dir}",
+                    f"--runtime-socket-dir={node.sim_dir}",
+                    f"--kubelet-pods-url={node.pods_url}",
+                    f"--pod-resources-socket={node.pod_resources_socket}",
+                    f"--node-name={node.name}",
+                    f"--kubeconfig={kubeconfig}",
+                    "--label-node=true",
+                    f"--release-grace={self.config.release_grace_s:g}",
+                    "--collect-interval=2",
+                    "--log-format=text",
+                ],
+                env,
+            ),
+            ready=lambda: self._plugin_registered(node),
+        )
 
     def _dra_plugin(self, node: NodeHandle) -> Component:
         """`lj-dra-plugin` on the node's kubelet directory, Runtime socket and CDI directory;
