@@ -171,6 +171,11 @@ The sandbox is up (state and logs in {bed.state_dir}).
   $(uv run lj-envtest tools)/kubectl get nodes -L {bed.protocol.labels.device_kind}
   $(uv run lj-envtest tools)/kubectl -n {DEMO_NAMESPACE} get pods -o wide
 """)
+    if bed.config.dra:
+        print(
+            "  $(uv run lj-envtest tools)/kubectl get resourceslices\n"
+            f"  $(uv run lj-envtest tools)/kubectl -n {DEMO_NAMESPACE} get resourceclaims\n"
+        )
     for node in bed.nodes:
         print(
             f"  {node.name:<10} metrics {node.metrics_url}  kubelet {node.pods_url}"
