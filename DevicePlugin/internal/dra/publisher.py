@@ -90,8 +90,8 @@ def _content(slices: Iterable[Mapping[str, Any]]) -> list[Any]:
     ]
 
 
-def _apply(devices: Mapping[str, pb.Device], event: pb.DeviceEvent) -> dict[str, pb.Device]:
-    """The inventory after one watch event."""
+def apply_event(devices: Mapping[str, pb.Device], event: pb.DeviceEvent) -> dict[str, pb.Device]:
+    """The inventory by Runtime ID after one WatchDevices event."""
     if event.type == pb.DeviceEvent.TYPE_SNAPSHOT:
         return {d.id: d for d in event.devices}
     out = dict(devices)
@@ -246,7 +246,7 @@ class SlicePublisher:
             async with contextlib.aclosing(self._runtime.watch_devices()) as events:
                 async for event in events:
                     got_event = True
-                    devices = _apply(devices, event)
+                    devices = apply_event(devices, event)
                     self._inventory = tuple(devices.values())
                     await self._sync(self._inventory)
         except (RuntimeUnavailableError, RuntimeCallError):

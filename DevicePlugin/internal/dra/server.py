@@ -1,5 +1,6 @@
-"""The kubelet plugin's gRPC servers: DRAPlugin (v1 and v1beta1, one handler) on the service
-socket `<kubelet dir>/plugins/<driver>/dra.sock`, and plugin Registration on
+"""The kubelet plugin's gRPC servers: DRAPlugin (v1 and v1beta1, one handler) and, when given,
+DRAResourceHealth (health.py) on the service socket `<kubelet dir>/plugins/<driver>/dra.sock`,
+and plugin Registration on
 `<kubelet dir>/plugins_registry/<driver>-reg.sock`, which the kubelet watches.
 """
 
@@ -19,6 +20,7 @@ from lj_runtimekit.proto.k8s.dra.v1 import api_pb2 as v1
 from lj_runtimekit.proto.k8s.dra.v1 import api_pb2_grpc as v1_grpc
 from lj_runtimekit.proto.k8s.dra.v1beta1 import api_pb2 as v1beta1
 from lj_runtimekit.proto.k8s.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from lj_runtimekit.proto.k8s.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2 as reg
 from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
@@ -173,11 +175,18 @@ class PluginServers:
     """Both servers: the service socket first, then the registration socket (the kubelet
     dials the service as soon as it sees the registration)."""
 
-    def __init__(self, kubelet_dir: Path, driver: str, claims: Claims) -> None:
+    def __init__(
+        self,
+        kubelet_dir: Path,
+        driver: str,
+        claims: Claims,
+        health: health_grpc.DRAResourceHealthServicer | None = None,
+    ) -> None:
         self.service_path = service_socket(kubelet_dir, driver)
         self.registration_path = registration_socket(kubelet_dir, driver)
         self.registration = RegistrationServicer(driver, self.service_path)
         self._claims = claims
+        self._health = health
         self._servers: list[tuple[grpc.aio.Server, Path]] = []
 
     async def start(self) -> None:
@@ -186,6 +195,8 @@ class PluginServers:
         servicer = DraPluginServicer(self._claims)
         v1_grpc.add_DRAPluginServicer_to_server(servicer, service)
         v1beta1_grpc.add_DRAPluginServicer_to_server(DraPluginV1Beta1Servicer(servicer), service)
+        if self._health is not None:
+            health_grpc.add_DRAResourceHealthServicer_to_server(self._health, service)
         registration = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(self.registration, registration)
         try:

@@ -1,0 +1,136 @@
+"""The kubelet's DRAResourceHealth client against the plugin's service socket, over a real
+unix socket, with the Runtime simulator (its admin API flips device health)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from lj_runtimekit.deviceplugin.internal.dra.checkpoint import PreparedClaim
+from lj_runtimekit.deviceplugin.internal.dra.claims import ClaimRef
+from lj_runtimekit.deviceplugin.internal.dra.health import HealthServicer, device_health
+from lj_runtimekit.deviceplugin.internal.dra.server import PluginServers
+from lj_runtimekit.proto.k8s.drahealth.v1alpha1 import api_pb2 as health
+from lj_runtimekit.proto.k8s.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
+from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
+from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
+from lj_runtimekit.runtimesim.node import load_node_file
+from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
+from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET, Simulator
+from lj_runtimekit.testkit.dra import synthetic_gpus
+
+DRIVER = "dra.lingjun.com"
+POOL = "health-node"
+STEP_S = 20.0
+
+
+class _NoClaims:
+    async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        raise AssertionError("no claims in these tests")
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+        raise AssertionError("no claims in these tests")
+
+
+async def _next(stream: Any) -> dict[str, int]:
+    """The next message of a NodeWatchResources stream, as device name -> health."""
+    message = await asyncio.wait_for(stream.read(), STEP_S)
+    assert isinstance(message, health.NodeWatchResourcesResponse)
+    assert {d.device.pool_name for d in message.devices} == {POOL}
+    assert all(d.last_updated_time > 0 for d in message.devices)
+    return {d.device.device_name: d.health for d in message.devices}
+
+
+@pytest.fixture
+async def sim(workdir: Path) -> AsyncIterator[Simulator]:
+    simulator = Simulator(load_node_file(EXAMPLE_NODES / "mig-8gpu.yaml"), workdir / "sim")
+    await simulator.start()
+    try:
+        yield simulator
+    finally:
+        await simulator.stop(0)
+
+
+@pytest.fixture
+async def health_stub(
+    sim: Simulator, workdir: Path
+) -> AsyncIterator[health_grpc.DRAResourceHealthAsyncStub]:
+    runtime = RuntimeClient(workdir / "sim", RUNTIME_SOCKET, RetryPolicy())
+    servers = PluginServers(
+        workdir / "kubelet",
+        DRIVER,
+        _NoClaims(),
+        HealthServicer(runtime, POOL),
+    )
+    await servers.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix:{servers.service_path}") as channel:
+            yield health_grpc.DRAResourceHealthStub(channel)
+    finally:
+        await servers.stop(0)
+        await runtime.close()
+
+
+async def _set_health(sim: Simulator, device_id: str, healthy: bool) -> None:
+    async with grpc.aio.insecure_channel(f"unix:{sim.admin_path}") as channel:
+        await admin_pb2_grpc.SimulatorAdminStub(channel).SetDeviceHealth(
+            admin_pb2.SetDeviceHealthRequest(device_id=device_id, healthy=healthy, reason="XID 79")
+        )
+
+
+async def test_health_of_every_published_device_then_each_change(
+    sim: Simulator, health_stub: health_grpc.DRAResourceHealthAsyncStub, workdir: Path
+) -> None:
+    stream = health_stub.NodeWatchResources(health.NodeWatchResourcesRequest())
+    first = await _next(stream)
+    runtime = RuntimeClient(workdir / "sim", RUNTIME_SOCKET, RetryPolicy())
+    devices = await runtime.list_devices()
+    await runtime.close()
+    names = set(device_health(devices))
+    assert set(first) == names
+    assert any("-mig-" in n for n in names)
+    assert any("-mig-" not in n for n in names)
+    assert set(first.values()) == {health.HEALTHY}
+
+    # A MIG-mode GPU goes bad: its instances with it; it comes back.
+    mig_gpu = next(d for d in devices if d.mode == pb.DEVICE_MODE_MIG)
+    instances = {n for n in names if n.startswith(f"gpu-{mig_gpu.index}-mig-")}
+    assert instances
+    await _set_health(sim, mig_gpu.id, False)
+    bad = await _next(stream)
+    assert {n for n, h in bad.items() if h == health.UNHEALTHY} == instances
+    await _set_health(sim, mig_gpu.id, True)
+    good = await _next(stream)
+    assert set(good.values()) == {health.HEALTHY}
+    stream.cancel()
+
+
+async def test_stream_ends_unavailable_when_the_runtime_goes(
+    sim: Simulator, health_stub: health_grpc.DRAResourceHealthAsyncStub
+) -> None:
+    stream = health_stub.NodeWatchResources(health.NodeWatchResourcesRequest())
+    await asyncio.wait_for(stream.read(), STEP_S)
+    await sim.runtime.restart(60_000)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await asyncio.wait_for(stream.read(), STEP_S)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "Runtime" in (info.value.details() or "")
+
+
+def test_names_follow_the_slices() -> None:
+    gpus = synthetic_gpus(2, pb.DEVICE_MODE_MIG, 2) + synthetic_gpus(1, pb.DEVICE_MODE_TDM)
+    gpus[2].index = 5
+    gpus[1].mig_instances[0].health = pb.HEALTH_UNHEALTHY
+    assert device_health(gpus) == {
+        "gpu-0-mig-7": True,
+        "gpu-0-mig-8": True,
+        "gpu-1-mig-7": False,
+        "gpu-1-mig-8": True,
+        "gpu-5": True,
+    }
