@@ -3,9 +3,11 @@ answered, so that a restarted plugin prepares nothing twice and leaks nothing.
 
 One small JSON file per claim, `<directory>/claims/<uid>.json`, so that recording or
 forgetting a claim writes that claim only, whatever else is held. Each is written to a
-hidden temporary file, synced and renamed (the directory synced after it); a SHA-256
-checksum of its entry tells a damaged file from a good one. The single file of earlier
-versions (`checkpoint.json`) is read once and split into per-claim files.
+hidden temporary file, synced and renamed; a SHA-256 checksum of its entry tells a
+damaged file from a good one. A removal syncs the directory: a forgotten claim must not
+come back after a crash (it would be allocated again for nobody), while a recorded one
+that a crash loses is only prepared again when the kubelet repeats it. The single file
+of earlier versions (`checkpoint.json`) is read once and split into per-claim files.
 """
 
 from __future__ import annotations
@@ -177,6 +179,8 @@ class Checkpoint:
         for claim in claims:
             self.put(claim)
         try:
+            if claims:
+                _sync_dir(self.directory)  # every claim's file there before the file goes
             path.unlink()
             _sync_dir(path.parent)
         except OSError as exc:
@@ -196,7 +200,6 @@ class Checkpoint:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            _sync_dir(self.directory)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
