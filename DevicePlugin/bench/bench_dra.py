@@ -81,6 +81,7 @@ from lj_runtimekit.testkit.dra import (
     exactly,
     synthetic_gpus,
 )
+from lj_runtimekit.testkit.procfs import status_mb
 from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -138,14 +139,6 @@ def allocated_claim(kube: KubeClient, ns: str, name: str, result: dict[str, Any]
     if not claim["status"]["allocation"]["devices"]["results"][0].get("consumedCapacity"):
         raise SystemExit("the API server dropped consumedCapacity: DRAConsumableCapacity is off")
     return v1.Claim(namespace=ns, name=name, uid=claim["metadata"]["uid"])
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process now (VmRSS)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 async def timed(call: Callable[[], Awaitable[object]]) -> float:
@@ -232,7 +225,7 @@ async def prepare_run(kube: KubeClient, kubeconfig: Path, work: Path, n: int) ->
             if sorted(a.claim_uid for a in held) != sorted(c.uid for c in claims):
                 raise SystemExit(f"the Runtime holds {len(held)} claims, not the {n} prepared")
             again = [await timed(partial(prepare, c)) for c in claims]
-            rss = rss_mb(plugin.pid)
+            rss = status_mb(plugin.pid)
             release = [await timed(partial(unprepare, c)) for c in claims]
         left = [a for a in await runtime.list_allocations() if a.claim_uid]
         if left:

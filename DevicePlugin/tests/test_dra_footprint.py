@@ -17,6 +17,7 @@ import pytest
 from lj_runtimekit.proto.k8s.dra.v1 import api_pb2 as v1
 from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
+from lj_runtimekit.testkit.procfs import status_mb
 from lj_runtimekit.testkit.waits import wait_for
 
 from . import test_dra_cmd as cmd
@@ -68,14 +69,6 @@ RUN = textwrap.dedent(
 def official_client(modules: list[str]) -> list[str]:
     """The modules of the official Kubernetes client among `modules`."""
     return [m for m in modules if m.split(".")[0] == "kubernetes"]
-
-
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process now (VmRSS)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError(f"no VmRSS for process {pid}")
 
 
 def start_recording(plugin: cmd.Plugin, modules_file: Path) -> subprocess.Popen[bytes]:
@@ -135,7 +128,7 @@ async def test_a_serving_plugin_loads_no_official_client_and_fits_its_budget(
             )
             answer = await cmd.prepare(plugin, v1.Claim(namespace=ns, name="job", uid=ref.uid))
             assert answer.error == ""
-            rss = rss_mb(plugin.proc.pid)
+            rss = status_mb(plugin.proc.pid)
             plugin.proc.send_signal(signal.SIGTERM)
             assert plugin.proc.wait(30) == 0, plugin.log()
         finally:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes, profile_selector
-from lj_runtimekit.deviceplugin.internal.dra.naming import memory_step, quantity, resolve
+from lj_runtimekit.deviceplugin.internal.dra.naming import memory_step, resolve
 from lj_runtimekit.deviceplugin.internal.dra.slices import (
     MAX_SHARED_COUNTERS,
     build_slices,
@@ -16,6 +16,7 @@ from lj_runtimekit.deviceplugin.internal.dra.slices import (
 )
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.protocol import load_protocol
+from lj_runtimekit.proto.pkg.quantity import format_quantity
 from lj_runtimekit.testkit.dra import example_devices, synthetic_gpus
 
 PROTOCOL = load_protocol()
@@ -73,10 +74,10 @@ def test_tdm_node_is_one_pool_of_shareable_gpus() -> None:
                 "requestPolicy": {"default": "100", "validRange": {"min": "0", "step": "1"}},
             },
             "memory": {
-                "value": quantity(100 * step),
+                "value": format_quantity(100 * step),
                 "requestPolicy": {
-                    "default": quantity(100 * step),
-                    "validRange": {"min": "0", "step": quantity(step)},
+                    "default": format_quantity(100 * step),
+                    "validRange": {"min": "0", "step": format_quantity(step)},
                 },
             },
         }

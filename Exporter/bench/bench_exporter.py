@@ -43,6 +43,7 @@ from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
 from lj_runtimekit.runtimesim.process import SimulatorProcess
 from lj_runtimekit.testkit.podserver import PodListServer
 from lj_runtimekit.testkit.ports import free_port
+from lj_runtimekit.testkit.procfs import status_mb
 
 HERE = Path(__file__).resolve().parent
 NODE = HERE / "node-8gpu-16mig.yaml"
@@ -148,13 +149,6 @@ def _get(url: str, gzip_ok: bool) -> bytes:
         if response.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
         return body
-
-
-def _rss_mb(pid: int) -> tuple[float, float]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss = int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
-    peak = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))  # type: ignore[union-attr]
-    return rss / 1024, peak / 1024
 
 
 def _wait_ready(url: str, containers: int, proc: subprocess.Popen[bytes], log: Path) -> str:
@@ -339,7 +333,7 @@ def _apiserver_requests(
         started = time.time()
         time.sleep(window_s)
         steady = _node_requests(audit_log, started)
-        rss = [_rss_mb(proc.pid)[0] for proc, _ in procs]
+        rss = [status_mb(proc.pid) for proc, _ in procs]
     verbs: dict[str, int] = {}
     for event in steady:
         verbs[event["verb"]] = verbs.get(event["verb"], 0) + 1
@@ -384,12 +378,12 @@ def main() -> int:
                 paced = _scrape_ms(url, args.scrapes, pace_s=args.duration / args.scrapes)
                 cpu = _cpu_s(proc.pid) - cpu_before
                 after = _get(url, gzip_ok=False).decode()
-                rss, peak = _rss_mb(proc.pid)
+                rss, peak = status_mb(proc.pid), status_mb(proc.pid, "VmHWM")
             # 2. Stress: a collection every second, scrapes back to back (many land on one).
             with _exporter(sim.socket_dir, pods_url, 1, work / "stress.log") as (proc, url):
                 _wait_ready(url, len(plan), proc, work / "stress.log")
                 stress = _scrape_ms(url, args.scrapes)
-                stress_rss, _ = _rss_mb(proc.pid)
+                stress_rss = status_mb(proc.pid)
                 final = _get(url, gzip_ok=False).decode()
         finally:
             kubelet.stop()

@@ -20,6 +20,8 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
+from lj_runtimekit.testkit.procfs import status_mb
+
 STATE = "lj-runtimekit.io/feature-state"
 JOB_ANNOTATION = "lj-runtimekit.io/feature-job"
 MESSAGE = "lj-runtimekit.io/feature-message"
@@ -100,10 +102,7 @@ class OperatorProcess:
 
     def _status_mb(self, key: str) -> float:
         assert self.proc is not None
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
+        return status_mb(self.proc.pid, key)
 
 
 StartOperator = Callable[..., OperatorProcess]

@@ -23,7 +23,7 @@ from decimal import Decimal
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.devicekind import name_of
 from lj_runtimekit.proto.pkg.protocol import DeviceShare
-from lj_runtimekit.proto.pkg.quantity import QuantityError, format_quantity, parse_quantity
+from lj_runtimekit.proto.pkg.quantity import QuantityError, parse_quantity
 
 CORES = "cores"
 """Consumable capacity of a TDM device: core percentage, 100 per device."""
@@ -46,10 +46,6 @@ def device_name(device: pb.Device) -> str:
 def mig_name(device: pb.Device, instance: pb.MigInstance) -> str:
     """The ResourceSlice name of a MIG instance: `<kind>-<index>-mig-<instance id>`."""
     return f"{device_name(device)}-mig-{instance.instance_id}"
-
-
-quantity = format_quantity
-"""A capacity as the API server stores it, so a published slice reads back as written."""
 
 
 def memory_step(device: pb.Device) -> int:

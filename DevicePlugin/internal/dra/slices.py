@@ -34,11 +34,11 @@ from lj_runtimekit.deviceplugin.internal.dra.naming import (
     device_name,
     memory_step,
     mig_name,
-    quantity,
 )
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.devicekind import by_value
 from lj_runtimekit.proto.pkg.protocol import Protocol
+from lj_runtimekit.proto.pkg.quantity import format_quantity
 
 API_VERSION = "resource.k8s.io/v1"
 
@@ -142,8 +142,8 @@ def _counter_set_name(device: pb.Device) -> str:
 
 def _counters(slices: int, memory: int) -> dict[str, dict[str, str]]:
     return {
-        SLICES_COUNTER: {"value": quantity(slices)},
-        MEMORY_COUNTER: {"value": quantity(memory)},
+        SLICES_COUNTER: {"value": format_quantity(slices)},
+        MEMORY_COUNTER: {"value": format_quantity(memory)},
     }
 
 
@@ -151,18 +151,18 @@ def _tdm_capacity(device: pb.Device) -> dict[str, Any]:
     step = memory_step(device)
     return {
         CORES: {
-            "value": quantity(WHOLE_CORES),
+            "value": format_quantity(WHOLE_CORES),
             "requestPolicy": {
-                "default": quantity(WHOLE_CORES),
+                "default": format_quantity(WHOLE_CORES),
                 "validRange": {"min": "0", "step": "1"},
             },
         },
         MEMORY: {
             # 100 steps of 1 % (naming.memory_step): the default must be a step multiple.
-            "value": quantity(step * WHOLE_CORES),
+            "value": format_quantity(step * WHOLE_CORES),
             "requestPolicy": {
-                "default": quantity(step * WHOLE_CORES),
-                "validRange": {"min": "0", "step": quantity(step)},
+                "default": format_quantity(step * WHOLE_CORES),
+                "validRange": {"min": "0", "step": format_quantity(step)},
             },
         },
     }
@@ -217,7 +217,7 @@ class _Builder:
                 MODE: _string(TDM_MODE if tdm else EXCLUSIVE_MODE),
                 **self._base_attributes(device),
             },
-            "capacity": {MEMORY: {"value": quantity(device.memory_bytes)}},
+            "capacity": {MEMORY: {"value": format_quantity(device.memory_bytes)}},
         }
         unit = _Unit([out])
         if kind.shareable and tdm:
@@ -248,7 +248,7 @@ class _Builder:
                     PARENT_INDEX: _int(device.index),
                     **self._base_attributes(device),
                 },
-                "capacity": {MEMORY: {"value": quantity(instance.memory_bytes)}},
+                "capacity": {MEMORY: {"value": format_quantity(instance.memory_bytes)}},
                 "consumesCounters": [
                     {
                         "counterSet": _counter_set_name(device),

@@ -14,6 +14,7 @@ from lj_runtimekit.proto.pkg.protocol import (
     Protocol,
     decode_inventory,
 )
+from lj_runtimekit.proto.pkg.quantity import QuantityError
 from lj_runtimekit.schedulerframework.internal.cache.devices import (
     DeviceState,
     NodeDevices,
@@ -22,7 +23,6 @@ from lj_runtimekit.schedulerframework.internal.cache.devices import (
 )
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
     KubeObject,
-    QuantityError,
     resource_amount,
 )
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lj_runtimekit.proto.pkg.protocol.assignment import peak_use
-from lj_runtimekit.proto.pkg.quantity import QuantityError as QuantityError
-from lj_runtimekit.proto.pkg.quantity import quantity_value
+from lj_runtimekit.proto.pkg.quantity import QuantityError, quantity_value
 
 KubeObject = dict[str, Any]
 """A Kubernetes object as decoded from the API server's JSON."""
