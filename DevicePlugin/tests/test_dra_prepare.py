@@ -493,6 +493,16 @@ async def test_repeat_while_the_runtime_is_away_keeps_the_claim(node: Node, ns: 
     assert "not reachable" in error
     assert spec.exists(), "a prepared claim's CDI spec was removed"
     assert preparer.prepared == {ref.uid: claim}
+    # a claim refused by the inventory as last seen is refused for its own reason
+    unallocated = write_claim(node.kube, ns, "unallocated", None)
+    inventory = [pb.Device(id="GPU-0", index=0)]
+    error = (await node.preparer(inventory=lambda: inventory).prepare([unallocated]))[
+        unallocated.uid
+    ]
+    assert error == f"{unallocated} is not allocated (status.allocation is empty)"
+    cold = (await node.preparer().prepare([unallocated]))[unallocated.uid]
+    assert isinstance(cold, str)
+    assert "cannot read the Runtime's devices" in cold
     node.sim = Simulator(node.sim.node, node.sim.socket_dir)
     await node.sim.start()
     await preparer.restore_lost()

@@ -171,16 +171,20 @@ class Preparer:
 
     async def _devices(self, claim: KubeObject, ref: ClaimRef) -> tuple[ClaimDevice, ...]:
         """The claim's devices, resolved against the known inventory; against the Runtime's
-        own when that is unknown or refuses the claim (it may lag behind the Runtime)."""
+        own when that is unknown or refuses the claim (it may lag behind the Runtime). A
+        refusal by the known inventory stands when the Runtime cannot be asked."""
         known = self._inventory() if self._inventory is not None else None
+        refused: ClaimError | None = None
         if known is not None:
             try:
                 return claim_devices(claim, ref, self.driver, self.pool, known)
-            except ClaimError:
-                pass
+            except ClaimError as exc:
+                refused = exc
         try:
             inventory = await self._runtime.list_devices()
         except (RuntimeUnavailableError, RuntimeCallError) as exc:
+            if refused is not None:
+                raise refused from None
             raise ClaimError(f"{ref}: cannot read the Runtime's devices: {exc}") from exc
         return claim_devices(claim, ref, self.driver, self.pool, inventory)
 
