@@ -523,10 +523,11 @@ def test_plugin_start_after_a_runtime_restart_holds_the_claims_again(space: Bed)
     bed = space
     bed.running(*start_pods(bed, "lost", 2, 2))
     before = held_claims(bed)
+    for node in bed.nodes.values():  # stopped: a running plugin gives the claims back itself
+        node.stop_plugin()
     restart_runtimes(bed)
     assert held_claims(bed) == {n: set() for n in bed.nodes}
     for node in bed.nodes.values():
-        node.stop_plugin()
         node.start_plugin()  # its start reconciles the checkpoint with the Runtime
     assert held_claims(bed) == before
     assert check_invariant(bed) == []
