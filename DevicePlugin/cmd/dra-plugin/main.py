@@ -1,8 +1,9 @@
 """lj-dra-plugin: the DRA kubelet plugin of the Lingjun Runtime (resource.k8s.io/v1).
 
 Composition root only: flags (mirrored by environment variables), logging, wiring and
-signals. It publishes the node's ResourceSlices, serves NodePrepareResources and
-NodeUnprepareResources, and registers with the kubelet. `--remove-slices` deletes the
+signals. It publishes the node's ResourceSlices, serves NodePrepareResources,
+NodeUnprepareResources and the devices' health (NodeWatchResources), and registers with
+the kubelet. `--remove-slices` deletes the
 node's slices and exits (uninstall). Every operator mistake logs one clear line and
 exits 1.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from lj_runtimekit.deviceplugin.internal.dra.cdi import CdiSpecs
 from lj_runtimekit.deviceplugin.internal.dra.checkpoint import Checkpoint, CheckpointError
+from lj_runtimekit.deviceplugin.internal.dra.health import HealthServicer
 from lj_runtimekit.deviceplugin.internal.dra.prepare import Preparer
 from lj_runtimekit.deviceplugin.internal.dra.publisher import SlicePublisher
 from lj_runtimekit.deviceplugin.internal.dra.server import PluginServers, ServerError
@@ -204,14 +206,16 @@ async def _run(cfg: Config) -> None:
                 "released": len(done.released),
             },
         )
-        await _serve(cfg, preparer, publisher)
+        await _serve(cfg, preparer, publisher, HealthServicer(runtime, cfg.node_name))
     finally:
         await runtime.close()
         cfg.kube.close()
 
 
-async def _serve(cfg: Config, preparer: Preparer, publisher: SlicePublisher) -> None:
-    servers = PluginServers(cfg.kubelet_dir, cfg.protocol.dra.driver, preparer)
+async def _serve(
+    cfg: Config, preparer: Preparer, publisher: SlicePublisher, health: HealthServicer
+) -> None:
+    servers = PluginServers(cfg.kubelet_dir, cfg.protocol.dra.driver, preparer, health)
     try:
         await servers.start()
     except ServerError as exc:
