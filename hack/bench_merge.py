@@ -1,7 +1,8 @@
 """Merge bench/parts/*.json into bench/results.json and print a table with targets.
 
-Each part is one component's flat object of numbers (bench/README.md); the
-result adds "env" (machine, versions, date).
+Each part is one component's flat object of numbers (bench/README.md); a part named
+`<component>.<name>.json` adds its keys to that component's (a key in two parts is an
+error). The result adds "env" (machine, versions, date).
 """
 
 from __future__ import annotations
@@ -41,7 +42,16 @@ REQUIRED = {
     "controller": ["label_500_nodes_done_s", "duplicate_jobs", "rss_mb"],
     "controlplane": ["cold_build_s", "warm_start_s", "kwok_1000_nodes_s"],
     "deploy": ["cold_image_build_s"],
-    "dra": ["prepare_p50_ms", "prepare_p99_ms", "plugin_rss_mb"],
+    "dra": [
+        "prepare_p50_ms",
+        "prepare_p99_ms",
+        "plugin_rss_mb",
+        "churn_pods",
+        "churn_device_conflicts",
+        "churn_ledger_mismatches",
+        "burst_200_running_s",
+        "burst_ratio_vs_device_plugin",
+    ],
 }
 
 # (component, key) -> (comparison, bound) as the issues state them.
@@ -67,6 +77,9 @@ TARGETS = {
     ("controller", "skewed_leader_takeovers"): ("==", 0.0),
     ("dra", "prepare_p99_ms"): ("<=", 20.0),
     ("dra", "plugin_rss_mb"): ("<=", 80.0),
+    ("dra", "churn_pods"): (">=", 500.0),
+    ("dra", "churn_device_conflicts"): ("==", 0.0),
+    ("dra", "churn_ledger_mismatches"): ("==", 0.0),
     ("e2e", "churn_device_conflicts"): ("==", 0.0),
     ("e2e", "churn_ledger_mismatches"): ("==", 0.0),
     ("e2e", "churn_foreign_specs"): ("==", 0.0),
@@ -110,7 +123,15 @@ def main() -> int:
     """Merge the parts; exit 1 when a required key is missing."""
     results: dict[str, object] = {}
     for part in sorted(PARTS.glob("*.json")):
-        results[part.stem] = json.loads(part.read_text())
+        component = part.stem.split(".")[0]
+        data = results.setdefault(component, {})
+        assert isinstance(data, dict)
+        added = json.loads(part.read_text())
+        twice = sorted(set(data) & set(added))
+        if twice:
+            print(f"{part.name}: keys already in {component}: {', '.join(twice)}", file=sys.stderr)
+            return 1
+        data.update(added)
     results["env"] = _env()
     RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     missing = []
