@@ -622,6 +622,31 @@ def _create_pods(
         result.put(time.monotonic() - began)
 
 
+def create_at_once(bed: Sandbox, ns: str, manifests: list[dict[str, Any]]) -> tuple[float, float]:
+    """Create the pods, CREATE_THREADS calls at once, from a child process (so that the
+    calls do not hold this one's GIL while a watch stamps its events); (time.monotonic()
+    when the first call went, seconds the calls took)."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, go, result = ctx.Event(), ctx.Event(), ctx.Queue()
+    creator = ctx.Process(
+        target=_create_pods, args=(str(bed.kubeconfig), ns, manifests, ready, go, result)
+    )
+    creator.start()
+    try:
+        if not ready.wait(60):
+            raise SandboxError("the pod creating process did not start in 60s")
+        began = time.monotonic()
+        go.set()
+        outcome = result.get(timeout=120)
+    finally:
+        creator.join(30)
+        if creator.is_alive():
+            creator.terminate()
+    if isinstance(outcome, str):
+        raise SandboxError(f"creating the burst's pods failed: {outcome}")
+    return began, float(outcome)
+
+
 def _burst(bed: Sandbox, pods: int) -> dict[str, float]:
     ns = "burst"
     with bed.api_client() as api:
@@ -630,27 +655,7 @@ def _burst(bed: Sandbox, pods: int) -> dict[str, float]:
         watch = PodWatch(bed, ns, pods)
         watch.start()
         try:
-            # The create calls run in another process, so that they do not hold this one's
-            # GIL while the watch stamps its events.
-            ctx = multiprocessing.get_context("spawn")
-            ready, go, result = ctx.Event(), ctx.Event(), ctx.Queue()
-            creator = ctx.Process(
-                target=_create_pods, args=(str(bed.kubeconfig), ns, manifests, ready, go, result)
-            )
-            creator.start()
-            try:
-                if not ready.wait(60):
-                    raise SandboxError("the pod creating process did not start in 60s")
-                began = time.monotonic()
-                go.set()
-                outcome = result.get(timeout=120)
-            finally:
-                creator.join(30)
-                if creator.is_alive():
-                    creator.terminate()
-            if isinstance(outcome, str):
-                raise SandboxError(f"creating the burst's pods failed: {outcome}")
-            create_s = float(outcome)
+            began, create_s = create_at_once(bed, ns, manifests)
             _say(f"burst: {pods} pods created in {create_s:.1f}s")
             if not watch.done.wait(300) or len(watch.running) < pods:
                 missing = sorted({p["metadata"]["name"] for p in manifests} - set(watch.running))

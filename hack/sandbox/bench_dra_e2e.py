@@ -1,0 +1,746 @@
+"""End-to-end benchmark on DRA sandbox beds (real kubelets, `lj-dra-plugin`) ->
+bench/parts/dra.e2e.json (merged into the `dra` section of bench/results.json).
+
+Three beds, one after the other, without per-node Exporters (the admission path only):
+
+- churn (4 DRA nodes, tdm-8gpu and mig-8gpu): pods by ResourceClaimTemplate, placed by
+  kube-scheduler, created in waves (whole GPUs, TDM slices incl. core-only and memory-only
+  ones, MIG instances, a claim shared by two pods, pods whose init container uses the main
+  container's claim or a claim of its own, pods with a sidecar (restartable init
+  container) holding its own claim, two-container pods); a share of the running pods
+  deleted (some pods right after creation, before their admission) and re-created; a
+  node's plugin killed and restarted every few waves. Pods kube-scheduler finds no room
+  for are deleted and counted: kube-scheduler 1.34 serves one TDM GPU's worth of whole
+  and shared claims per node (docs/dra.md), which `--tdm-gpus-per-node` budgets for.
+  Every few seconds and at the end: a device held past what it has in the claims'
+  allocations, in the Runtime simulators' claim allocations, in the kubelets' PodResources
+  dynamic resources, or a container of a Running pod given (by the hollow kubelet's CDI
+  record) a claim's CDI device that is not its pod's. Keys: churn_pods (created),
+  churn_device_conflicts (distinct conflicts seen at any check), churn_ledger_mismatches
+  (once settled: Running pods whose claims, Runtime allocations, PodResources and CDI
+  devices disagree, and Runtime allocations of no live claim), churn_plugin_restarts and
+  the churn's counts.
+- device-plugin burst: `bench_e2e.run_burst` (8 tdm-8gpu nodes, 200 pods) -> key
+  device_plugin_burst_200_running_s;
+- DRA burst (8 tdm-8gpu DRA nodes): 200 pods, each with a claim of a 3 % core and memory
+  slice from one template (they fit the first GPU of the nodes), created at once from a
+  child process as in bench_e2e; keys burst_200_running_s (first create call to all
+  Running, from a watch), burst_pods_per_s, burst_ratio_vs_device_plugin (the DRA time
+  over the device-plugin time: below 1 is faster), burst_ledger_mismatches.
+
+load_avg_1m_start / load_avg_1m_end: the machine's load around the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s_client
+
+from lj_runtimekit.deviceplugin.internal.dra.cdi import CdiSpecs
+from lj_runtimekit.deviceplugin.internal.dra.classes import profile_selector
+from lj_runtimekit.deviceplugin.internal.dra.naming import CORES, MEMORY, memory_step
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
+from lj_runtimekit.proto.pkg.protocol import Protocol
+from lj_runtimekit.sandbox import Sandbox, SandboxConfig, dra, workload
+from lj_runtimekit.sandbox.bed import JOB_AGENT, RESOURCE_GROUP, RESOURCE_VERSION, SandboxError
+from lj_runtimekit.sandbox.bench_e2e import PodWatch, create_at_once, run_burst
+from lj_runtimekit.testkit.dra import allocated_shares, claim_pod, claim_template, exactly
+from lj_runtimekit.testkit.invariant import Holding, sharing_violations
+from lj_runtimekit.testkit.waits import NotYet, WaitTimeout, wait_for
+
+REQUESTS = {"cpu": "10m", "memory": "32Mi"}
+"""cpu and memory per container: a hollow node has one cpu."""
+KubeletClaims = Mapping[tuple[str, str], Mapping[str, Mapping[str, Sequence[tuple[str, str, str]]]]]
+"""(namespace, pod) -> container -> claim -> (driver, pool, device), from PodResources."""
+
+
+def _say(msg: str) -> None:
+    print(f"[bench-dra-e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _phase(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "")
+
+
+def _unschedulable(pod: Mapping[str, Any]) -> bool:
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False"
+        for c in (pod.get("status") or {}).get("conditions") or ()
+    )
+
+
+def _start_bed(nodes: int, kinds: tuple[str, ...], state: Path) -> Sandbox:
+    cfg = SandboxConfig(
+        nodes=nodes,
+        kinds=kinds,
+        state_dir=state,
+        exporter=False,
+        controller=False,
+        dra=True,
+    )
+    _say(f"starting {nodes} DRA nodes under {state}")
+    bed = Sandbox(cfg, progress=lambda m: _say(f"  {m}"))
+    bed.start()
+    return bed
+
+
+# -- the checks (pure: what the sources said -> lines) ----------------------------------------
+
+
+def kubelet_holdings(
+    records: KubeletClaims,
+    claims: Mapping[str, Mapping[str, Any]],
+    driver: str,
+    inventories: Mapping[str, Sequence[pb.Device]],
+) -> tuple[list[Holding], list[str]]:
+    """What the kubelets' PodResources say each claim holds, as (node, claim, share) with the
+    capacity the claim's allocation consumes on that device (a claim reported by several
+    containers or pods counted once), and a line per reported device that is not in the
+    claim's allocation. Claims no longer listed (pods ending) are skipped."""
+    holdings: set[Holding] = set()
+    problems: list[str] = []
+    for (namespace, pod), containers in sorted(records.items()):
+        for container, used in sorted(containers.items()):
+            for name, devices in sorted(used.items()):
+                claim = claims.get(name)
+                if claim is None or not (claim.get("status") or {}).get("allocation"):
+                    continue
+                results = claim["status"]["allocation"]["devices"]["results"]
+                resolved = allocated_shares(claim, driver, inventories)
+                by_device = {
+                    (r["driver"], r["pool"], r["device"]): share
+                    for r, (_, _, share) in zip(results, resolved, strict=True)
+                }
+                for device in devices:
+                    if device not in by_device:
+                        problems.append(
+                            f"kubelet: {namespace}/{pod} container {container} claim {name}"
+                            f" device {device} is not in its allocation"
+                        )
+                        continue
+                    holdings.add((device[1], name, by_device[device]))
+    return sorted(holdings, key=lambda h: (h[0], h[1], h[2].device_id)), problems
+
+
+def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
+    """Pod claim name -> ResourceClaim name: named in the spec, or made from a template (the
+    pod's status names it)."""
+    out = {
+        c["name"]: c["resourceClaimName"]
+        for c in (pod.get("spec") or {}).get("resourceClaims") or ()
+        if c.get("resourceClaimName")
+    }
+    for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ():
+        out[s["name"]] = s.get("resourceClaimName") or ""
+    return out
+
+
+def cdi_lines(
+    pods: Sequence[Mapping[str, Any]],
+    claims: Mapping[str, Mapping[str, Any]],
+    recorded: Mapping[tuple[str, str], Sequence[str] | None],
+    device_id: Any,
+) -> tuple[list[str], list[str]]:
+    """For each container of a Running pod that uses claims, the CDI devices the kubelet
+    passed when it created it (`recorded`: (pod uid, container) -> names, None if never)
+    against its claims' CDI IDs (`device_id(claim uid)`), in order. Returns (conflicts: a
+    CDI device of a claim that is not its pod's, mismatches: any other difference)."""
+    owner = {device_id(c["metadata"]["uid"]): name for name, c in claims.items()}
+    conflicts, mismatches = [], []
+    for pod in pods:
+        if _phase(pod) != "Running":
+            continue
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        by_pod_claim = pod_claims(pod)
+        own = set(by_pod_claim.values())
+        where = f"{meta['namespace']}/{meta['name']}"
+        for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+            used = [by_pod_claim.get(r["name"], "") for r in c["resources"].get("claims", ())]
+            if not used:
+                continue
+            got = recorded.get((meta["uid"], c["name"]))
+            foreign = [d for d in got or () if d in owner and owner[d] not in own]
+            for d in foreign:
+                conflicts.append(f"cdi: {where} container {c['name']} got {owner[d]}'s {d}")
+            want = [device_id(claims[n]["metadata"]["uid"]) for n in used if n in claims]
+            if got is None or list(got) != want:
+                mismatches.append(f"{where} container {c['name']}: CDI {got}, claims' {want}")
+    return conflicts, mismatches
+
+
+def split_observed(problems: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`dra.observe`'s lines as (sharing conflicts, other disagreements)."""
+    conflicts = [p for p in problems if p.startswith(("claims: device", "runtime: device"))]
+    return conflicts, [p for p in problems if p not in conflicts]
+
+
+@dataclass
+class Observation:
+    conflicts: list[str]
+    mismatches: list[str]
+    pods: list[dict[str, Any]]
+
+
+def observe(bed: Sandbox, api: k8s_client.ApiClient, namespace: str) -> Observation:
+    """Every source read once: sharing conflicts and other disagreements."""
+    driver = bed.protocol.dra.driver
+    _, problems = dra.observe(bed, api, namespace)
+    conflicts, mismatches = split_observed(problems)
+    claims = {c["metadata"]["name"]: c for c in dra.list_claims(api, namespace)}
+    records = workload.kubelet_claim_records(bed.nodes)
+    mine = {k: v for k, v in records.items() if k[0] == namespace}
+    holdings, extra = kubelet_holdings(
+        mine, claims, driver, workload.runtime_inventories(bed.nodes)
+    )
+    conflicts += sharing_violations("kubelet", holdings) + extra
+    pods = workload.list_pods(api, namespace)
+    nodes = {n.name: n for n in bed.nodes}
+    recorded: dict[tuple[str, str], list[str] | None] = {}
+    for pod in pods:
+        node = nodes.get((pod.get("spec") or {}).get("nodeName") or "")
+        if node is None or _phase(pod) != "Running":
+            continue
+        for c in [*(pod["spec"].get("initContainers") or ()), *pod["spec"]["containers"]]:
+            uid = pod["metadata"]["uid"]
+            recorded[(uid, c["name"])] = node.hollow.container_cdi_devices(uid, c["name"])
+    specs = CdiSpecs(bed.nodes[0].cdi_dir, driver)  # a claim's CDI ID names no node
+    cdi_conflicts, cdi_mismatches = cdi_lines(pods, claims, recorded, specs.device_id)
+    return Observation(conflicts + cdi_conflicts, mismatches + cdi_mismatches, pods)
+
+
+@dataclass
+class Checker:
+    """`observe` every `interval_s` in a thread while the churn runs; distinct conflict
+    lines kept with the seconds into the churn when first seen."""
+
+    bed: Sandbox
+    namespace: str
+    interval_s: float = 3.0
+    conflicts: dict[str, float] = field(default_factory=dict)
+    checks: int = 0
+    errors: list[str] = field(default_factory=list)
+    began: float = field(default_factory=time.monotonic)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def check(self, api: k8s_client.ApiClient) -> Observation:
+        seen = observe(self.bed, api, self.namespace)
+        at = round(time.monotonic() - self.began, 1)
+        for line in seen.conflicts:
+            if line not in self.conflicts:
+                self.conflicts[line] = at
+                _say(f"CONFLICT at {at}s: {line}")
+        self.checks += 1
+        return seen
+
+    def _loop(self) -> None:
+        with self.bed.api_client() as api:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    self.check(api)
+                except Exception as exc:  # a source did not answer: say so, go on
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    _say(f"check failed: {type(exc).__name__}: {exc}")
+
+    def __enter__(self) -> Checker:
+        self._thread = threading.Thread(target=self._loop, name="dra-checker", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
+
+
+# -- churn ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A kind of pod of the churn: pod claim -> template name, which containers (and init
+    containers, those in `sidecars` restartable) use which pod claims, and what it holds
+    (GPU equivalents, MIG instances) for keeping the alive pods below capacity. `shared`:
+    two pods using one ResourceClaim of the first template."""
+
+    kind: str
+    claims: Mapping[str, str]
+    containers: Mapping[str, tuple[str, ...]]
+    init: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    sidecars: frozenset[str] = frozenset()
+    gpus: float = 0.0
+    migs: int = 0
+    shared: bool = False
+
+
+MIX = {
+    "whole": 10,
+    "slice": 24,
+    "core-only": 6,
+    "memory-only": 6,
+    "mig": 18,
+    "shared": 6,
+    "init-same": 6,
+    "init-own": 6,
+    "sidecar": 8,
+    "multi": 8,
+}
+
+
+class Templates:
+    """The churn's ResourceClaimTemplates by request, created on first use."""
+
+    def __init__(self, api: k8s_client.ApiClient, protocol: Protocol, ns: str, mem_step: int):
+        self.api, self.protocol, self.ns, self.mem_step = api, protocol, ns, mem_step
+        self.made: dict[str, dict[str, Any]] = {}
+
+    def request(self, name: str) -> dict[str, Any]:
+        dra_names = self.protocol.dra
+        if name == "whole":
+            return exactly("r", dra_names.whole_class("gpu"))
+        if name == "mig":
+            return exactly(
+                "r", dra_names.mig_class, selector=profile_selector(self.protocol, "1g.10gb")
+            )
+        _, core, memory = name.split("-")
+        capacity = {CORES: core, MEMORY: str(int(memory) * self.mem_step)}
+        return exactly("r", dra_names.share_class("gpu"), capacity=capacity)
+
+    def get(self, name: str) -> str:
+        if name not in self.made:
+            obj = claim_template(name, [self.request(name)], self.ns)
+            dra.create_templates(self.api, [obj])
+            self.made[name] = obj
+        return name
+
+
+def _slice(core: int, memory: int) -> str:
+    return f"s-{core}-{memory}"
+
+
+def _shape(kind: str, rng: random.Random) -> Shape:
+    main = {"main": ("c",)}
+    if kind == "whole":
+        return Shape(kind, {"c": "whole"}, main, gpus=1)
+    if kind == "mig":
+        return Shape(kind, {"c": "mig"}, main, migs=1)
+    if kind == "slice":
+        core, mem = rng.choice((5, 10, 15, 20)), rng.choice((5, 10, 15, 20))
+        return Shape(kind, {"c": _slice(core, mem)}, main, gpus=max(core, mem) / 100)
+    if kind == "core-only":
+        core = rng.choice((10, 20))
+        return Shape(kind, {"c": _slice(core, 0)}, main, gpus=core / 100)
+    if kind == "memory-only":
+        mem = rng.choice((10, 20))
+        return Shape(kind, {"c": _slice(0, mem)}, main, gpus=mem / 100)
+    if kind == "shared":  # two pods, one claim
+        return Shape(kind, {"c": _slice(10, 10)}, main, gpus=0.1, shared=True)
+    if kind == "init-same":  # the init container uses the main container's claim
+        return Shape(kind, {"c": "mig"}, main, {"prep": ("c",)}, migs=1)
+    if kind == "init-own":
+        claims = {"c": _slice(10, 10), "p": _slice(5, 10)}
+        return Shape(kind, claims, main, {"prep": ("p",)}, gpus=0.2)
+    if kind == "sidecar":  # a restartable init container with its own claim
+        claims = {"c": _slice(10, 5), "s": "mig"}
+        return Shape(kind, claims, main, {"side": ("s",)}, frozenset({"side"}), 0.1, 1)
+    if kind == "multi":
+        claims = {"a": _slice(10, 10), "b": "mig"}
+        return Shape(kind, claims, {"a": ("a",), "b": ("b",)}, gpus=0.1, migs=1)
+    raise ValueError(kind)
+
+
+def _manifest(
+    name: str, shape: Shape, templates: Templates, ns: str, claim: str = ""
+) -> dict[str, Any]:
+    pod = claim_pod(
+        name,
+        {c: templates.get(t) for c, t in shape.claims.items()},
+        containers=tuple({c: u} for c, u in shape.containers.items()),
+        init_containers=tuple({c: u} for c, u in shape.init.items()),
+        limits=REQUESTS,
+        namespace=ns,
+    )
+    if claim:  # the pod claim names a ResourceClaim instead of a template
+        pod["spec"]["resourceClaims"] = [
+            {"name": c, "resourceClaimName": claim} for c in shape.claims
+        ]
+    for container in pod["spec"].get("initContainers") or ():
+        if container["name"] in shape.sidecars:
+            container["restartPolicy"] = "Always"
+        else:  # the hollow node runs it as a local process, which ends
+            container["command"] = [JOB_AGENT, "--version"]
+    return pod
+
+
+@dataclass
+class Churn:
+    """The churn's state: alive pods by name -> shape, shared claims by pod."""
+
+    bed: Sandbox
+    api: k8s_client.ApiClient
+    ns: str
+    templates: Templates
+    rng: random.Random
+    shapes: dict[str, Shape] = field(default_factory=dict)
+    claim_of: dict[str, str] = field(default_factory=dict)
+    """Pod -> the ResourceClaim it shares (shared pods only)."""
+    counts: dict[str, int] = field(default_factory=dict)
+    counter: int = 0
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counts[key] = self.counts.get(key, 0) + n
+
+    def use(self) -> tuple[float, int]:
+        seen: set[str] = set()
+        gpus, migs = 0.0, 0
+        for name, s in self.shapes.items():
+            claim = self.claim_of.get(name)
+            if claim in seen:
+                continue
+            if claim:
+                seen.add(claim)
+            gpus, migs = gpus + s.gpus, migs + s.migs
+        return gpus, migs
+
+    def create(self, shape: Shape, suffix: str) -> list[str]:
+        core = k8s_client.CoreV1Api(self.api)
+        self.counter += 1
+        base = f"{shape.kind}-{self.counter}{suffix}"
+        if not shape.shared:
+            core.create_namespaced_pod(self.ns, _manifest(base, shape, self.templates, self.ns))
+            self.shapes[base] = shape
+            self.count("pods")
+            return [base]
+        (template,) = shape.claims.values()
+        obj = {
+            "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
+            "kind": "ResourceClaim",
+            "metadata": {"name": base, "namespace": self.ns},
+            "spec": {"devices": {"requests": [self.templates.request(template)]}},
+        }
+        k8s_client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+            RESOURCE_GROUP, RESOURCE_VERSION, self.ns, "resourceclaims", obj
+        )
+        names = [f"{base}-a", f"{base}-b"]
+        for name in names:
+            core.create_namespaced_pod(
+                self.ns, _manifest(name, shape, self.templates, self.ns, claim=base)
+            )
+            self.shapes[name] = shape
+            self.claim_of[name] = base
+            self.count("pods")
+        return names
+
+    def delete(self, name: str, *, now: bool = False) -> Shape | None:
+        """Delete the pod (with its partner and their claim if shared); its shape, once."""
+        core = k8s_client.CoreV1Api(self.api)
+        claim = self.claim_of.pop(name, "")
+        names = [name]
+        if claim:
+            names += [n for n, c in list(self.claim_of.items()) if c == claim]
+            for n in names[1:]:
+                del self.claim_of[n]
+        shape = None
+        for n in names:
+            shape = self.shapes.pop(n, None) or shape
+            core.delete_namespaced_pod(n, self.ns, grace_period_seconds=0 if now else None)
+        if claim:
+            k8s_client.CustomObjectsApi(self.api).delete_namespaced_custom_object(
+                RESOURCE_GROUP, RESOURCE_VERSION, self.ns, "resourceclaims", claim
+            )
+        return shape
+
+
+def run_churn(
+    nodes: int, total: int, wave: int, seed: int, tdm_gpus: float, state: Path
+) -> dict[str, float]:
+    bed = _start_bed(nodes, ("tdm-8gpu", "mig-8gpu"), state)
+    try:
+        with bed.api_client() as api:
+            out = _churn(bed, api, total, wave, random.Random(seed), tdm_gpus)  # noqa: S311
+    except BaseException:
+        bed.stop(failed=True)
+        raise
+    if out["churn_device_conflicts"] or out["churn_ledger_mismatches"]:
+        bed.config.keep_state = True
+        _say(f"conflicts or mismatches: state and logs kept in {bed.state_dir}")
+    bed.stop()
+    return out
+
+
+def _churn(
+    bed: Sandbox,
+    api: k8s_client.ApiClient,
+    total: int,
+    wave: int,
+    rng: random.Random,
+    tdm_gpus: float,
+) -> dict[str, float]:
+    ns = "dra-churn"
+    workload.ensure_namespace(api, ns)
+    inventories = workload.runtime_inventories(bed.nodes)
+    first = next(d for devs in inventories.values() for d in devs if d.mode == pb.DEVICE_MODE_TDM)
+    templates = Templates(api, bed.protocol, ns, memory_step(first))
+    churn = Churn(bed, api, ns, templates, rng)
+    gpu_budget = len(bed.nodes) * tdm_gpus * 0.8
+    mig_budget = sum(7 for n in bed.nodes if n.kind.startswith("mig")) * 0.6
+    _say(f"churn: alive at once <= {gpu_budget:g} GPUs and {mig_budget:g} MIG 1g instances")
+    kinds, weights = list(MIX), list(MIX.values())
+    recreate: list[Shape] = []
+    restarts = waves = 0
+    began = time.monotonic()
+    with Checker(bed, ns) as checker:
+        while churn.counts.get("pods", 0) < total:
+            waves += 1
+            pods = {p["metadata"]["name"]: p for p in workload.list_pods(api, ns)}
+            for name in [
+                n for n in churn.shapes if _phase(pods.get(n, {})) in ("Failed", "Succeeded")
+            ]:
+                if name in churn.shapes:
+                    churn.count("failed")
+                    churn.delete(name)
+            running = [n for n in churn.shapes if _phase(pods.get(n, {})) == "Running"]
+            for name in rng.sample(running, k=len(running) // 2):
+                if name in churn.shapes:
+                    shape = churn.delete(name)
+                    churn.count("deleted_running")
+                    if shape is not None:
+                        recreate.append(shape)
+            if waves % 6 == 3:  # a plugin killed and started again mid-churn
+                node = rng.choice(bed.nodes)
+                _say(f"churn: restarting the plugin of {node.name}")
+                node.plugin.restart(crash=True)
+                restarts += 1
+            batch: list[str] = []
+            while len(batch) < wave and churn.counts.get("pods", 0) < total:
+                gpu_use, mig_use = churn.use()
+                again = recreate.pop(0) if recreate else None
+                shape = again or _shape(rng.choices(kinds, weights)[0], rng)
+                if gpu_use + shape.gpus > gpu_budget or mig_use + shape.migs > mig_budget:
+                    if again is not None:
+                        recreate.insert(0, again)
+                    break  # no room for now: the next wave deletes some
+                names = churn.create(shape, "-r" if again is not None else "")
+                if rng.random() < 0.08:  # deleted right after creation, before admission
+                    churn.delete(names[0], now=True)
+                    churn.count("deleted_early", len(names))
+                    continue
+                batch += names
+            _wait_wave(churn, batch)
+        churn_s = time.monotonic() - began
+        _say(
+            f"churn: {churn.counts.get('pods', 0)} pods in {waves} waves, {churn_s:.0f}s; settling"
+        )
+        mismatches = _settle(bed, api, ns, checker)
+    running_at_end = sum(_phase(p) == "Running" for p in workload.list_pods(api, ns))
+    if checker.errors:
+        _say(f"{len(checker.errors)} checks failed, first: {checker.errors[0]}")
+    if checker.conflicts:
+        workload.write_json(bed.state_dir / "conflicts.json", checker.conflicts)
+    by_source = {
+        s: sum(line.startswith(f"{s}:") for line in checker.conflicts)
+        for s in ("claims", "runtime", "kubelet", "cdi")
+    }
+    c = churn.counts
+    return {
+        "churn_nodes": float(len(bed.nodes)),
+        "churn_pods": float(c.get("pods", 0)),
+        "churn_waves": float(waves),
+        "churn_s": round(churn_s, 1),
+        "churn_plugin_restarts": float(restarts),
+        "churn_deleted_running_pods": float(c.get("deleted_running", 0)),
+        "churn_deleted_before_admission_pods": float(c.get("deleted_early", 0)),
+        "churn_unschedulable_deleted_pods": float(c.get("unschedulable", 0)),
+        "churn_failed_pods": float(c.get("failed", 0)),
+        "churn_running_at_end": float(running_at_end),
+        "churn_checks": float(checker.checks),
+        "churn_failed_checks": float(len(checker.errors)),
+        "churn_device_conflicts": float(len(checker.conflicts)),
+        **{f"churn_conflicts_{s}": float(n) for s, n in by_source.items()},
+        "churn_ledger_mismatches": float(len(mismatches)),
+    }
+
+
+def _wait_wave(churn: Churn, batch: list[str], timeout_s: float = 120) -> None:
+    """Until the wave's pods are Running, Failed or found no room (those are deleted and
+    counted). A pod bound but not running by then is an error."""
+    wanted = set(batch)
+    last: dict[str, dict[str, Any]] = {}
+
+    def done(pod: Mapping[str, Any]) -> bool:
+        return _phase(pod) in ("Running", "Failed", "Succeeded") or _unschedulable(pod)
+
+    def check() -> bool | NotYet:
+        last.clear()
+        last.update({p["metadata"]["name"]: p for p in workload.list_pods(churn.api, churn.ns)})
+        waiting = [n for n in wanted if n in churn.shapes and not done(last.get(n, {}))]
+        return not waiting or NotYet(f"waiting {sorted(waiting)}")
+
+    try:
+        wait_for(check, timeout_s, f"a wave of {len(batch)} pods", interval_s=0.5)
+    except WaitTimeout:
+        waiting = [n for n in wanted if n in churn.shapes and not done(last.get(n, {}))]
+        raise SandboxError(f"pods not Running in {timeout_s:.0f}s: {sorted(waiting)}") from None
+    for name in sorted(wanted):
+        if name in churn.shapes and _unschedulable(last.get(name, {})):
+            churn.count("unschedulable", 1 + bool(churn.claim_of.get(name)))
+            churn.delete(name, now=True)
+
+
+def _settle(
+    bed: Sandbox, api: k8s_client.ApiClient, ns: str, checker: Checker, timeout_s: float = 120
+) -> list[str]:
+    """Until every source agrees (pods still ending make transient differences); the
+    disagreements left then."""
+    last: list[Observation] = []
+
+    def agreed() -> bool | NotYet:
+        seen = checker.check(api)
+        last[:] = [seen]
+        busy = [p["metadata"]["name"] for p in seen.pods if _phase(p) not in ("Running", "Failed")]
+        if busy or seen.mismatches:
+            return NotYet(f"not settled: {busy[:10]}, {seen.mismatches[:5]}")
+        return True
+
+    try:
+        wait_for(agreed, timeout_s, "the churn's ledgers to agree", interval_s=2)
+    except WaitTimeout as exc:
+        _say(f"churn: {exc}")
+    mismatches = last[0].mismatches if last else ["never observed"]
+    for line in mismatches:
+        _say(f"MISMATCH: {line}")
+    if mismatches:
+        workload.write_json(bed.state_dir / "mismatches.json", mismatches)
+    return mismatches
+
+
+# -- burst ------------------------------------------------------------------------------------
+
+
+BURST_SLICE = 3
+"""Core and memory percent of each burst pod's slice (33 fit one GPU)."""
+
+
+def run_dra_burst(nodes: int, pods: int, state: Path) -> dict[str, float]:
+    bed = _start_bed(nodes, ("tdm-8gpu",), state)
+    try:
+        out = _dra_burst(bed, pods)
+    except BaseException:
+        bed.stop(failed=True)
+        raise
+    bed.stop()
+    return out
+
+
+def _dra_burst(bed: Sandbox, pods: int) -> dict[str, float]:
+    ns = "burst"
+    if pods > len(bed.nodes) * (100 // BURST_SLICE):
+        raise SandboxError(f"{pods} slices of {BURST_SLICE}% do not fit {len(bed.nodes)} GPUs")
+    with bed.api_client() as api:
+        workload.ensure_namespace(api, ns)
+        inventories = workload.runtime_inventories(bed.nodes)
+        step = memory_step(next(iter(inventories.values()))[0])
+        capacity = {CORES: str(BURST_SLICE), MEMORY: str(BURST_SLICE * step)}
+        request = exactly("s", bed.protocol.dra.share_class("gpu"), capacity=capacity)
+        dra.create_templates(api, [claim_template("slice", [request], ns)])
+        manifests = [
+            claim_pod(
+                f"s{i}",
+                {"c": "slice"},
+                containers=({"main": ("c",)},),
+                limits=REQUESTS,
+                namespace=ns,
+            )
+            for i in range(pods)
+        ]
+        watch = PodWatch(bed, ns, pods)
+        watch.start()
+        try:
+            began, create_s = create_at_once(bed, ns, manifests)
+            _say(f"DRA burst: {pods} pods created in {create_s:.1f}s")
+            if not watch.done.wait(300) or len(watch.running) < pods:
+                missing = sorted({p["metadata"]["name"] for p in manifests} - set(watch.running))
+                raise SandboxError(
+                    f"{len(missing)} DRA burst pods not Running in 300s ({watch.error}):"
+                    f" {missing[:20]}"
+                )
+        finally:
+            watch.stop()
+        running_s = max(watch.running.values()) - began
+        seen = observe(bed, api, ns)
+        for line in seen.conflicts + seen.mismatches:
+            _say(f"DRA burst: {line}")
+    return {
+        f"burst_{pods}_running_s": round(running_s, 2),
+        "burst_pods_per_s": round(pods / running_s, 2),
+        "burst_create_calls_s": round(create_s, 2),
+        "burst_nodes": float(len(bed.nodes)),
+        "burst_bed_start_s": round(bed.started_s, 2),
+        "burst_device_conflicts": float(len(seen.conflicts)),
+        "burst_ledger_mismatches": float(len(seen.mismatches)),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/parts/dra.e2e.json"))
+    parser.add_argument("--churn-nodes", type=int, default=4)
+    parser.add_argument("--churn-pods", type=int, default=520)
+    parser.add_argument("--wave", type=int, default=16)
+    parser.add_argument(
+        "--tdm-gpus-per-node",
+        type=float,
+        default=1.0,
+        help="TDM GPUs' worth of whole and shared claims kube-scheduler places per node",
+    )
+    parser.add_argument("--burst-nodes", type=int, default=8)
+    parser.add_argument("--burst-pods", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--skip", choices=("churn", "burst"), default=None)
+    args = parser.parse_args()
+    results: dict[str, float] = {"load_avg_1m_start": round(os.getloadavg()[0], 2)}
+    began = time.monotonic()
+
+    def state() -> Path:
+        return Path(tempfile.mkdtemp(prefix="ljbdra", dir="/tmp"))
+
+    if args.skip != "churn":
+        results.update(
+            run_churn(
+                args.churn_nodes,
+                args.churn_pods,
+                args.wave,
+                args.seed,
+                args.tdm_gpus_per_node,
+                state(),
+            )
+        )
+    if args.skip != "burst":
+        key = f"burst_{args.burst_pods}_running_s"
+        plugin = run_burst([args.burst_nodes], args.burst_pods, state())
+        (plugin_s,) = [v for k, v in plugin.items() if k.startswith(key)]
+        results[f"device_plugin_{key}"] = plugin_s
+        results.update(run_dra_burst(args.burst_nodes, args.burst_pods, state()))
+        results["burst_ratio_vs_device_plugin"] = round(results[key] / plugin_s, 2)
+    results["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
+    results["bench_s"] = round(time.monotonic() - began, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print(json.dumps(results, indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
