@@ -13,7 +13,11 @@ import pytest
 
 from lj_runtimekit.deviceplugin.internal.dra.checkpoint import PreparedClaim
 from lj_runtimekit.deviceplugin.internal.dra.claims import ClaimRef
-from lj_runtimekit.deviceplugin.internal.dra.health import HealthServicer, device_health
+from lj_runtimekit.deviceplugin.internal.dra.health import (
+    DeviceHealth,
+    HealthServicer,
+    device_health,
+)
 from lj_runtimekit.deviceplugin.internal.dra.server import PluginServers
 from lj_runtimekit.proto.k8s.drahealth.v1alpha1 import api_pb2 as health
 from lj_runtimekit.proto.k8s.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
@@ -28,6 +32,7 @@ from lj_runtimekit.testkit.dra import synthetic_gpus
 DRIVER = "dra.lingjun.com"
 POOL = "health-node"
 STEP_S = 20.0
+REFRESH_S = 1.0
 
 
 class _NoClaims:
@@ -38,13 +43,18 @@ class _NoClaims:
         raise AssertionError("no claims in these tests")
 
 
-async def _next(stream: Any) -> dict[str, int]:
-    """The next message of a NodeWatchResources stream, as device name -> health."""
+async def _message(stream: Any) -> health.NodeWatchResourcesResponse:
     message = await asyncio.wait_for(stream.read(), STEP_S)
     assert isinstance(message, health.NodeWatchResourcesResponse)
     assert {d.device.pool_name for d in message.devices} == {POOL}
     assert all(d.last_updated_time > 0 for d in message.devices)
-    return {d.device.device_name: d.health for d in message.devices}
+    assert {d.health_check_timeout_seconds for d in message.devices} == {round(3 * REFRESH_S)}
+    return message
+
+
+async def _next(stream: Any) -> dict[str, int]:
+    """The next message of a NodeWatchResources stream, as device name -> health."""
+    return {d.device.device_name: d.health for d in (await _message(stream)).devices}
 
 
 @pytest.fixture
@@ -66,7 +76,7 @@ async def health_stub(
         workdir / "kubelet",
         DRIVER,
         _NoClaims(),
-        HealthServicer(runtime, POOL),
+        HealthServicer(runtime, POOL, refresh_s=REFRESH_S),
     )
     await servers.start()
     try:
@@ -103,11 +113,25 @@ async def test_health_of_every_published_device_then_each_change(
     instances = {n for n in names if n.startswith(f"gpu-{mig_gpu.index}-mig-")}
     assert instances
     await _set_health(sim, mig_gpu.id, False)
-    bad = await _next(stream)
-    assert {n for n, h in bad.items() if h == health.UNHEALTHY} == instances
+    bad = await _message(stream)
+    assert {d.device.device_name for d in bad.devices if d.health == health.UNHEALTHY} == instances
+    assert {d.message for d in bad.devices if d.health == health.UNHEALTHY} == {"XID 79"}
     await _set_health(sim, mig_gpu.id, True)
-    good = await _next(stream)
-    assert set(good.values()) == {health.HEALTHY}
+    good = await _message(stream)
+    assert {d.health for d in good.devices} == {health.HEALTHY}
+    assert {d.message for d in good.devices} == {""}
+
+    # No change: the complete list again within the refresh, so the kubelet's health check
+    # timeout never turns a device unknown.
+    started = asyncio.get_running_loop().time()
+    again = await _message(stream)
+    assert asyncio.get_running_loop().time() - started < 3 * REFRESH_S
+    assert [(d.device, d.health) for d in again.devices] == [
+        (d.device, d.health) for d in good.devices
+    ]
+    assert min(d.last_updated_time for d in again.devices) >= max(
+        d.last_updated_time for d in good.devices
+    )
     stream.cancel()
 
 
@@ -127,10 +151,12 @@ def test_names_follow_the_slices() -> None:
     gpus = synthetic_gpus(2, pb.DEVICE_MODE_MIG, 2) + synthetic_gpus(1, pb.DEVICE_MODE_TDM)
     gpus[2].index = 5
     gpus[1].mig_instances[0].health = pb.HEALTH_UNHEALTHY
+    gpus[2].health = pb.HEALTH_UNHEALTHY
+    gpus[2].health_reason = "XID 48"
     assert device_health(gpus) == {
-        "gpu-0-mig-7": True,
-        "gpu-0-mig-8": True,
-        "gpu-1-mig-7": False,
-        "gpu-1-mig-8": True,
-        "gpu-5": True,
+        "gpu-0-mig-7": DeviceHealth(True, ""),
+        "gpu-0-mig-8": DeviceHealth(True, ""),
+        "gpu-1-mig-7": DeviceHealth(False, "MIG instance unhealthy"),
+        "gpu-1-mig-8": DeviceHealth(True, ""),
+        "gpu-5": DeviceHealth(False, "XID 48"),
     }
