@@ -5,6 +5,9 @@
 # hack/hollow-node), built from the Go module proxy into a per-version cache
 # outside the repository:
 #   ${LJ_RUNTIMEKIT_CACHE:-$HOME/.cache/lj-runtimekit}/k8s/<K8S_VERSION>/bin
+# and the same for K8S_DRA_VERSION, the DRA mode's release: its own
+# Kubernetes binaries and lj-hollow-node, with etcd, kwok and helm linked
+# from K8S_VERSION's directory.
 # Idempotent: a binary that exists and reports the pinned version through its
 # version command is kept (lj-hollow-node also needs the hash of its Go
 # source, stored next to it). Static (CGO_ENABLED=0), -trimpath, stripped.
@@ -12,21 +15,25 @@
 # Usage: hack/k8s-tools.sh            build what is missing, check everything
 #        hack/k8s-tools.sh --bin-dir  print the bin directory and exit
 #        hack/k8s-tools.sh --check    only check; exit 1 if something is missing
-# Versions come from hack/versions.env; K8S_VERSION, ETCD_VERSION,
-# KWOK_VERSION and HELM_VERSION in the environment override them.
+# Versions come from hack/versions.env; K8S_VERSION, K8S_DRA_VERSION,
+# ETCD_VERSION, KWOK_VERSION and HELM_VERSION in the environment override
+# them. K8S_VERSION in the environment provides that release alone, all of
+# its tools its own (as `make test-oldest-k8s` does).
 # K8S_TOOLS (space-separated names) limits what is provided; the default is
-# all, without lj-hollow-node for a Kubernetes minor other than
-# HOLLOW_NODE_MINOR (its glue follows that minor's kubelet internals).
+# all, without lj-hollow-node for a Kubernetes minor not in
+# HOLLOW_NODE_MINORS (its glue follows each minor's kubelet internals).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 env_k8s=${K8S_VERSION-}
+env_dra=${K8S_DRA_VERSION-}
 env_etcd=${ETCD_VERSION-}
 env_kwok=${KWOK_VERSION-}
 env_helm=${HELM_VERSION-}
 # shellcheck source=/dev/null
 . "$root/hack/versions.env"
 K8S_VERSION=${env_k8s:-$K8S_VERSION}
+K8S_DRA_VERSION=${env_dra:-$K8S_DRA_VERSION}
 ETCD_VERSION=${env_etcd:-$ETCD_VERSION}
 KWOK_VERSION=${env_kwok:-$KWOK_VERSION}
 HELM_VERSION=${env_helm:-$HELM_VERSION}
@@ -50,16 +57,26 @@ case "${1-}" in
   --bin-dir) echo "$bin"; exit 0 ;;
   --check) mode=check ;;
   "") ;;
-  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
   *) die "unknown argument '$1' (try --help)" ;;
 esac
 
+# Both pinned releases unless K8S_VERSION came from the environment: this
+# one, then the DRA release sharing its etcd, kwok and helm (K8S_SHARED_BIN,
+# set for that second run only).
+if [[ -z $env_k8s && $K8S_DRA_VERSION != "$K8S_VERSION" ]]; then
+  K8S_VERSION=$K8S_VERSION K8S_SHARED_BIN='' bash "$0" "$@"
+  K8S_VERSION=$K8S_DRA_VERSION K8S_SHARED_BIN=$bin exec bash "$0" "$@"
+fi
+shared_bin=${K8S_SHARED_BIN-}
+shared_tools=(etcd kwok helm)
+
 all_tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm lj-hollow-node)
 default_tools=("${all_tools[@]}")
-if [[ $k8s_minor != "$HOLLOW_NODE_MINOR" ]]; then
+if [[ ,$HOLLOW_NODE_MINORS, != *",$k8s_minor,"* ]]; then
   # The glue reaches kubelet internals that change between minors.
   default_tools=("${all_tools[@]:0:7}")
-  log "Kubernetes $K8S_VERSION: no lj-hollow-node (its glue follows Kubernetes 1.$HOLLOW_NODE_MINOR); the kubelet-backed tests and the sandbox need 1.$HOLLOW_NODE_MINOR"
+  log "Kubernetes $K8S_VERSION: no lj-hollow-node (its glue follows Kubernetes 1.{$HOLLOW_NODE_MINORS}); the kubelet-backed tests and the sandbox need one of those"
 fi
 read -r -a tools <<<"${K8S_TOOLS:-${default_tools[*]}}"
 for t in "${tools[@]}"; do
@@ -80,10 +97,15 @@ for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
   helm_ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$k8s_minor"
 done
 
-# version_ok NAME: the binary exists and reports the pinned version.
+# linked NAME: the tool is a link to K8S_SHARED_BIN's.
+linked() { [[ -n $shared_bin && " ${shared_tools[*]} " == *" $1 "* ]]; }
+
+# version_ok NAME: the binary exists and reports the pinned version (a
+# linked one: the link is in place; its own release's run checked it).
 version_ok() {
   local name=$1 path="$bin/$1" out want
   [[ -x $path ]] || return 1
+  if linked "$name"; then [[ $(readlink "$path") == "$shared_bin/$name" ]]; return; fi
   case $name in
     etcd) out=$("$path" --version 2>&1) || return 1; want="etcd Version: ${ETCD_VERSION#v}" ;;
     kube-apiserver|kube-controller-manager|kube-scheduler)
@@ -133,7 +155,7 @@ build_date=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 started=$(date +%s)
 built=()
 
-need() { local t; for t in "$@"; do [[ " ${missing[*]} " == *" $t "* ]] && return 0; done; return 1; }
+need() { local t; for t in "$@"; do [[ " ${missing[*]} " == *" $t "* ]] && ! linked "$t" && return 0; done; return 1; }
 
 # new_module DIR: an empty throwaway module in DIR.
 new_module() {
@@ -142,6 +164,15 @@ new_module() {
 }
 
 step() { log "[$(( $(date +%s) - started ))s] $*"; }
+
+for t in "${missing[@]}"; do
+  if linked "$t"; then
+    [[ -x $shared_bin/$t ]] || die "$shared_bin/$t is missing; it is shared with Kubernetes $K8S_VERSION"
+    ln -sfn "$shared_bin/$t" "$bin/$t"
+    built+=("$t")
+    step "linked $t to $shared_bin/$t"
+  fi
+done
 
 # new_kubernetes_module DIR: a throwaway module in DIR that requires
 # k8s.io/kubernetes@$K8S_VERSION with a replace line per staging module
@@ -235,10 +266,14 @@ if need lj-hollow-node; then
   m="$src/lj-hollow-node"
   step "resolving lj-hollow-node (hack/hollow-node) against k8s.io/kubernetes@$K8S_VERSION"
   new_kubernetes_module "$m"
+  # Only this minor's kubelet_1_<minor>.go: go mod tidy reads every build tag's
+  # imports, and another minor's would move this one's dependencies.
   cp "$hollow_src"/*.go "$m/"
+  find "$m" -name 'kubelet_1_*.go' ! -name "kubelet_1_$k8s_minor.go" -delete
   (cd "$m" && go mod tidy) || die "go mod tidy for lj-hollow-node failed (see above)"
+  # The build tag k8s_1_<minor> picks the files of that minor's kubelet internals.
   step "go build -p $jobs lj-hollow-node (about 3 minutes on 2 cores from a cold Go build cache; seconds when only hack/hollow-node changed)"
-  (cd "$m" && go build -p "$jobs" -trimpath -ldflags "-s -w -checklinkname=0$k8s_ld" -o "$bin/lj-hollow-node" .) \
+  (cd "$m" && go build -p "$jobs" -tags "k8s_1_$k8s_minor" -trimpath -ldflags "-s -w -checklinkname=0$k8s_ld" -o "$bin/lj-hollow-node" .) \
     || die "go build of lj-hollow-node failed (see above)"
   echo "$hollow_hash" >"$bin/lj-hollow-node.source-sha256"
   built+=(lj-hollow-node)
@@ -257,6 +292,7 @@ done
 # Build record, read by the benchmark: cold_build_s is the sum of the group
 # times in build-seconds.env (each group's first build, from an empty cache).
 cold=0
+touch "$vdir/build-seconds.env"  # empty when only links were made
 while IFS='=' read -r _ secs; do cold=$(( cold + secs )); done <"$vdir/build-seconds.env"
 cat >"$vdir/build-record.json" <<JSON
 {"k8s_version": "$K8S_VERSION", "cold_build_s": $cold, "last_run_built": "${built[*]}", "last_run_s": $elapsed, "date": "$build_date", "go": "$(go env GOVERSION)", "cpus": $(nproc)}

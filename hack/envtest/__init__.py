@@ -5,9 +5,11 @@ The Python counterpart of controller-runtime's envtest (docs/architecture.md, Te
 
 from lj_runtimekit.envtest.controlplane import (
     DRA_GATES,
+    DRA_VERSION,
     ControlPlane,
     ControlPlaneConfig,
     ControlPlaneError,
+    dra_gates,
 )
 from lj_runtimekit.envtest.kwok import (
     FAIL_EXIT_CODE_ANNOTATION,
@@ -27,6 +29,7 @@ from lj_runtimekit.envtest.versions import ToolsMissingError, find_tools, load_v
 
 __all__ = [
     "DRA_GATES",
+    "DRA_VERSION",
     "FAIL_EXIT_CODE_ANNOTATION",
     "FAIL_MESSAGE_ANNOTATION",
     "FAIL_REASON_ANNOTATION",
@@ -39,6 +42,7 @@ __all__ = [
     "ProtocolNames",
     "Taint",
     "ToolsMissingError",
+    "dra_gates",
     "failure_annotations",
     "find_tools",
     "gpu_node_manifest",

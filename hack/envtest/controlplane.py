@@ -30,7 +30,7 @@ from kubernetes import config as k8s_config
 
 from lj_runtimekit.envtest import certs, kwok
 from lj_runtimekit.envtest.process import Process, ProcessExitedError, log_tail
-from lj_runtimekit.envtest.versions import find_tools
+from lj_runtimekit.envtest.versions import find_tools, load_versions, minor
 from lj_runtimekit.testkit.ports import free_port
 
 SERVICE_CIDR = "10.0.0.0/24"
@@ -43,8 +43,20 @@ DRA_GATES: dict[str, bool] = {
     "DRAExtendedResource": True,
     "DRADeviceTaints": True,
 }
-"""The alpha DRA parts the DRA mode uses on Kubernetes 1.34 (beta and on by default from
-1.36): TDM slices, MIG counter sets, extended-resource mapping, device taints."""
+"""The alpha DRA parts the DRA mode uses on Kubernetes 1.34 and 1.35 (beta and on by
+default from 1.36): TDM slices, MIG counter sets, extended-resource mapping, device
+taints."""
+
+DRA_VERSION = load_versions().k8s_dra
+"""The Kubernetes release the DRA mode is pinned to (K8S_DRA_VERSION in
+hack/versions.env), where its parts are on by default: `ControlPlaneConfig(version=
+DRA_VERSION, feature_gates=dra_gates(DRA_VERSION))`."""
+
+
+def dra_gates(version: str) -> dict[str, bool]:
+    """The feature gates the DRA mode needs on Kubernetes `version`: DRA_GATES before
+    1.36, none from 1.36 on (docs/dra.md, What each Kubernetes version needs)."""
+    return dict(DRA_GATES) if minor(version) < 36 else {}
 
 
 def dra_runtime_config(gates: dict[str, bool]) -> list[str]:
@@ -94,7 +106,10 @@ class ControlPlaneConfig:
     die_with_parent: bool = True
     feature_gates: dict[str, bool] = field(default_factory=dict)
     """Feature gates given to kube-apiserver, kube-controller-manager and kube-scheduler
-    alike (`DRA_GATES` turns on the alpha DRA parts of 1.34, docs/dra.md)."""
+    alike (`dra_gates(version)`: what the DRA mode needs there, docs/dra.md)."""
+    version: str | None = None
+    """The Kubernetes release whose binaries run (built by hack/k8s-tools.sh): None is the
+    pinned K8S_VERSION; DRA_VERSION is the DRA mode's."""
     kwok_stages: str | None = None
     """KWOK Stage documents to use instead of kwok-stages.yaml (the sandbox gates pods on
     its kubelet shim's admission)."""
@@ -160,7 +175,7 @@ class ControlPlane:
         """
         if self._started:
             return self
-        find_tools()  # ToolsMissingError before anything is written
+        find_tools(k8s=self.config.version)  # ToolsMissingError before anything is written
         began = time.monotonic()
         for attempt in range(1, 4):
             try:
@@ -219,7 +234,7 @@ class ControlPlane:
 
     def kubectl_argv(self, *args: str) -> list[str]:
         """argv for kubectl against this control plane."""
-        tool = find_tools(("kubectl",))["kubectl"]
+        tool = find_tools(("kubectl",), self.config.version)["kubectl"]
         return [str(tool), f"--kubeconfig={self.kubeconfig_path}", *args]
 
     def __enter__(self) -> ControlPlane:
@@ -236,7 +251,7 @@ class ControlPlane:
     # -- start-up ---------------------------------------------------------------------------
 
     def _start(self) -> None:
-        tools = find_tools()
+        tools = find_tools(k8s=self.config.version)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         pki = certs.generate(self.state_dir / "pki")
@@ -354,7 +369,8 @@ class ControlPlane:
         KubeSchedulerConfiguration `config_file` (which names the kubeconfig and the leader
         election); its health port is `port` (0: a free one)."""
         assert self.pki is not None, "the control plane is not started"
-        argv = [str(find_tools(("kube-scheduler",))["kube-scheduler"])]
+        tool = find_tools(("kube-scheduler",), self.config.version)["kube-scheduler"]
+        argv = [str(tool)]
         if config_file is None:
             argv += [f"--kubeconfig={self.kubeconfig_path}", "--leader-elect=false"]
         else:

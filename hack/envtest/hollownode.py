@@ -66,7 +66,8 @@ class HollowNode:
     exit code; other containers run until deleted. Admin credentials: the control plane
     authorizes with RBAC only, so a `system:node:<name>` identity would need the Node
     authorizer. `feature_gates` (default: the control plane's, which the node must match,
-    e.g. DRA_GATES) go to the kubelet.
+    e.g. `dra_gates(version)`) go to the kubelet. The kubelet is the control plane's
+    Kubernetes release (`ControlPlaneConfig.version`).
     """
 
     def __init__(
@@ -167,7 +168,7 @@ class HollowNode:
 
     def argv(self) -> list[str]:
         """The command line (ports must be chosen: `start` does)."""
-        binary = find_tools((BINARY,))[BINARY]
+        binary = find_tools((BINARY,), self.control_plane.config.version)[BINARY]
         labels = ",".join(f"{k}={v}" for k, v in sorted(self.labels.items()))
         return [
             str(binary),
@@ -220,7 +221,8 @@ class HollowNode:
         """Checks the binary and socket paths, makes the directories, picks the ports (once:
         kept across restarts, so the Node's daemon endpoint stays valid); the command line.
         A bed that manages its processes itself (the sandbox) runs that command."""
-        find_tools((BINARY,))  # ToolsMissingError before anything is written
+        # ToolsMissingError before anything is written
+        find_tools((BINARY,), self.control_plane.config.version)
         for path in (self.registration_socket, self.pod_resources_socket):
             if len(str(path)) > _MAX_SOCKET_PATH:
                 raise HollowNodeError(f"socket path too long for a unix socket: {path}")

@@ -5,6 +5,8 @@ root conftest.py and mark such tests `@pytest.mark.controlplane`.
 
 Fixtures:
     k8s_tools      (session)  {name: Path} of the pinned binaries (kubectl, helm, ...)
+    dra_k8s_tools  (session)  the same for the DRA mode's release (DRA_VERSION),
+                              lj-hollow-node included
     control_plane  (session)  ControlPlane with etcd, kube-apiserver,
                               kube-controller-manager, kube-scheduler and KWOK;
                               started on first use, stopped at session end
@@ -33,12 +35,14 @@ from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.envtest.controlplane import (
+    DRA_VERSION,
     ControlPlane,
     ControlPlaneConfig,
     ControlPlaneError,
 )
+from lj_runtimekit.envtest.hollownode import BINARY
 from lj_runtimekit.envtest.nodes import NodeFactory
-from lj_runtimekit.envtest.versions import ToolsMissingError, find_tools
+from lj_runtimekit.envtest.versions import TOOLS, ToolsMissingError, find_tools
 from lj_runtimekit.testkit.waits import wait_for
 
 
@@ -76,9 +80,9 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
-def _tools_or_skip() -> dict[str, Path]:
+def _tools_or_skip(names: tuple[str, ...] = TOOLS, k8s: str | None = None) -> dict[str, Path]:
     try:
-        return find_tools()
+        return find_tools(names, k8s)
     except ToolsMissingError as exc:
         if _in_ci():
             pytest.fail(f"{exc} (CI=true: control plane tests never skip)", pytrace=False)
@@ -89,6 +93,13 @@ def _tools_or_skip() -> dict[str, Path]:
 def k8s_tools() -> dict[str, Path]:
     """Paths of the pinned binaries by name (etcd, kube-apiserver, ..., kubectl, kwok, helm)."""
     return _tools_or_skip()
+
+
+@pytest.fixture(scope="session")
+def dra_k8s_tools() -> dict[str, Path]:
+    """Paths of the DRA mode's release's binaries (DRA_VERSION), lj-hollow-node included:
+    ask for it in a test that runs `ControlPlaneConfig(version=DRA_VERSION, ...)`."""
+    return _tools_or_skip((*TOOLS, BINARY), DRA_VERSION)
 
 
 @pytest.fixture(scope="session")

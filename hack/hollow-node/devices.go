@@ -5,22 +5,19 @@ package main
 // real device manager, wired the way pkg/kubelet/cm/container_manager_linux.go
 // wires it (a topology manager with policy "none" whose pod admit handler
 // calls the device manager's Allocate for every init container, then every
-// app container). The DRA methods are in dra.go.
+// app container). The DRA methods are in dra.go, the methods whose signatures
+// follow the Kubernetes minor in kubelet_1_<minor>.go.
 
 import (
 	"context"
 	"fmt"
-	_ "unsafe" // for go:linkname
 
-	cadvisorapi "github.com/google/cadvisor/info/v1"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/server/healthz"
 	internalapi "k8s.io/cri-api/pkg/apis"
 	pluginwatcherapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm"
-	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	"k8s.io/kubernetes/pkg/kubelet/cm/resourceupdates"
@@ -32,17 +29,6 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/status"
 	schedulerframework "k8s.io/kubernetes/pkg/scheduler/framework"
 )
-
-// newDeviceManager is devicemanager.newManagerImpl. The exported
-// NewManagerImpl always listens on /var/lib/kubelet/device-plugins/kubelet.sock;
-// the unexported constructor (which upstream's own tests call) takes the
-// socket path, so each hollow node gets its own plugin directory (and its own
-// checkpoint, kept next to the socket). Go 1.23+ refuses such "pull"
-// linknames unless the binary is linked with -ldflags=-checklinkname=0
-// (hack/k8s-tools.sh does). The signature must match the pinned version's.
-//
-//go:linkname newDeviceManager k8s.io/kubernetes/pkg/kubelet/cm/devicemanager.newManagerImpl
-func newDeviceManager(socketPath string, topology []cadvisorapi.Node, topologyAffinityStore topologymanager.Store) (*devicemanager.ManagerImpl, error)
 
 // deviceContainerManager is kubemark's stub container manager (no cgroups, no
 // CPU or memory manager) with the real device manager behind every method
@@ -58,19 +44,10 @@ type deviceContainerManager struct {
 }
 
 func newDeviceContainerManager(socketPath string, draManager *dra.Manager) (*deviceContainerManager, error) {
-	// Policy "none": NewManager ignores the topology and scope and builds the
-	// none scope, whose Admit calls each hint provider's Allocate for
-	// append(pod.Spec.InitContainers, pod.Spec.Containers...) and turns an
-	// error into an UnexpectedAdmissionError rejection.
-	topology, err := topologymanager.NewManager(nil, topologymanager.PolicyNone, "container", nil)
+	devices, topology, err := newDeviceManager(socketPath)
 	if err != nil {
 		return nil, err
 	}
-	devices, err := newDeviceManager(socketPath, nil, topology)
-	if err != nil {
-		return nil, err
-	}
-	topology.AddHintProvider(devices)
 	c := &deviceContainerManager{
 		ContainerManager: cm.NewStubContainerManager(),
 		devices:          devices,
@@ -93,16 +70,15 @@ func (c *deviceContainerManager) Start(ctx context.Context, node *v1.Node, activ
 		runtimeService, localStorageCapacityIsolation); err != nil {
 		return err
 	}
-	// The real container manager seeds these from the runtime's containers
-	// (buildContainerMapAndRunningSetFromRuntime). The fake runtime starts
-	// empty every time, so after a restart no container is running: the
-	// device manager then re-allocates from its checkpoint, as the kubelet
-	// does after a runtime restart.
 	if err := c.startDRA(ctx, activePods, getNode, sourcesReady); err != nil {
 		return fmt.Errorf("start dra manager error: %w", err)
 	}
-	return c.devices.Start(devicemanager.ActivePodsFunc(activePods), sourcesReady,
-		containermap.NewContainerMap(), sets.New[string]())
+	// The device manager starts with no containers: the real container
+	// manager seeds it from the runtime's (buildContainerMapAndRunningSetFromRuntime),
+	// and the fake runtime starts empty every time, so after a restart no
+	// container is running and the device manager re-allocates from its
+	// checkpoint, as the kubelet does after a runtime restart.
+	return c.startDevices(ctx, devicemanager.ActivePodsFunc(activePods), sourcesReady)
 }
 
 // GetPluginRegistrationHandlers: device plugins may also register through the
@@ -118,14 +94,6 @@ func (c *deviceContainerManager) GetPluginRegistrationHandlers() map[string]cach
 
 func (c *deviceContainerManager) GetHealthCheckers() []healthz.HealthChecker {
 	return []healthz.HealthChecker{c.devices.GetHealthChecker()}
-}
-
-func (c *deviceContainerManager) GetDevicePluginResourceCapacity() (v1.ResourceList, v1.ResourceList, []string) {
-	return c.devices.GetCapacity()
-}
-
-func (c *deviceContainerManager) GetAllocateResourcesPodAdmitHandler() lifecycle.PodAdmitHandler {
-	return c.topology
 }
 
 func (c *deviceContainerManager) UpdatePluginResources(node *schedulerframework.NodeInfo, attrs *lifecycle.PodAdmitAttributes) error {
@@ -145,7 +113,7 @@ func (c *deviceContainerManager) GetResources(ctx context.Context, pod *v1.Pod, 
 		}
 		opts.CDIDevices = append(opts.CDIDevices, resOpts.CDIDevices...)
 	}
-	devOpts, err := c.devices.GetDeviceRunContainerOptions(pod, container)
+	devOpts, err := c.deviceRunContainerOptions(ctx, pod, container)
 	if err != nil || devOpts == nil {
 		return opts, err
 	}
@@ -161,13 +129,6 @@ func (c *deviceContainerManager) ShouldResetExtendedResourceCapacity() bool {
 	return c.devices.ShouldResetExtendedResourceCapacity()
 }
 
-func (c *deviceContainerManager) UpdateAllocatedResourcesStatus(pod *v1.Pod, status *v1.PodStatus) {
-	c.devices.UpdateAllocatedResourcesStatus(pod, status)
-	if c.draHealth() {
-		c.dra.UpdateAllocatedResourcesStatus(pod, status)
-	}
-}
-
 func (c *deviceContainerManager) Updates() <-chan resourceupdates.Update {
 	return c.updates
 }
@@ -177,14 +138,6 @@ func (c *deviceContainerManager) Updates() <-chan resourceupdates.Update {
 
 func (c *deviceContainerManager) GetDevices(podUID, containerName string) []*podresourcesapi.ContainerDevices {
 	return containerDevices(c.devices.GetDevices(podUID, containerName))
-}
-
-func (c *deviceContainerManager) GetAllocatableDevices() []*podresourcesapi.ContainerDevices {
-	return containerDevices(c.devices.GetAllocatableDevices())
-}
-
-func (c *deviceContainerManager) UpdateAllocatedDevices() {
-	c.devices.UpdateAllocatedDevices()
 }
 
 // containerDevices is cm.containerDevicesFromResourceDeviceInstances

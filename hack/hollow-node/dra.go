@@ -77,12 +77,12 @@ func (c *deviceContainerManager) PodMightNeedToUnprepareResources(uid types.UID)
 	return c.dra != nil && c.dra.PodMightNeedToUnprepareResources(uid)
 }
 
-// GetDynamicResources is the real container manager's, as it is (unexported
-// upstream): one entry per claim of the container, one ClaimResource per
+// dynamicResources is the real container manager's GetDynamicResources, as it
+// is: one entry per claim of the container, one ClaimResource per
 // prepared device. Upstream collects the CDI IDs per driver, not per device,
 // so a device's entry also lists the CDI IDs of the driver's devices before
 // it; kept, since the PodResources API is what a real kubelet answers.
-func (c *deviceContainerManager) GetDynamicResources(pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
+func (c *deviceContainerManager) dynamicResources(pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
 	if c.dra == nil {
 		return []*podresourcesapi.DynamicResource{}
 	}

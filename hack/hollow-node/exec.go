@@ -82,7 +82,7 @@ func (r *execRuntime) StartContainer(ctx context.Context, id string) error {
 	cmd.Dir = config.WorkingDir
 	cmd.Env = os.Environ()
 	for _, kv := range config.Envs {
-		cmd.Env = append(cmd.Env, kv.Key+"="+r.mapPath(kv.Value))
+		cmd.Env = append(cmd.Env, kv.Key+"="+r.mapPath(string(kv.Value))) // a string in 1.34, bytes in 1.37
 	}
 	logPath := filepath.Join(r.logDir, id+".log")
 	if log, err := os.Create(logPath); err == nil {

@@ -13,8 +13,11 @@
 //
 // A test tool: no cgroups, no CPU or memory manager, containers "run" at
 // once in the fake runtime (and forever, unless --exec-command-prefix makes
-// them local processes: exec.go). Built by hack/k8s-tools.sh against the pinned
-// k8s.io/kubernetes; started by lj_runtimekit.envtest.hollownode.
+// them local processes: exec.go). Built by hack/k8s-tools.sh against a pinned
+// k8s.io/kubernetes with the build tag of its minor (k8s_1_34, k8s_1_37: the
+// kubelet internals whose signatures differ between them are in
+// kubelet_1_34.go and kubelet_1_37.go); started by
+// lj_runtimekit.envtest.hollownode.
 package main
 
 import (
@@ -27,9 +30,7 @@ import (
 	"syscall"
 	"time"
 
-	cadvisorapi "github.com/google/cadvisor/info/v1"
 	"github.com/spf13/pflag"
-	"go.opentelemetry.io/otel/trace/noop"
 	v1 "k8s.io/api/core/v1"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	clientset "k8s.io/client-go/kubernetes"
@@ -40,8 +41,6 @@ import (
 	"k8s.io/component-base/logs"
 	"k8s.io/component-base/version"
 	"k8s.io/component-base/version/verflag"
-	internalapi "k8s.io/cri-api/pkg/apis"
-	remote "k8s.io/cri-client/pkg"
 	fakeremote "k8s.io/cri-client/pkg/fake"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
@@ -68,21 +67,11 @@ type options struct {
 
 // machine is cadvisor's fake machine with the node size of the flags: the fake
 // alone reports 1 CPU and 3.75 GiB, which ten pods requesting 100m fill
-// (OutOfcpu), far below a GPU node.
+// (OutOfcpu), far below a GPU node. Its MachineInfo is in kubelet_1_<minor>.go.
 type machine struct {
 	cadvisortest.Fake
 	cpus   int
 	memory uint64
-}
-
-func (m *machine) MachineInfo() (*cadvisorapi.MachineInfo, error) {
-	info, err := m.Fake.MachineInfo()
-	if err != nil {
-		return nil, err
-	}
-	info.NumCores = m.cpus
-	info.MemoryCapacity = m.memory
-	return info, nil
 }
 
 // --die-with-parent: SIGKILL when the process (thread) that started us exits,
@@ -232,9 +221,7 @@ func run(ctx context.Context, o *options) error {
 			fakeRuntime.ImageService.Unlock()
 		}
 	}()
-	logger := klog.Background()
-	var runtimeService internalapi.RuntimeService
-	runtimeService, err = remote.NewRemoteRuntimeService(endpoint, 15*time.Second, noop.NewTracerProvider(), &logger)
+	runtimeService, err := newRuntimeService(ctx, endpoint)
 	if err != nil {
 		return fmt.Errorf("runtime service: %w", err)
 	}

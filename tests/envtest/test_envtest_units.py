@@ -8,18 +8,21 @@ import pytest
 import yaml
 
 from lj_runtimekit.envtest import (
+    DRA_GATES,
+    DRA_VERSION,
     GROUP_LABEL,
     GpuNodeSpec,
     ProtocolNames,
     Taint,
     ToolsMissingError,
+    dra_gates,
     failure_annotations,
     find_tools,
     gpu_node_manifest,
     load_versions,
 )
 from lj_runtimekit.envtest import kwok as kwok_mod
-from lj_runtimekit.envtest.versions import parse_versions_env
+from lj_runtimekit.envtest.versions import bin_dir, minor, parse_versions_env
 
 
 def test_versions_env_is_pinned() -> None:
@@ -28,6 +31,28 @@ def test_versions_env_is_pinned() -> None:
     assert versions.etcd.startswith("v3.6.")
     assert versions.kwok.startswith("v0.")
     assert versions.helm.startswith("v3.")
+
+
+def test_dra_version_is_pinned_where_the_dra_parts_are_on_by_default() -> None:
+    assert load_versions().k8s_dra == DRA_VERSION
+    assert minor(DRA_VERSION) >= 36
+    assert dra_gates(DRA_VERSION) == {}
+    assert dra_gates("v1.34.4") == dra_gates("v1.35.0") == DRA_GATES
+
+
+def test_dra_version_override_and_bin_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LJ_RUNTIMEKIT_CACHE", str(tmp_path))
+    monkeypatch.setenv("K8S_VERSION", "v1.34.4")
+    monkeypatch.setenv("K8S_DRA_VERSION", "v1.36.3")
+    assert load_versions().k8s_dra == "v1.36.3"
+    assert bin_dir() == tmp_path / "k8s" / "v1.34.4" / "bin"
+    assert bin_dir("v1.36.3") == tmp_path / "k8s" / "v1.36.3" / "bin"
+    # LJ_RUNTIMEKIT_K8S_BIN stands for the pinned K8S_VERSION's directory only.
+    monkeypatch.setenv("LJ_RUNTIMEKIT_K8S_BIN", str(tmp_path / "mine"))
+    assert bin_dir() == bin_dir("v1.34.4") == tmp_path / "mine"
+    assert bin_dir("v1.36.3") == tmp_path / "k8s" / "v1.36.3" / "bin"
+    with pytest.raises(ToolsMissingError, match=r"v1\.36\.3"):
+        find_tools(k8s="v1.36.3")
 
 
 def test_parse_versions_env_rejects_garbage() -> None:

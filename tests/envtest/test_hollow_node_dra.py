@@ -8,6 +8,9 @@ and containers, the returned CDI IDs in CreateContainer, the claim in the PodRes
 API (List and Get), a failed prepare keeping the pod from starting (an event on the
 pod), the DRA checkpoint across a kubelet restart, and NodeUnprepareResources once the
 pod is gone.
+
+Twice: on the DRA mode's release (DRA_VERSION, its DRA parts on by default, no gates)
+and on the pinned K8S_VERSION with the alpha gates (DRA_GATES).
 """
 
 from __future__ import annotations
@@ -25,9 +28,21 @@ import pytest
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
-from lj_runtimekit.envtest.controlplane import DRA_GATES, ControlPlane, ControlPlaneConfig
-from lj_runtimekit.envtest.hollownode import HollowNode
-from lj_runtimekit.envtest.versions import ToolsMissingError, find_tools
+from lj_runtimekit.envtest.controlplane import (
+    DRA_GATES,
+    DRA_VERSION,
+    ControlPlane,
+    ControlPlaneConfig,
+    dra_gates,
+)
+from lj_runtimekit.envtest.hollownode import BINARY, HollowNode
+from lj_runtimekit.envtest.versions import (
+    TOOLS,
+    ToolsMissingError,
+    find_tools,
+    load_versions,
+    minor,
+)
 from lj_runtimekit.proto.k8s.dra.v1 import api_pb2 as dra_pb2
 from lj_runtimekit.proto.k8s.dra.v1 import api_pb2_grpc as dra_grpc
 from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2 as reg_pb2
@@ -183,17 +198,26 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param((DRA_VERSION, dra_gates(DRA_VERSION)), id="dra-version"),
+        pytest.param((load_versions().k8s, DRA_GATES), id="k8s-version-alpha-gates"),
+    ],
+)
 def dra_control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
-    """A control plane of its own, with the alpha DRA gates (the session's has none)."""
+    """A control plane of its own on a release with what the DRA mode needs there."""
+    version, gates = request.param
+    if minor(version) < 34:
+        pytest.skip(f"Kubernetes {version}: the DRA mode needs 1.34 or later")
     try:
-        find_tools()
+        find_tools((*TOOLS, BINARY), version)
     except ToolsMissingError as exc:
         # As the control_plane fixture: never skip under CI=true.
         if _in_ci():
             pytest.fail(f"{exc} (CI=true: control plane tests never skip)", pytrace=False)
         pytest.skip(str(exc))
-    cp = ControlPlane(ControlPlaneConfig(kwok=False, feature_gates=DRA_GATES))
+    cp = ControlPlane(ControlPlaneConfig(kwok=False, feature_gates=gates, version=version))
     cp.start()
     yield cp
     cp.stop(failed=request.session.testsfailed > 0)
@@ -201,6 +225,8 @@ def dra_control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
 
 def test_dra_plugin_against_the_real_kubelet(dra_control_plane: ControlPlane) -> None:
     cp = dra_control_plane
+    version = cp.config.version
+    assert version is not None
     api = cp.api_client()
     core = k8s_client.CoreV1Api(api)
     objects = k8s_client.CustomObjectsApi(api)
@@ -212,8 +238,11 @@ def test_dra_plugin_against_the_real_kubelet(dra_control_plane: ControlPlane) ->
         f"ServiceAccount default in namespace {ns}",
     )
     node = HollowNode(cp, f"hollow-{secrets.token_hex(3)}")
-    assert node.feature_gates == DRA_GATES  # the control plane's, by default
+    assert node.feature_gates == cp.config.feature_gates  # the control plane's, by default
     node.start()
+    # The control plane and the kubelet are the release asked for.
+    assert k8s_client.VersionApi(api).get_code().git_version == cp.config.version
+    assert core.read_node(node.name).status.node_info.kubelet_version == cp.config.version
     plugin = ExampleDRAPlugin(node, node.plugins_dir / DRIVER / "dra.sock")
     server = serve(plugin, node)
 
@@ -323,11 +352,11 @@ def test_dra_plugin_against_the_real_kubelet(dra_control_plane: ControlPlane) ->
 
         # A kubelet restart with pod a running. The fake runtime starts empty, so the
         # kubelet makes the sandbox and container again, as after a node reboot. The
-        # pinned kubelet reads its claims back from the checkpoint as not prepared: it
-        # calls NodePrepareResources again (the plugin must answer it idempotently) and
+        # kubelet reads its claims back from the checkpoint as not prepared: it calls
+        # NodePrepareResources again (the plugin must answer it idempotently); 1.34's
         # appends the answer to the checkpointed devices, so the container gets the CDI
-        # IDs twice. The registration socket stays: the plugin is registered again
-        # without doing anything.
+        # IDs twice, 1.37's does not. The registration socket stays: the plugin is
+        # registered again without doing anything.
         prepares = len(plugin.prepared)
         (node.cdi_devices_dir / f"{uid_a}_app.json").unlink()
         node.restart()
@@ -338,7 +367,8 @@ def test_dra_plugin_against_the_real_kubelet(dra_control_plane: ControlPlane) ->
             "container app of pod a created again",
         )
         assert plugin.prepared[prepares:] == [claim_a]
-        assert node.container_cdi_devices(uid_a, "app") == [*CDI_IDS, *CDI_IDS]
+        appended = minor(version) < 37
+        assert node.container_cdi_devices(uid_a, "app") == [*CDI_IDS] * (2 if appended else 1)
         assert running("a")
 
         # The pod gone: NodeUnprepareResources for its claim, dropped from the checkpoint.
