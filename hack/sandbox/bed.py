@@ -54,7 +54,7 @@ from lj_runtimekit.proto.pkg.protocol import DRA_MODE, Protocol, load_protocol
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
 from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET
 from lj_runtimekit.testkit.ports import free_port
-from lj_runtimekit.testkit.waits import wait_for
+from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 DEFAULT_STATE_DIR = Path("/tmp/lj-sandbox")
 NODE_KINDS = ("tdm-8gpu", "mig-8gpu", "ppu-16")
@@ -669,12 +669,14 @@ class Sandbox:
         )
 
     def _wait_slices(self) -> None:
-        """Until every node's DRA plugin has published ResourceSlices for its pool."""
+        """Until every node's DRA plugin has published its pool whole: as many slices of
+        the newest generation as the pool counts (kube-scheduler skips an incomplete
+        pool)."""
         with self.api_client() as api:
             custom = k8s_client.CustomObjectsApi(api)
             for node in self.nodes:
 
-                def published(node: NodeHandle = node) -> bool:
+                def published(node: NodeHandle = node) -> bool | NotYet:
                     node.plugin.process.check_running()
                     listed = custom.list_cluster_custom_object(
                         RESOURCE_GROUP,
@@ -682,7 +684,15 @@ class Sandbox:
                         "resourceslices",
                         field_selector=f"spec.nodeName={node.name}",
                     )
-                    return bool(listed.get("items"))
+                    pools = [s["spec"]["pool"] for s in listed.get("items") or ()]
+                    if not pools:
+                        return NotYet("no slices")
+                    newest = max(p["generation"] for p in pools)
+                    current = [p for p in pools if p["generation"] == newest]
+                    want = current[0]["resourceSliceCount"]
+                    return len(current) == want or NotYet(
+                        f"{len(current)} of the {want} slices of pool generation {newest}"
+                    )
 
                 wait_for(
                     published,
