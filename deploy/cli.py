@@ -359,7 +359,8 @@ def cmd_check_metrics(args: argparse.Namespace) -> int:
 
 def cmd_dra_probe(args: argparse.Namespace) -> int:
     """Print the objects precheck creates (server-side dry run) to probe the DRA gates."""
-    sys.stdout.write(manifests.dump(dracheck.probe_objects(load_protocol(args.protocol))))
+    probe = dracheck.probe_objects(load_protocol(args.protocol), args.server_minor)
+    sys.stdout.write(manifests.dump(probe))
     return 0
 
 
@@ -531,6 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("dra-probe", help=cmd_dra_probe.__doc__)
     p.add_argument("--protocol", required=True)
+    p.add_argument(
+        "--server-minor", type=int, required=True, help="the API server's minor (37 for 1.37)"
+    )
     p.set_defaults(func=cmd_dra_probe)
 
     p = sub.add_parser("dra-gates", help=cmd_dra_gates.__doc__)

@@ -541,7 +541,7 @@ dra_line() {
     echo "PROBLEM $why: the API server does not serve resource.k8s.io/v1 (DeviceClass, ResourceSlice); fix: enable it (kube-apiserver --runtime-config=resource.k8s.io/v1=true)"
     return
   fi
-  helper dra-probe --protocol="$protocol" >"$work/dra-probe.yaml" 2>&1 \
+  helper dra-probe --protocol="$protocol" --server-minor="$(minor_of "$server_version")" >"$work/dra-probe.yaml" 2>&1 \
     || { echo "PROBLEM $why: $(sed 's/^error: //' "$work/dra-probe.yaml")"; return; }
   if ! "${kc[@]}" create --dry-run=server -o json -f "$work/dra-probe.yaml" >"$work/dra-probe.json" 2>"$work/dra-probe.err"; then
     echo "PROBLEM $why: the API server refused a dry-run ResourceSlice and DeviceClass: $(grep -v '^\s*$' "$work/dra-probe.err" | tail -n 1); fix: check the DRA feature gates and your rights (create resourceslices, deviceclasses)"

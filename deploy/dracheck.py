@@ -2,8 +2,10 @@
 ResourceSlices and DeviceClasses use, probed by a server-side dry run.
 
 The API server drops the fields of a gate that is off instead of refusing the object, so
-precheck creates (dry run) one ResourceSlice and one DeviceClass that use every such field
-and names each gate whose field did not come back.
+precheck creates (dry run) the ResourceSlices of a one-device pool and one DeviceClass that
+use every such field and names each gate whose field did not come back. The pool is laid out
+as the plugin lays out its own for the server's minor (slices.counters_apart: from 1.35 on,
+the counter set in a slice of its own).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from lj_runtimekit.deviceplugin.internal.dra.slices import counters_apart
 from lj_runtimekit.proto.pkg.protocol import Protocol
 
 PROBE_NAME = "lj-runtimekit-dra-precheck"
@@ -20,10 +23,11 @@ PROBE_NAME = "lj-runtimekit-dra-precheck"
 Obj = dict[str, Any]
 
 
-def probe_objects(protocol: Protocol) -> list[Obj]:
-    """A ResourceSlice with a counter set, a shared device with consumable capacity and a
-    taint, and a DeviceClass naming an extended resource."""
+def probe_objects(protocol: Protocol, server_minor: int) -> list[Obj]:
+    """The ResourceSlices of a pool with a counter set and a shared device with consumable
+    capacity and a taint, and a DeviceClass naming an extended resource."""
     driver = protocol.dra.driver
+    apart = counters_apart(server_minor)
     device: Obj = {
         "name": "gpu-0",
         "allowMultipleAllocations": True,
@@ -36,25 +40,31 @@ def probe_objects(protocol: Protocol) -> list[Obj]:
         "consumesCounters": [{"counterSet": "gpu-0", "counters": {"memory": {"value": "1"}}}],
         "taints": [{"key": f"{driver}/precheck", "effect": "NoSchedule"}],
     }
-    slice_: Obj = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": PROBE_NAME},
-        "spec": {
-            "driver": driver,
-            "nodeName": PROBE_NAME,
-            "pool": {"name": PROBE_NAME, "generation": 1, "resourceSliceCount": 1},
-            "sharedCounters": [{"name": "gpu-0", "counters": {"memory": {"value": "1"}}}],
-            "devices": [device],
-        },
-    }
+    counter_set = {"name": "gpu-0", "counters": {"memory": {"value": "1"}}}
+    contents = [{"devices": [device]}, {"sharedCounters": [counter_set]}]
+    if not apart:
+        contents = [{"sharedCounters": [counter_set], "devices": [device]}]
+    slices: list[Obj] = [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{PROBE_NAME}-{number}"},
+            "spec": {
+                "driver": driver,
+                "nodeName": PROBE_NAME,
+                "pool": {"name": PROBE_NAME, "generation": 1, "resourceSliceCount": len(contents)},
+                **content,
+            },
+        }
+        for number, content in enumerate(contents)
+    ]
     device_class: Obj = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": {"name": f"{PROBE_NAME}.{driver}"},
         "spec": {"extendedResourceName": f"{driver}/precheck"},
     }
-    return [slice_, device_class]
+    return [*slices, device_class]
 
 
 GATES: Mapping[str, tuple[str, ...]] = {
@@ -86,14 +96,14 @@ def _skip_space(text: str, at: int) -> int:
 def missing_gates(returned: list[Obj]) -> list[str]:
     """The gates whose fields the API server dropped from the probe objects (`returned`, as
     `returned_objects` reads them)."""
-    missing: set[str] = set()
+    specs = [i.get("spec") or {} for i in returned if i.get("kind") == "ResourceSlice"]
+    devices = [d for spec in specs for d in spec.get("devices") or ()]
+    device = devices[0] if devices else {}
+    missing = {g for g, fields in GATES.items() if any(f not in device for f in fields)}
+    if not any("sharedCounters" in spec for spec in specs):
+        missing.add("DRAPartitionableDevices")
     for item in returned:
         spec = item.get("spec") or {}
-        if item.get("kind") == "ResourceSlice":
-            device = (spec.get("devices") or [{}])[0]
-            missing |= {g for g, fields in GATES.items() if any(f not in device for f in fields)}
-            if "sharedCounters" not in spec:
-                missing.add("DRAPartitionableDevices")
-        elif item.get("kind") == "DeviceClass" and "extendedResourceName" not in spec:
+        if item.get("kind") == "DeviceClass" and "extendedResourceName" not in spec:
             missing.add("DRAExtendedResource")
     return sorted(missing)

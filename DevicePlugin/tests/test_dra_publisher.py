@@ -13,10 +13,16 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 
-from lj_runtimekit.deviceplugin.internal.dra.publisher import SlicePublisher
-from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices
+from lj_runtimekit.deviceplugin.internal.dra.publisher import SlicePublisher, server_minor
+from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices, counters_apart
 from lj_runtimekit.envtest import NodeFactory
-from lj_runtimekit.envtest.controlplane import DRA_GATES, ControlPlane, ControlPlaneConfig
+from lj_runtimekit.envtest.controlplane import (
+    DRA_GATES,
+    DRA_VERSION,
+    ControlPlane,
+    ControlPlaneConfig,
+    dra_gates,
+)
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
 from lj_runtimekit.proto.pkg.kube import KubeClient, NotFoundError
@@ -37,10 +43,20 @@ _T = TypeVar("_T")
 
 
 @pytest.fixture(scope="module")
-def dra_plane(k8s_tools: object) -> Iterator[ControlPlane]:
-    """A control plane with the DRA gates (no scheduler needed)."""
-    config = ControlPlaneConfig(feature_gates=DRA_GATES, scheduler=False)
+def dra_plane(dra_k8s_tools: object) -> Iterator[ControlPlane]:
+    """A control plane of the DRA mode's release (no scheduler needed)."""
+    config = ControlPlaneConfig(
+        version=DRA_VERSION, feature_gates=dra_gates(DRA_VERSION), scheduler=False
+    )
     plane = ControlPlane(config).start()
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(scope="module")
+def gated_plane(k8s_tools: object) -> Iterator[ControlPlane]:
+    """A control plane of the pinned 1.34 with the alpha DRA gates."""
+    plane = ControlPlane(ControlPlaneConfig(feature_gates=DRA_GATES, scheduler=False)).start()
     yield plane
     plane.stop()
 
@@ -74,7 +90,9 @@ class Node:
         return {s["metadata"]["name"]: s for s in items}
 
     def devices(self) -> dict[str, dict[str, Any]]:
-        return {d["name"]: d for s in self.slices().values() for d in s["spec"]["devices"]}
+        return {
+            d["name"]: d for s in self.slices().values() for d in s["spec"].get("devices") or ()
+        }
 
     async def wait(self, check: Callable[[], _T | NotYet | None], what: str) -> _T:
         """Wait (in a thread, the publisher runs on the loop) until `check` holds."""
@@ -150,7 +168,11 @@ async def test_publish_adopt_and_generations(
             first = await node.at_generation(1)
         assert publisher.generation == 1
         assert publisher.missing_gates == ()
-        assert sorted(first) == [f"pub-mig-{DRIVER}-0", f"pub-mig-{DRIVER}-1"]
+        # whole and TDM GPUs, MIG instances, their GPUs' counter sets (apart from 1.35 on)
+        assert sorted(first) == [f"pub-mig-{DRIVER}-{n}" for n in range(3)]
+        assert [
+            bool(first[f"pub-mig-{DRIVER}-{n}"]["spec"].get("sharedCounters")) for n in range(3)
+        ] == [False, False, True]
         for obj in first.values():
             assert obj["spec"]["pool"]["name"] == node.name
             assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
@@ -260,7 +282,7 @@ async def test_slices_deleted_by_someone_else_are_published_again(
         assert publisher.generation == 2
         assert sorted(again) == sorted(first)
         assert node.devices().keys() == {
-            d["name"] for s in first.values() for d in s["spec"]["devices"]
+            d["name"] for s in first.values() for d in s["spec"].get("devices") or ()
         }
 
 
@@ -406,26 +428,41 @@ async def test_missing_gates_are_found_and_unhealthy_devices_left_out(
 
 
 @pytest.mark.parametrize(
-    ("mode", "count", "mig", "slices"),
+    ("plane", "mode", "count", "mig", "slices"),
     [
-        (pb.DEVICE_MODE_TDM, 300, 0, 3),
-        (pb.DEVICE_MODE_EXCLUSIVE, 40, 0, 3),
-        (pb.DEVICE_MODE_MIG, 20, 7, 2),
+        ("gated_plane", pb.DEVICE_MODE_TDM, 300, 0, 3),
+        ("gated_plane", pb.DEVICE_MODE_EXCLUSIVE, 40, 0, 3),
+        ("gated_plane", pb.DEVICE_MODE_MIG, 20, 7, 2),
+        # counters apart: devices 64 a slice, then counter sets 8 a slice
+        ("dra_plane", pb.DEVICE_MODE_TDM, 300, 0, 5),
+        ("dra_plane", pb.DEVICE_MODE_EXCLUSIVE, 40, 0, 1 + 5),
+        ("dra_plane", pb.DEVICE_MODE_MIG, 20, 7, 3 + 3),
     ],
 )
 def test_the_api_server_accepts_pools_split_at_its_limits(
-    dra_plane: ControlPlane, mode: pb.DeviceMode.ValueType, count: int, mig: int, slices: int
+    request: pytest.FixtureRequest,
+    plane: str,
+    mode: pb.DeviceMode.ValueType,
+    count: int,
+    mig: int,
+    slices: int,
 ) -> None:
-    kube = KubeClient.connect(str(dra_plane.kubeconfig_path))
+    control_plane: ControlPlane = request.getfixturevalue(plane)
+    kube = KubeClient.connect(str(control_plane.kubeconfig_path))
+    minor = server_minor(kube.request("GET", "/version"))
     node = f"pub-split-{count}-{mig}"
     built = build_slices(
-        synthetic_gpus(count, mode, mig), node_name=node, protocol=PROTOCOL, generation=1
+        synthetic_gpus(count, mode, mig),
+        node_name=node,
+        protocol=PROTOCOL,
+        generation=1,
+        apart=counters_apart(minor),
     )
     assert len(built) == slices
     try:
         for obj in built:
             stored = kube.request("POST", SLICES, obj)
-            assert stored["spec"]["devices"] == obj["spec"]["devices"]
+            assert stored["spec"].get("devices") == obj["spec"].get("devices")
             assert stored["spec"].get("sharedCounters") == obj["spec"].get("sharedCounters")
     finally:
         for obj in built:

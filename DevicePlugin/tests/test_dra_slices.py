@@ -10,8 +10,11 @@ import pytest
 from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes, profile_selector
 from lj_runtimekit.deviceplugin.internal.dra.naming import memory_step, resolve
 from lj_runtimekit.deviceplugin.internal.dra.slices import (
+    MAX_COUNTER_SETS,
+    MAX_DEVICES_APART,
     MAX_SHARED_COUNTERS,
     build_slices,
+    counters_apart,
     slice_name,
 )
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
@@ -29,7 +32,7 @@ def _build(devices: list[pb.Device], **kw: Any) -> list[dict[str, Any]]:
 
 
 def _devices(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+    return {d["name"]: d for s in slices for d in s["spec"].get("devices") or ()}
 
 
 def _attr(device: dict[str, Any], name: str) -> object:
@@ -214,6 +217,35 @@ def test_large_pools_split_at_the_api_limits() -> None:
         sets = {c["name"] for c in s["spec"]["sharedCounters"]}
         used = {u["counterSet"] for d in s["spec"]["devices"] for u in d["consumesCounters"]}
         assert used == sets
+
+
+@pytest.mark.parametrize(("minor", "apart"), [(34, False), (35, True), (37, True)])
+def test_counters_apart_from_kubernetes_1_35(minor: int, apart: bool) -> None:
+    assert counters_apart(minor) is apart
+
+
+def test_counters_apart_devices_then_counter_sets() -> None:
+    mig = synthetic_gpus(20, pb.DEVICE_MODE_MIG, mig_per_gpu=7)
+    together = _devices(_build(mig))
+    slices = _build(mig, apart=True)
+    devices = [s["spec"] for s in slices if "devices" in s["spec"]]
+    counters = [s["spec"] for s in slices if "sharedCounters" in s["spec"]]
+    assert len(devices) + len(counters) == len(slices)  # never both in one slice
+    # a GPU's seven instances stay together: nine GPUs' (63) fit in MAX_DEVICES_APART
+    assert MAX_DEVICES_APART // 7 == 9
+    assert [len(d["devices"]) for d in devices] == [63, 63, 14]
+    assert [len(c["sharedCounters"]) for c in counters] == [MAX_COUNTER_SETS] * 2 + [4]
+    assert _devices(slices) == together  # the same devices, consuming the same counters
+    sets = {c["name"] for spec in counters for c in spec["sharedCounters"]}
+    assert {u["counterSet"] for d in together.values() for u in d["consumesCounters"]} == sets
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
+
+    # Nothing to count: devices only; nothing at all: one empty slice.
+    assert [
+        "sharedCounters" in s["spec"]
+        for s in _build(synthetic_gpus(2, pb.DEVICE_MODE_TDM), apart=True)
+    ] == [False]
+    assert [s["spec"]["devices"] for s in _build([], apart=True)] == [[]]
 
 
 def test_slices_are_owned_by_the_node_when_its_uid_is_given() -> None:

@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices
+from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices, counters_apart
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.kube import (
     Informer,
@@ -64,13 +65,21 @@ class _StreamEnded(Exception):
     """The Runtime's watch ended before its first event."""
 
 
+def server_minor(version: Mapping[str, Any]) -> int:
+    """The minor of the API server's /version answer ("37", or "37+" from some vendors)."""
+    digits = re.match(r"\d+", str(version.get("minor", "")))
+    if digits is None:
+        raise KubeError("GET /version", 200, f"no minor in {dict(version)}")
+    return int(digits.group())
+
+
 def dropped_gates(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> set[str]:
     """The DRA feature gates whose fields the API server dropped from a slice it stored."""
     missing: set[str] = set()
     if sent["spec"].get("sharedCounters") and not stored["spec"].get("sharedCounters"):
         missing.add(PARTITIONABLE_DEVICES)
     stored_devices = {d["name"]: d for d in stored["spec"].get("devices") or ()}
-    for device in sent["spec"]["devices"]:
+    for device in sent["spec"].get("devices") or ():
         kept = stored_devices.get(device["name"], {})
         for key, gate in (
             ("allowMultipleAllocations", CONSUMABLE_CAPACITY),
@@ -143,6 +152,8 @@ class SlicePublisher:
         self._repeats = 0
         self._last_foreign = -float("inf")
         self._node_uid: str | None = None
+        self._apart = False
+        """Counter sets in slices of their own (the API server is 1.35 or later)."""
         self._missing: set[str] = set()
 
     @property
@@ -348,6 +359,8 @@ class SlicePublisher:
             self._node_uid = node["metadata"]["uid"]
         except NotFoundError:
             self._node_uid = None
+        version = await self._call("get the API server's version", "GET", "/version")
+        self._apart = counters_apart(server_minor(version))
         log.info(
             "adopted ResourceSlices",
             extra={"node": self._node, "slices": len(existing), "generation": self._generation},
@@ -360,6 +373,7 @@ class SlicePublisher:
             protocol=self._protocol,
             generation=generation,
             taints_supported=DEVICE_TAINTS not in self._missing,
+            apart=self._apart,
             node_uid=self._node_uid,
         )
 
@@ -407,7 +421,7 @@ class SlicePublisher:
                 "node": self._node,
                 "generation": generation,
                 "slices": len(slices),
-                "devices": sum(len(s["spec"]["devices"]) for s in slices),
+                "devices": sum(len(s["spec"].get("devices") or ()) for s in slices),
             },
         )
 

@@ -80,6 +80,14 @@ MAX_SHARED_COUNTERS = 32
 """Counters over all counter sets of one ResourceSlice."""
 MAX_DEVICE_COUNTERS = 1024
 """Counters consumed by all devices of one ResourceSlice."""
+COUNTERS_APART_MINOR = 35
+"""From this Kubernetes minor on, counter sets are published in slices of their own (a slice
+has `sharedCounters` or `devices`, not both), and the devices consume them across the pool."""
+MAX_DEVICES_APART = 64
+"""Devices in one ResourceSlice where counters are apart (the limit for a slice whose devices
+have taints or consume counters)."""
+MAX_COUNTER_SETS = 8
+"""Counter sets in one ResourceSlice where counters are apart."""
 _MAX_NAME = 253
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -269,13 +277,22 @@ class _Builder:
         return unit
 
 
-def _pack(units: Sequence[_Unit]) -> list[list[_Unit]]:
-    """Units in index order, into as few slices as the API limits allow."""
+def counters_apart(minor: int) -> bool:
+    """Whether a Kubernetes minor wants counter sets in slices of their own."""
+    return minor >= COUNTERS_APART_MINOR
+
+
+def _pack(units: Sequence[_Unit], *, apart: bool = False) -> list[list[_Unit]]:
+    """Units in index order, into as few slices as the API limits allow (`apart`: the
+    devices only, their counter sets published elsewhere)."""
     groups: list[list[_Unit]] = []
     for unit in units:
         group = groups[-1] if groups else []
+        devices = sum(len(u.devices) for u in group) + len(unit.devices)
         fits = (
-            sum(len(u.devices) for u in group) + len(unit.devices) <= MAX_DEVICES
+            devices <= MAX_DEVICES_APART
+            if apart
+            else devices <= MAX_DEVICES
             and sum(u.shared_counters for u in group) + unit.shared_counters <= MAX_SHARED_COUNTERS
             and sum(u.device_counters for u in group) + unit.device_counters <= MAX_DEVICE_COUNTERS
         )
@@ -303,34 +320,50 @@ def build_slices(
     generation: int,
     taints_supported: bool = True,
     node_uid: str | None = None,
+    apart: bool = False,
 ) -> list[dict[str, Any]]:
     """The ResourceSlices of a node's pool at `generation`; owned by the Node when
-    `node_uid` is given (deleting the node deletes them)."""
+    `node_uid` is given (deleting the node deletes them). `apart` (counters_apart of the
+    server's minor): the counter sets in slices of their own, after the devices' slices."""
     driver = protocol.dra.driver
     builder = _Builder(devices, driver, taints_supported)
     units = [u for d in sorted(devices, key=lambda d: d.index) if (u := builder.unit(d))]
-    groups = _pack([u for u in units if not u.mig]) + _pack([u for u in units if u.mig])
-    groups = groups or [[]]
+    groups = _pack([u for u in units if not u.mig], apart=apart) + _pack(
+        [u for u in units if u.mig], apart=apart
+    )
+    contents: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [
+        (
+            [d for u in g for d in u.devices],
+            [] if apart else [u.counter_set for u in g if u.counter_set],
+        )
+        for g in groups
+    ]
+    if apart:
+        sets = [u.counter_set for u in units if u.counter_set]
+        contents += [
+            ([], sets[i : i + MAX_COUNTER_SETS]) for i in range(0, len(sets), MAX_COUNTER_SETS)
+        ]
+    contents = contents or [([], [])]
     metadata_extra: dict[str, Any] = {}
     if node_uid:
         metadata_extra["ownerReferences"] = [
             {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid}
         ]
     slices: list[dict[str, Any]] = []
-    for number, group in enumerate(groups):
+    for number, (slice_devices, counter_sets) in enumerate(contents):
         spec: dict[str, Any] = {
             "driver": driver,
             "nodeName": node_name,
             "pool": {
                 "name": node_name,
                 "generation": generation,
-                "resourceSliceCount": len(groups),
+                "resourceSliceCount": len(contents),
             },
-            "devices": [d for u in group for d in u.devices],
         }
-        counter_sets = [u.counter_set for u in group if u.counter_set]
         if counter_sets:
             spec["sharedCounters"] = counter_sets
+        if slice_devices or not counter_sets:
+            spec["devices"] = slice_devices
         slices.append(
             {
                 "apiVersion": API_VERSION,
