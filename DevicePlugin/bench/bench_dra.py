@@ -1,8 +1,9 @@
 """DRA mode benchmark: NodePrepareResources latency, the plugin's memory, and kube-scheduler's
 rate on our ResourceSlices beside its rate on the Device Plugin's extended resource.
 
-One control plane with the alpha DRA gates (etcd, kube-apiserver, kube-controller-manager,
-KWOK playing only its pod-delete stage, as in bench_scheduler.py; no default scheduler).
+One control plane of the DRA mode's release, DRA_VERSION (etcd, kube-apiserver,
+kube-controller-manager, KWOK playing only its pod-delete stage, as in bench_scheduler.py; no
+default scheduler).
 
 1. prepare: a Node object in DRA mode, the Runtime simulator in process (tdm-8gpu: 8 TDM
    GPUs) on a unix socket and a running `lj-dra-plugin` process for that node (slices
@@ -60,10 +61,16 @@ import grpc
 
 from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes
 from lj_runtimekit.deviceplugin.internal.dra.naming import CORES, MEMORY, device_name, memory_step
+from lj_runtimekit.deviceplugin.internal.dra.publisher import server_minor
 from lj_runtimekit.deviceplugin.internal.dra.server import service_socket
-from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices
+from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices, counters_apart
 from lj_runtimekit.envtest import kwok
-from lj_runtimekit.envtest.controlplane import DRA_GATES, ControlPlane, ControlPlaneConfig
+from lj_runtimekit.envtest.controlplane import (
+    DRA_VERSION,
+    ControlPlane,
+    ControlPlaneConfig,
+    dra_gates,
+)
 from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
 from lj_runtimekit.proto.k8s.dra.v1 import api_pb2 as v1
 from lj_runtimekit.proto.k8s.dra.v1 import api_pb2_grpc as v1_grpc
@@ -259,6 +266,7 @@ def publish_nodes(kube: KubeClient, api: Any, nodes: int) -> None:
     factory = NodeFactory(api, group="bench")
     labels = {P.labels.device_api: DRA_MODE}
     specs = [GpuNodeSpec(name=f"gpu-{i:04d}", labels=labels) for i in range(nodes)]
+    apart = counters_apart(server_minor(kube.request("GET", "/version")))
     tdm = synthetic_gpus(8, pb.DEVICE_MODE_TDM)
     mig = synthetic_gpus(8, pb.DEVICE_MODE_MIG, mig_per_gpu=7)
 
@@ -268,7 +276,7 @@ def publish_nodes(kube: KubeClient, api: Any, nodes: int) -> None:
         uid = kube.request("GET", f"/api/v1/nodes/{spec.name}")["metadata"]["uid"]
         inventory = tdm if i % 2 == 0 else mig
         for obj in build_slices(
-            inventory, node_name=spec.name, protocol=P, generation=1, node_uid=uid
+            inventory, node_name=spec.name, protocol=P, generation=1, node_uid=uid, apart=apart
         ):
             kube.request("POST", f"{RESOURCE_API}/resourceslices", obj)
 
@@ -401,7 +409,8 @@ def main() -> int:
     cfg = ControlPlaneConfig(
         scheduler=False,
         verbosity=0,
-        feature_gates=DRA_GATES,
+        version=DRA_VERSION,
+        feature_gates=dra_gates(DRA_VERSION),
         kwok_stages=kwok.stages_named("pod-delete"),
     )
     results: dict[str, Any] = {}

@@ -28,7 +28,7 @@ from lj_runtimekit.deviceplugin.internal.dra.checkpoint import (
 )
 from lj_runtimekit.deviceplugin.internal.dra.claims import ClaimDevice, ClaimRef, claim_path
 from lj_runtimekit.deviceplugin.internal.dra.prepare import Preparer, container_key
-from lj_runtimekit.envtest import DRA_GATES, ControlPlane, ControlPlaneConfig
+from lj_runtimekit.envtest import DRA_VERSION, ControlPlane, ControlPlaneConfig, dra_gates
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, load_protocol
@@ -47,14 +47,18 @@ GIB = 1024**3
 def start_control_plane() -> Iterator[ControlPlane]:
     """etcd and kube-apiserver with the DRA gates (claims need nothing else)."""
     config = ControlPlaneConfig(
-        controller_manager=False, scheduler=False, kwok=False, feature_gates=DRA_GATES
+        controller_manager=False,
+        scheduler=False,
+        kwok=False,
+        version=DRA_VERSION,
+        feature_gates=dra_gates(DRA_VERSION),
     )
     with ControlPlane(config) as cp:
         yield cp
 
 
 @pytest.fixture(scope="module")
-def dra_cp(k8s_tools: Any) -> Iterator[ControlPlane]:
+def dra_cp(dra_k8s_tools: Any) -> Iterator[ControlPlane]:
     """The module's control plane."""
     yield from start_control_plane()
 

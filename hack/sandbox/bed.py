@@ -17,10 +17,11 @@ killed and restarted (`Component.restart`), which is what the end-to-end tests
 do. State and logs live under one directory (`sandbox.json` records the
 process groups for `lj-sandbox down`).
 
-With `SandboxConfig.dra` the nodes run in DRA mode (docs/dra.md): the control plane and
-the kubelets get `DRA_GATES`, the nodes are labelled `labels.device_api=dra`, the
-DeviceClasses are installed, and each node runs `lj-dra-plugin` (publishing the node's
-ResourceSlices once its kubelet has wiped them) instead of the Device Plugin.
+With `SandboxConfig.dra` the nodes run in DRA mode (docs/dra.md): the control plane and the
+kubelets are the DRA mode's release (`DRA_VERSION`), the nodes are labelled
+`labels.device_api=dra`, the DeviceClasses are installed, and each node runs `lj-dra-plugin`
+(publishing the node's ResourceSlices once its kubelet has wiped them) instead of the Device
+Plugin.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes
 from lj_runtimekit.deviceplugin.internal.dra.server import registration_socket, service_socket
-from lj_runtimekit.envtest import DRA_GATES, ControlPlane, ControlPlaneConfig
+from lj_runtimekit.envtest import DRA_VERSION, ControlPlane, ControlPlaneConfig, dra_gates
 from lj_runtimekit.envtest.hollownode import HollowNode
 from lj_runtimekit.envtest.process import Process, ProcessExitedError, log_tail
 from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2, podresources_pb2_grpc
@@ -384,7 +385,8 @@ class Sandbox:
                     state_dir=cp_dir,
                     keep_state=True,
                     kwok=False,
-                    feature_gates=dict(DRA_GATES) if cfg.dra else {},
+                    version=DRA_VERSION if cfg.dra else None,
+                    feature_gates=dra_gates(DRA_VERSION) if cfg.dra else {},
                 )
             ).start()
         self._write_state()

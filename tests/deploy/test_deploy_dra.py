@@ -1,4 +1,4 @@
-"""DRA mode deployed on a real control plane with the alpha DRA gates (DRA_GATES): the
+"""DRA mode deployed on a real control plane of the DRA mode's release (DRA_VERSION): the
 generated objects apply, the node label chooses the DRA plugin or the Device Plugin, the DRA
 plugin's identity writes only its own node's ResourceSlices of our driver (impersonation with
 the node name a pod-bound token carries), and the chart renders the same objects."""
@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.deploy import manifests, verify
 from lj_runtimekit.deploy.components import BY_NAME, COMPONENTS, DRA_PLUGIN
-from lj_runtimekit.envtest import DRA_GATES, ControlPlane, ControlPlaneConfig
+from lj_runtimekit.envtest import DRA_VERSION, ControlPlane, ControlPlaneConfig, dra_gates
 from lj_runtimekit.envtest.controlplane import ControlPlaneError
 from lj_runtimekit.envtest.nodes import NodeFactory, ProtocolNames
 from lj_runtimekit.proto.pkg.protocol import DRA_MODE
@@ -81,7 +81,7 @@ class Install:
 
 @pytest.fixture(scope="module")
 def install() -> Iterator[Install]:
-    cp = ControlPlane(ControlPlaneConfig(feature_gates=DRA_GATES))
+    cp = ControlPlane(ControlPlaneConfig(version=DRA_VERSION, feature_gates=dra_gates(DRA_VERSION)))
     try:
         cp.start()
     except ControlPlaneError as exc:
@@ -450,8 +450,8 @@ def test_precheck_says_dra_mode_is_served_and_names_a_node_labelled_without_dra(
 ) -> None:
     out = deploy_all(install.cp, tmp_path, "precheck", "--dra").stdout
     assert (
-        "ok      DRA mode (--dra): Kubernetes v1.34.4 serves resource.k8s.io/v1 with the DRA gates"
-        in said(out)
+        f"ok      DRA mode (--dra): Kubernetes {DRA_VERSION} serves resource.k8s.io/v1 with the"
+        " DRA gates" in said(out)
     ), out
     nodes = NodeFactory(install.admin, group="precheck")
     try:

@@ -1,10 +1,11 @@
 """The stock kube-scheduler places DRA claims exactly on our ResourceSlices and DeviceClasses.
 
-A control plane with the alpha DRA gates, three KWOK nodes in DRA mode (the simulator's
-example inventories published as slices), the DeviceClasses of classes.py; pods with
-ResourceClaimTemplates are scheduled by kube-scheduler and run by KWOK. Every allocation
-is read back into Runtime shares (naming.py), and after every test the claims of the
-whole cluster are checked against the sharing invariant.
+A control plane of the DRA mode's release (DRA_VERSION, its parts on by default), three KWOK
+nodes in DRA mode (the simulator's example inventories published as slices), the
+DeviceClasses of classes.py; pods with ResourceClaimTemplates are scheduled by kube-
+scheduler and run by KWOK. Every allocation is read back into Runtime shares (naming.py),
+and after every test the claims of the whole cluster are checked against the sharing
+invariant.
 """
 
 from __future__ import annotations
@@ -18,9 +19,15 @@ import pytest
 
 from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes, profile_selector
 from lj_runtimekit.deviceplugin.internal.dra.naming import CORES, MEMORY, DeviceRef, memory_step
-from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices
+from lj_runtimekit.deviceplugin.internal.dra.publisher import server_minor
+from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices, counters_apart
 from lj_runtimekit.envtest import NodeFactory
-from lj_runtimekit.envtest.controlplane import DRA_GATES, ControlPlane, ControlPlaneConfig
+from lj_runtimekit.envtest.controlplane import (
+    DRA_VERSION,
+    ControlPlane,
+    ControlPlaneConfig,
+    dra_gates,
+)
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.proto.pkg.protocol import DRA_MODE, DeviceShare, load_protocol
@@ -170,9 +177,10 @@ def check_sharing_invariant(shares: Sequence[Share]) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(k8s_tools: object) -> Iterator[Cluster]:
-    """A DRA control plane with three KWOK nodes in DRA mode, their slices and our classes."""
-    config = ControlPlaneConfig(feature_gates=DRA_GATES)
+def cluster(dra_k8s_tools: object) -> Iterator[Cluster]:
+    """A control plane of the DRA mode's release with three KWOK nodes in DRA mode, their
+    slices and our classes."""
+    config = ControlPlaneConfig(version=DRA_VERSION, feature_gates=dra_gates(DRA_VERSION))
     plane = ControlPlane(config).start()
     api = plane.api_client()
     kube = KubeClient.connect(str(plane.kubeconfig_path))
@@ -184,11 +192,17 @@ def cluster(k8s_tools: object) -> Iterator[Cluster]:
         for obj in device_classes(PROTOCOL, extended_resources=True):
             kube.request("POST", f"{RESOURCE_API}/deviceclasses", obj)
         inventories: dict[str, list[pb.Device]] = {}
+        apart = counters_apart(server_minor(kube.request("GET", "/version")))
         for node, example in NODES.items():
             inventories[node] = example_devices(example, node)
             uid = kube.request("GET", f"/api/v1/nodes/{node}")["metadata"]["uid"]
             for obj in build_slices(
-                inventories[node], node_name=node, protocol=PROTOCOL, generation=1, node_uid=uid
+                inventories[node],
+                node_name=node,
+                protocol=PROTOCOL,
+                generation=1,
+                node_uid=uid,
+                apart=apart,
             ):
                 kube.request("POST", f"{RESOURCE_API}/resourceslices", obj)
         yield Cluster(kube, inventories)
@@ -378,15 +392,6 @@ def test_bursts_fill_mig_instances_and_ppu_pairs_exactly(space: Space) -> None:
     assert ppus == sorted(d.id for d in space.cluster.inventories["dra-ppu"])
 
 
-FIRST_DEVICE_RECHECK = pytest.mark.xfail(
-    strict=True,
-    reason="kube-scheduler 1.34 re-checks the capacity of a request's n-th device against the"
-    " n-th device of the candidate's slice: once the first GPU of a node is taken (whole or"
-    " mostly shared), a request that fits another GPU is refused (fixed in later releases)",
-)
-
-
-@FIRST_DEVICE_RECHECK
 def test_two_pods_with_a_whole_gpu_each_share_a_node(space: Space) -> None:
     space.run("first", {"g": [exactly("g", WHOLE)]}, node="dra-tdm")
     space.template("g", [exactly("g", WHOLE)])
@@ -394,7 +399,6 @@ def test_two_pods_with_a_whole_gpu_each_share_a_node(space: Space) -> None:
     assert space.settled("second")["status"].get("phase") == "Running"
 
 
-@FIRST_DEVICE_RECHECK
 def test_a_slice_that_does_not_fit_the_first_gpu_goes_to_another(space: Space) -> None:
     space.run(
         "first",
