@@ -18,9 +18,15 @@ from lj_runtimekit.deviceplugin.internal.dra.health import (
     HealthServicer,
     device_health,
 )
-from lj_runtimekit.deviceplugin.internal.dra.server import PluginServers
+from lj_runtimekit.deviceplugin.internal.dra.server import (
+    HEALTH_SERVICE,
+    SUPPORTED_SERVICES,
+    PluginServers,
+)
 from lj_runtimekit.proto.k8s.drahealth.v1alpha1 import api_pb2 as health
 from lj_runtimekit.proto.k8s.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2 as reg
+from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.lingjun.runtimesim.v1 import admin_pb2, admin_pb2_grpc
 from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
@@ -145,6 +151,22 @@ async def test_stream_ends_unavailable_when_the_runtime_goes(
         await asyncio.wait_for(stream.read(), STEP_S)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "Runtime" in (info.value.details() or "")
+
+
+async def test_registration_names_the_health_service(workdir: Path) -> None:
+    """Kubelets from 1.36 on open the health stream only for a plugin that names it."""
+    runtime = RuntimeClient(workdir / "sim", RUNTIME_SOCKET, RetryPolicy())
+    for health_api, want in ((None, []), (HealthServicer(runtime, POOL), [HEALTH_SERVICE])):
+        servers = PluginServers(workdir / "kubelet", DRIVER, _NoClaims(), health_api)
+        await servers.start()
+        try:
+            target = f"unix:{servers.registration_path}"
+            async with grpc.aio.insecure_channel(target) as channel:
+                info = await reg_grpc.RegistrationStub(channel).GetInfo(reg.InfoRequest())
+        finally:
+            await servers.stop(0)
+        assert list(info.supported_versions) == [*SUPPORTED_SERVICES, *want]
+    await runtime.close()
 
 
 def test_names_follow_the_slices() -> None:

@@ -37,7 +37,12 @@ from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes, prof
 from lj_runtimekit.deviceplugin.internal.dra.naming import CORES, MEMORY, DeviceRef, memory_step
 from lj_runtimekit.deviceplugin.internal.dra.prepare import container_key
 from lj_runtimekit.deviceplugin.internal.dra.server import registration_socket
-from lj_runtimekit.envtest.controlplane import DRA_GATES, ControlPlane, ControlPlaneConfig
+from lj_runtimekit.envtest.controlplane import (
+    DRA_VERSION,
+    ControlPlane,
+    ControlPlaneConfig,
+    dra_gates,
+)
 from lj_runtimekit.envtest.hollownode import HollowNode
 from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2 as prpb
 from lj_runtimekit.proto.k8s.podresources.v1 import podresources_pb2_grpc as prgrpc
@@ -300,10 +305,12 @@ def check_invariant(bed: Bed) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def bed(k8s_tools: object) -> Iterator[Bed]:
+def bed(dra_k8s_tools: object) -> Iterator[Bed]:
     """The control plane, two hollow nodes in DRA mode with a simulator and a plugin each,
     our DeviceClasses and the namespace."""
-    plane = ControlPlane(ControlPlaneConfig(feature_gates=DRA_GATES, kwok=False)).start()
+    plane = ControlPlane(
+        ControlPlaneConfig(version=DRA_VERSION, feature_gates=dra_gates(DRA_VERSION), kwok=False)
+    ).start()
     kube = KubeClient.connect(str(plane.kubeconfig_path))
     nodes: dict[str, NodeBed] = {}
     try:
@@ -461,6 +468,36 @@ def test_claims_run_on_the_real_kubelet(space: Bed) -> None:
     assert check_invariant(bed) == []
     bed.delete_pods()
     assert check_invariant(bed) == []
+
+
+def test_device_health_reaches_the_pod_status(space: Bed) -> None:
+    """The kubelet's DRA health stream: a device the Runtime reports unhealthy shows in the
+    status of the pod that holds it, with the Runtime's reason, and heals."""
+    bed = space
+    bed.template("sick", slice_request(bed, 10, 10))
+    bed.pod("sick", {"c": "sick"}, TDM, containers=({"main": ("c",)},))
+    (pod,) = bed.running("sick")
+    inventories = {n: b.inventory for n, b in bed.nodes.items()}
+    ((_, ref, _),) = allocated_shares(bed.claim_of(pod, "c"), DRIVER, inventories)
+    sim = bed.nodes[TDM].sim
+    assert sim is not None
+
+    def health() -> list[dict[str, Any]]:
+        (status,) = bed.get("sick")["status"]["containerStatuses"]
+        return [r for a in status.get("allocatedResourcesStatus") or () for r in a["resources"]]
+
+    def shows(want: str) -> list[dict[str, Any]] | NotYet:
+        now = health()
+        return now if [r.get("health") for r in now] == [want] else NotYet(str(now))
+
+    assert wait_for(lambda: shows("Healthy"), 60, "the claim's device Healthy in the pod")
+    sim.set_health(ref.device.id, False, "XID 79")
+    (sick,) = wait_for(lambda: shows("Unhealthy"), 60, "the device Unhealthy in the pod")
+    claim_uid = bed.claim_of(pod, "c")["metadata"]["uid"]
+    assert sick["resourceID"] == bed.nodes[TDM].cdi.device_id(claim_uid)  # the claim's CDI ID
+    assert sick.get("message") == "XID 79"
+    sim.set_health(ref.device.id, True)
+    wait_for(lambda: shows("Healthy"), 60, "the device Healthy again in the pod")
 
 
 def start_pods(bed: Bed, prefix: str, tdm: int, mig: int) -> list[str]:

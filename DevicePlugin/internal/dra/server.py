@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 """The kubelet's names of the DRAPlugin gRPC services served, newest first."""
+HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+"""Registered beside them when the health API is served: kubelets from 1.36 on open the
+health stream only for a plugin that names it (earlier ones ignore the name and try)."""
 SERVICE_SOCKET = "dra.sock"
 _MAX_SOCKET_PATH = 107
 
@@ -129,9 +132,10 @@ class DraPluginV1Beta1Servicer(v1beta1_grpc.DRAPluginServicer):
 class RegistrationServicer(reg_grpc.RegistrationServicer):
     """What the kubelet's plugin watcher asks: who we are and where to dial."""
 
-    def __init__(self, driver: str, endpoint: Path) -> None:
+    def __init__(self, driver: str, endpoint: Path, services: Sequence[str]) -> None:
         self._driver = driver
         self._endpoint = endpoint
+        self._services = list(services)
         self.registered: bool | None = None
         """The kubelet's last verdict (None before it gave one)."""
 
@@ -141,7 +145,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
             type=PLUGIN_TYPE,
             name=self._driver,
             endpoint=str(self._endpoint),
-            supported_versions=list(SUPPORTED_SERVICES),
+            supported_versions=self._services,
         )
 
     async def NotifyRegistrationStatus(
@@ -184,7 +188,8 @@ class PluginServers:
     ) -> None:
         self.service_path = service_socket(kubelet_dir, driver)
         self.registration_path = registration_socket(kubelet_dir, driver)
-        self.registration = RegistrationServicer(driver, self.service_path)
+        services = (*SUPPORTED_SERVICES, *((HEALTH_SERVICE,) if health is not None else ()))
+        self.registration = RegistrationServicer(driver, self.service_path, services)
         self._claims = claims
         self._health = health
         self._servers: list[tuple[grpc.aio.Server, Path]] = []
