@@ -134,19 +134,6 @@ def kubelet_holdings(
     return sorted(holdings, key=lambda h: (h[0], h[1], h[2].device_id)), problems
 
 
-def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
-    """Pod claim name -> ResourceClaim name: named in the spec, or made from a template (the
-    pod's status names it)."""
-    out = {
-        c["name"]: c["resourceClaimName"]
-        for c in (pod.get("spec") or {}).get("resourceClaims") or ()
-        if c.get("resourceClaimName")
-    }
-    for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ():
-        out[s["name"]] = s.get("resourceClaimName") or ""
-    return out
-
-
 def cdi_lines(
     pods: Sequence[Mapping[str, Any]],
     claims: Mapping[str, Mapping[str, Any]],
@@ -163,7 +150,7 @@ def cdi_lines(
         if _phase(pod) != "Running":
             continue
         meta, spec = pod["metadata"], pod.get("spec") or {}
-        by_pod_claim = pod_claims(pod)
+        by_pod_claim = dra.pod_claims(pod)
         own = set(by_pod_claim.values())
         where = f"{meta['namespace']}/{meta['name']}"
         for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:

@@ -133,6 +133,19 @@ def _reason(pod: Mapping[str, Any]) -> str:
     return str(status.get("reason") or "")
 
 
+def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
+    """Pod claim name -> ResourceClaim name: named in the spec, or made from a template (the
+    pod's status names it)."""
+    out = {
+        c["name"]: c["resourceClaimName"]
+        for c in (pod.get("spec") or {}).get("resourceClaims") or ()
+        if c.get("resourceClaimName")
+    }
+    for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ():
+        out[s["name"]] = s.get("resourceClaimName") or ""
+    return out
+
+
 def observe(
     bed: Sandbox, api: k8s_client.ApiClient, namespace: str
 ) -> tuple[list[ClaimPlacement], list[str]]:
@@ -174,10 +187,7 @@ def observe(
     rows = []
     for pod in workload.list_pods(api, namespace):
         meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
-        by_pod_claim = {
-            s["name"]: s.get("resourceClaimName") or ""
-            for s in status.get("resourceClaimStatuses") or ()
-        }
+        by_pod_claim = pod_claims(pod)
         uses = {
             c["name"]: [by_pod_claim.get(r["name"], "") for r in c["resources"].get("claims", ())]
             for c in spec.get("containers") or ()

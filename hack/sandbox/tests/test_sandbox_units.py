@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, encode_assignment, load_protocol
 from lj_runtimekit.sandbox.bed import STATE_FILE, cleanup_leftovers
-from lj_runtimekit.sandbox.dra import ClaimPlacement, ledger_mismatches
+from lj_runtimekit.sandbox.dra import ClaimPlacement, ledger_mismatches, pod_claims
 from lj_runtimekit.sandbox.workload import invariant_violations, placement_table, placements
 
 P = load_protocol()
@@ -125,3 +125,18 @@ def test_dra_ledgers_flag_the_runtime_and_the_kubelet_disagreeing_with_the_claim
     unallocated.uses["main"].append("c2")
     problems = ledger_mismatches(unallocated, claims, driver)
     assert any("claim c2 is not allocated" in p for p in problems), problems
+
+
+def test_a_pods_claims_named_in_its_spec_or_made_from_a_template() -> None:
+    pod = {
+        "spec": {
+            "resourceClaims": [
+                {"name": "shared", "resourceClaimName": "one-for-two"},
+                {"name": "own", "resourceClaimTemplateName": "slice"},
+            ]
+        },
+        # Kubernetes lists only the claims made from templates here.
+        "status": {"resourceClaimStatuses": [{"name": "own", "resourceClaimName": "pod-own-x"}]},
+    }
+    assert pod_claims(pod) == {"shared": "one-for-two", "own": "pod-own-x"}
+    assert pod_claims({"spec": {"resourceClaims": [{"name": "own"}]}}) == {}
