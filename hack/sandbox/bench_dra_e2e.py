@@ -39,7 +39,6 @@ import os
 import random
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.sandbox import Sandbox, SandboxConfig, dra, workload
 from lj_runtimekit.sandbox.bed import JOB_AGENT, RESOURCE_GROUP, RESOURCE_VERSION, SandboxError
-from lj_runtimekit.sandbox.bench_e2e import PodWatch, create_at_once, run_burst
+from lj_runtimekit.sandbox.bench_e2e import PeriodicCheck, PodWatch, create_at_once, run_burst
 from lj_runtimekit.testkit.dra import allocated_shares, claim_pod, claim_template, exactly
 from lj_runtimekit.testkit.invariant import Holding, sharing_violations
 from lj_runtimekit.testkit.waits import NotYet, WaitTimeout, wait_for
@@ -208,19 +207,8 @@ def observe(bed: Sandbox, api: k8s_client.ApiClient, namespace: str) -> Observat
 
 
 @dataclass
-class Checker:
-    """`observe` every `interval_s` in a thread while the churn runs; distinct conflict
-    lines kept with the seconds into the churn when first seen."""
-
-    bed: Sandbox
-    namespace: str
-    interval_s: float = 3.0
-    conflicts: dict[str, float] = field(default_factory=dict)
-    checks: int = 0
-    errors: list[str] = field(default_factory=list)
-    began: float = field(default_factory=time.monotonic)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+class Checker(PeriodicCheck):
+    """`observe` every `interval_s` while the churn runs."""
 
     def check(self, api: k8s_client.ApiClient) -> Observation:
         seen = observe(self.bed, api, self.namespace)
@@ -231,25 +219,6 @@ class Checker:
                 _say(f"CONFLICT at {at}s: {line}")
         self.checks += 1
         return seen
-
-    def _loop(self) -> None:
-        with self.bed.api_client() as api:
-            while not self._stop.wait(self.interval_s):
-                try:
-                    self.check(api)
-                except Exception as exc:  # a source did not answer: say so, go on
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-                    _say(f"check failed: {type(exc).__name__}: {exc}")
-
-    def __enter__(self) -> Checker:
-        self._thread = threading.Thread(target=self._loop, name="dra-checker", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(60)
 
 
 # -- churn ------------------------------------------------------------------------------------

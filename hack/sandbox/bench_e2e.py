@@ -46,7 +46,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from kubernetes import client as k8s_client
 from kubernetes.watch.watch import iter_resp_lines
@@ -174,23 +174,54 @@ MIX = {
 
 
 @dataclass
-class Checker:
-    """Checks the three sources for a device held by two pods, and the kubelets' device
-    checkpoints for a foreign spec, every `interval_s` in a thread while the churn runs (and
-    once more at the end)."""
+class PeriodicCheck:
+    """`check` every `interval_s` in a thread while a churn runs (a failed check is counted in
+    `errors`, and the checks go on); distinct conflict lines kept with the seconds into the
+    churn when first seen."""
 
     bed: Sandbox
     namespace: str
     interval_s: float = 3.0
     conflicts: dict[str, float] = field(default_factory=dict)
     """Distinct conflict line -> seconds into the churn when first seen."""
-    foreign: dict[str, float] = field(default_factory=dict)
-    """Distinct foreign-spec line (`invariant.foreign_specs`) -> seconds when first seen."""
     checks: int = 0
     errors: list[str] = field(default_factory=list)
     began: float = field(default_factory=time.monotonic)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+
+    def check(self, api: k8s_client.ApiClient) -> object:
+        """Read every source once; record what is new."""
+        raise NotImplementedError
+
+    def _loop(self) -> None:
+        with self.bed.api_client() as api:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    self.check(api)
+                except Exception as exc:  # a source did not answer: say so, go on
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    _say(f"check failed: {type(exc).__name__}: {exc}")
+
+    def __enter__(self) -> Self:
+        self._thread = threading.Thread(target=self._loop, name=type(self).__name__, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(60)
+
+
+@dataclass
+class Checker(PeriodicCheck):
+    """Checks the three sources for a device held by two pods, and the kubelets' device
+    checkpoints for a foreign spec, every `interval_s` while the churn runs (and once more at
+    the end)."""
+
+    foreign: dict[str, float] = field(default_factory=dict)
+    """Distinct foreign-spec line (`invariant.foreign_specs`) -> seconds when first seen."""
 
     def check(self, api: k8s_client.ApiClient) -> list[workload.Placement]:
         # The Runtime first, then the pods, then the kubelets (as workload.observe reads).
@@ -224,25 +255,6 @@ class Checker:
             workload.write_json(snapshot, {"new": new, "rows": rows_data, "runtime": runtime_data})
         self.checks += 1
         return rows
-
-    def _loop(self) -> None:
-        with self.bed.api_client() as api:
-            while not self._stop.wait(self.interval_s):
-                try:
-                    self.check(api)
-                except Exception as exc:  # a source did not answer: say so, go on
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
-                    _say(f"check failed: {type(exc).__name__}: {exc}")
-
-    def __enter__(self) -> Checker:
-        self._thread = threading.Thread(target=self._loop, name="churn-checker", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(60)
 
 
 def run_churn(nodes: int, total: int, wave: int, seed: int, state: Path) -> dict[str, float]:
