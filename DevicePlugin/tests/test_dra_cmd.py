@@ -29,6 +29,7 @@ from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.proto.pkg.runtimeclient import RuntimeClient
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
 from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET
+from lj_runtimekit.testkit.kubeconfig import unreachable_kubeconfig
 from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 from . import test_dra_prepare as bed
@@ -78,13 +79,7 @@ def test_operator_mistakes_are_one_line(tmp_path: Path) -> None:
     assert status == 1
     assert f"{bad}: key 'dra.driver'" in one_line_error(out)
 
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-    )
+    kubeconfig = unreachable_kubeconfig(tmp_path)
     status, out = run_plugin([], env={"NODE_NAME": "n1", "KUBECONFIG": str(kubeconfig)})
     assert status == 1
     assert "API server https://127.0.0.1:1: node n1" in one_line_error(out)

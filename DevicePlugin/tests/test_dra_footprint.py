@@ -17,6 +17,7 @@ import pytest
 from lj_runtimekit.proto.k8s.dra.v1 import api_pb2 as v1
 from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
+from lj_runtimekit.testkit.kubeconfig import unreachable_kubeconfig
 from lj_runtimekit.testkit.procfs import status_mb
 from lj_runtimekit.testkit.waits import wait_for
 
@@ -82,13 +83,7 @@ def start_recording(plugin: cmd.Plugin, modules_file: Path) -> subprocess.Popen[
 
 
 def test_the_plugins_objects_load_no_official_client(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-    )
+    kubeconfig = unreachable_kubeconfig(tmp_path)
     args = [
         "--node-name=n1",
         f"--kubeconfig={kubeconfig}",

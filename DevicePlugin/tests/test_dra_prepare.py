@@ -36,6 +36,7 @@ from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
 from lj_runtimekit.runtimesim.node import load_node_file
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
 from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET, Simulator
+from lj_runtimekit.testkit.kubeconfig import unreachable_kubeconfig
 
 pytestmark = pytest.mark.controlplane
 
@@ -698,13 +699,7 @@ async def test_repeat_is_answered_from_the_checkpoint_while_the_api_server_is_aw
     await preparer.reconcile()
     (claim,) = await prepared(preparer, ref)
 
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
-    )
+    kubeconfig = unreachable_kubeconfig(tmp_path)
     node.kube = KubeClient.connect(str(kubeconfig))
     restarted = node.preparer()
     await restarted.reconcile()

@@ -23,7 +23,7 @@ from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2 as reg
 from lj_runtimekit.proto.k8s.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 from . import test_dra_prepare as bed
-from .test_dra_prepare import DRIVER, POOL, Node, result, write_claim
+from .test_dra_prepare import DRIVER, GIB, POOL, Node, result, write_claim
 
 pytestmark = pytest.mark.controlplane
 # the control plane, namespace and node fixtures of the prepare tests, for this module
@@ -144,3 +144,19 @@ async def test_prepare_repeated_after_the_kubelet_gave_up(
     assert [d.device_name for d in again.claims[ref.uid].devices] == ["gpu-2"]
     assert list(node.held()) == [container_key(ref.uid)]
     assert len(node.specs()) == 1
+
+
+async def test_a_share_is_answered_with_its_share_id(
+    served: PluginServers, node: Node, ns: str
+) -> None:
+    shared = result("gpu-1", "share", consumed={"cores": "30", "memory": f"{20 * GIB}"})
+    share = write_claim(node.kube, ns, "share", [shared], requests=("share",))
+    whole = write_claim(node.kube, ns, "whole", [result("gpu-2")])
+    async with grpc.aio.insecure_channel(f"unix:{served.service_path}") as channel:
+        answer = await v1_grpc.DRAPluginStub(channel).NodePrepareResources(
+            v1.NodePrepareResourcesRequest(claims=[claim(share), claim(whole)]), timeout=45
+        )
+    ((device,),) = [answer.claims[share.uid].devices]
+    assert device.share_id == shared["shareID"]
+    ((device,),) = [answer.claims[whole.uid].devices]
+    assert not device.HasField("share_id")

@@ -60,6 +60,7 @@ def _encode(claim: PreparedClaim) -> dict[str, Any]:
                 "pool": d.pool,
                 "device": d.device,
                 "share": _share(d.share),
+                "shareID": d.share_id,
             }
             for d in claim.devices
         ],
@@ -81,6 +82,7 @@ def _decode(uid: str, raw: Mapping[str, Any]) -> PreparedClaim:
                 str(d["pool"]),
                 str(d["device"]),
                 _decode_share(d["share"]),
+                str(d.get("shareID", "")),  # not in entries written before shares had IDs
             )
             for d in raw["devices"]
         ),

@@ -45,6 +45,8 @@ class ClaimDevice:
     pool: str
     device: str
     share: DeviceShare
+    share_id: str = ""
+    """The allocation's `shareID` (a share of a device that allows multiple allocations)."""
 
 
 def claim_path(namespace: str, name: str) -> str:
@@ -97,7 +99,15 @@ def claim_devices(
             share = share_of(ref_device, result.get("consumedCapacity"))
         except ShareError as exc:
             raise ClaimError(f"{ref}: {exc}") from exc
-        out.append(ClaimDevice((str(result.get("request", "")),), result_pool, name, share))
+        out.append(
+            ClaimDevice(
+                (str(result.get("request", "")),),
+                result_pool,
+                name,
+                share,
+                str(result.get("shareID") or ""),
+            )
+        )
     return tuple(out)
 
 

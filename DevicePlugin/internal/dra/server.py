@@ -90,6 +90,7 @@ class DraPluginServicer(v1_grpc.DRAPluginServicer):
                     pool_name=d.pool,
                     device_name=d.device,
                     cdi_device_ids=[outcome.cdi_device_id],
+                    share_id=d.share_id or None,
                 )
                 for d in outcome.devices
             )
