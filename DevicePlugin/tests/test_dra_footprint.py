@@ -17,6 +17,7 @@ import pytest
 from lj_runtimekit.proto.k8s.dra.v1 import api_pb2 as v1
 from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES, SimulatorProcess
+from lj_runtimekit.testkit.imports import official_client
 from lj_runtimekit.testkit.kubeconfig import unreachable_kubeconfig
 from lj_runtimekit.testkit.procfs import status_mb
 from lj_runtimekit.testkit.waits import wait_for
@@ -65,11 +66,6 @@ RUN = textwrap.dedent(
     """
 )
 """The plugin's own main, writing the modules it loaded when it exits."""
-
-
-def official_client(modules: list[str]) -> list[str]:
-    """The modules of the official Kubernetes client among `modules`."""
-    return [m for m in modules if m.split(".")[0] == "kubernetes"]
 
 
 def start_recording(plugin: cmd.Plugin, modules_file: Path) -> subprocess.Popen[bytes]:

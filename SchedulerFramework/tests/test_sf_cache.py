@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from lj_runtimekit.schedulerframework.internal.cache.cache import RankedBuckets
+from lj_runtimekit.testkit.imports import official_client_loaded_by
 from lj_runtimekit.testkit.scheduler.fake import GPU, FakeCluster
 
 
@@ -69,12 +67,7 @@ def test_free_index_follows_binds_deletes_and_node_removal(cluster: FakeCluster)
 
 def test_scheduler_starts_without_the_official_client() -> None:
     # Importing the official client took seconds of every start (a failover waits on it).
-    code = (
-        "import sys, lj_runtimekit.schedulerframework.cmd.scheduler.main\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert official_client_loaded_by("lj_runtimekit.schedulerframework.cmd.scheduler.main") == []
 
 
 def test_assume_never_replaces_a_pod_confirmed_bound(cluster: FakeCluster) -> None:
