@@ -36,13 +36,15 @@ default scheduler).
    before the next run.
 
     uv run python DevicePlugin/bench/bench_dra.py --out bench/parts/dra.json
+
+`--only prepare` (or `scheduler`) runs one part and merges its keys into the part file;
+its duration and load keys are prefixed with the part's name.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -81,6 +83,7 @@ from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
 from lj_runtimekit.runtimesim.node import load_node_file
 from lj_runtimekit.runtimesim.process import EXAMPLE_NODES
 from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET, Simulator
+from lj_runtimekit.testkit.benchpart import write_part
 from lj_runtimekit.testkit.dra import (
     RESOURCE_API,
     claim_pod,
@@ -402,6 +405,11 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=500, help="pods per scheduler run")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--only",
+        choices=("prepare", "scheduler"),
+        help="run one part; the part file keeps the other part's keys",
+    )
     args = parser.parse_args()
     began = time.monotonic()
     load_at_start = os.getloadavg()[0]
@@ -422,26 +430,29 @@ def main() -> int:
             NodeFactory(api, group="dra").create(
                 PLUGIN_NODE, gpus=0, labels={P.labels.device_api: DRA_MODE}, wait=False
             )
-            results.update(asyncio.run(prepare_run(kube, cp.kubeconfig_path, work, args.claims)))
-            log(f"prepare: {results}; creating {args.nodes} nodes with slices")
-            publish_nodes(kube, api, args.nodes)
-            results.update(scheduler_rounds(kube, cp, work, args.pods, args.rounds))
+            if args.only != "scheduler":
+                results.update(
+                    asyncio.run(prepare_run(kube, cp.kubeconfig_path, work, args.claims))
+                )
+                log(f"prepare: {results}")
+            if args.only != "prepare":
+                log(f"creating {args.nodes} nodes with slices")
+                publish_nodes(kube, api, args.nodes)
+                results.update(scheduler_rounds(kube, cp, work, args.pods, args.rounds))
+                results["nodes"] = args.nodes
             api.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    prefix = f"{args.only}_" if args.only else ""
     results.update(
         {
-            "nodes": args.nodes,
-            "bench_duration_s": round(time.monotonic() - began, 1),
-            "load_avg_1m_at_start": round(load_at_start, 1),
-            "load_avg_1m_at_end": round(os.getloadavg()[0], 1),
+            f"{prefix}bench_duration_s": round(time.monotonic() - began, 1),
+            f"{prefix}load_avg_1m_at_start": round(load_at_start, 1),
+            f"{prefix}load_avg_1m_at_end": round(os.getloadavg()[0], 1),
             "cpus": os.cpu_count() or 0,
         }
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    for key, value in sorted(results.items()):
-        print(f"dra.{key} {value}")
+    write_part(args.out, results, "dra")
     return 0
 
 

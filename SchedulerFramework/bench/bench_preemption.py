@@ -25,7 +25,6 @@ into the `--out` part file (by default bench/parts/scheduler.json, which
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig
 from lj_runtimekit.envtest.nodes import GpuNodeSpec, NodeFactory
 from lj_runtimekit.proto.pkg.kube import KubeClient
 from lj_runtimekit.proto.pkg.protocol import load_protocol
+from lj_runtimekit.testkit.benchpart import write_part
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gang import (  # type: ignore[import-not-found]  # a script beside this one
@@ -191,23 +191,10 @@ def main() -> int:
             lj.terminate()
             lj.wait(30)
             api.close()
-    out_file = Path(args.out)
-    part = (json.loads(out_file.read_text()) if out_file.exists() else {}) | part
     part["preemption_victims_p50_s"] = round(statistics.median(samples), 3)
     part["preemption_victims_p99_s"] = round(quantile(samples, 0.99), 3)
     part["preemption_samples"] = len(samples)
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    out_file.write_text(json.dumps(part, indent=2) + "\n")
-    for key in (
-        "preemption_victims_p50_s",
-        "preemption_victims_p99_s",
-        "preemption_samples",
-        "gang_preemption_s",
-        "slice_gang_placed",
-    ):
-        if key not in part:
-            continue
-        print(f"{'scheduler.' + key:40} {part[key]}")
+    write_part(Path(args.out), part, "scheduler")
     return 0
 
 

@@ -73,7 +73,6 @@ after each lj-scheduler whole-GPU round and after the slice and gang runs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import ssl
@@ -102,6 +101,7 @@ from lj_runtimekit.proto.pkg.protocol import (
     load_protocol,
 )
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import Args as GpuShareArgs
+from lj_runtimekit.testkit.benchpart import write_part
 from lj_runtimekit.testkit.invariant import assignment_holdings, sharing_violations
 from lj_runtimekit.testkit.ports import free_port
 
@@ -1001,19 +1001,6 @@ def run_in_memory(nodes: int, pods: int) -> dict[str, Any]:
     return out
 
 
-def write_part(path: Path, doc: dict[str, Any]) -> None:
-    """Merges `doc` into the part file: its keys replace the file's, the others (a scale
-    run's, the preemption part's) stay."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = (json.loads(path.read_text()) if path.exists() else {}) | doc
-    path.write_text(json.dumps(dict(sorted(part.items())), indent=2) + "\n")
-    print(f"{'key':40} value")
-    for k, v in doc.items():
-        if isinstance(v, list):
-            v = " ".join(str(x) for x in v)
-        print(f"{'scheduler.' + k:40} {v}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/parts/scheduler.json")
@@ -1051,7 +1038,9 @@ def main() -> int:
         load = os.getloadavg()[0]
         doc = {k: _rounded(v) for k, v in run_in_memory(args.nodes, args.pods).items()}
         doc["in_memory_load_avg_1m"] = round(max(load, os.getloadavg()[0]), 1)
-        write_part(Path(args.out), {f"{args.key_prefix}{k}": v for k, v in doc.items()})
+        write_part(
+            Path(args.out), {f"{args.key_prefix}{k}": v for k, v in doc.items()}, "scheduler"
+        )
         return 0
     BindWatch.records = not args.no_plugin_records
     global PROFILE_DIR
@@ -1119,7 +1108,7 @@ def main() -> int:
     out["load_avg_1m_at_end"] = round(os.getloadavg()[0], 1)
     out["cpus"] = os.cpu_count() or 0
     out_doc = {f"{args.key_prefix}{k}": v for k, v in out.items()}
-    write_part(Path(args.out), out_doc)
+    write_part(Path(args.out), out_doc, "scheduler")
     return 0
 
 

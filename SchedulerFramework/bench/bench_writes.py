@@ -46,6 +46,7 @@ from lj_runtimekit.proto.pkg.kube import (
 from lj_runtimekit.proto.pkg.protocol import load_protocol
 from lj_runtimekit.schedulerframework.internal.scheduler.events import EventRecord, event_body
 from lj_runtimekit.schedulerframework.internal.scheduler.scheduler import binding_body
+from lj_runtimekit.testkit.benchpart import write_part
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_scheduler import (  # type: ignore[import-not-found]  # a script beside this one
@@ -53,7 +54,6 @@ from bench_scheduler import (  # type: ignore[import-not-found]  # a script besi
     log,
     make_runtime_class,
     pod_body,
-    write_part,
 )
 
 P = load_protocol()
@@ -155,6 +155,7 @@ def main() -> int:
             f"apiserver_cpu_ms_per_{k}": round(statistics.median(r[k] for r in rounds), 2)
             for k in rounds[0]
         },
+        "scheduler",
     )
     return 0
 

@@ -55,6 +55,7 @@ from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.sandbox import Sandbox, SandboxConfig, workload
 from lj_runtimekit.sandbox.bed import SandboxError
 from lj_runtimekit.sandbox.workload import pod_manifest
+from lj_runtimekit.testkit.benchpart import write_part
 from lj_runtimekit.testkit.invariant import checkpoint_specs, foreign_specs
 from lj_runtimekit.testkit.waits import NotYet, WaitTimeout, wait_for
 
@@ -724,9 +725,7 @@ def main() -> int:
         results.update(step(Path(tempfile.mkdtemp(prefix="ljbe2e", dir="/tmp"))))
     results["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     results["bench_e2e_s"] = round(time.monotonic() - began, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    print(json.dumps(results, indent=2, sort_keys=True))
+    write_part(args.out, results, "e2e")
     return 0
 
 
