@@ -8,18 +8,31 @@ Three beds, one after the other, without per-node Exporters (the admission path 
   ones, MIG instances, a claim shared by two pods, pods whose init container uses the main
   container's claim or a claim of its own, pods with a sidecar (restartable init
   container) holding its own claim, two-container pods); a share of the running pods
-  deleted (some pods right after creation, before their admission) and re-created; a
-  node's plugin killed and restarted every few waves. Pods kube-scheduler finds no room
-  for are deleted and counted: kube-scheduler 1.34 serves one TDM GPU's worth of whole
-  and shared claims per node (docs/dra.md), which `--tdm-gpus-per-node` budgets for.
-  Every few seconds and at the end: a device held past what it has in the claims'
-  allocations, in the Runtime simulators' claim allocations, in the kubelets' PodResources
-  dynamic resources, or a container of a Running pod given (by the hollow kubelet's CDI
-  record) a claim's CDI device that is not its pod's. Keys: churn_pods (created),
-  churn_device_conflicts (distinct conflicts seen at any check), churn_ledger_mismatches
-  (once settled: Running pods whose claims, Runtime allocations, PodResources and CDI
-  devices disagree, and Runtime allocations of no live claim), churn_plugin_restarts and
-  the churn's counts.
+  deleted (some pods right after creation, before their admission) and re-created. Every
+  6 waves a node's plugin is killed and restarted, and, 3 waves apart from it, a node's
+  kubelet (its fake runtime starts empty: it prepares its pods' claims again and wipes
+  the node's slices, which the plugin publishes again). Now and then a node's Runtime
+  fails its next Allocate calls (`fail_allocations`): NodePrepareResources answers an
+  error for those claims and the kubelet prepares again on a later sync of the pod. A
+  wave waits up to 120 s for its pods; those still on their way then are counted late and
+  kept. Pods kube-scheduler finds no room for are deleted and counted. The pods alive at
+  once hold at most 80 % of `--tdm-gpus-per-node` TDM GPUs per node (the churn's load:
+  kube-scheduler 1.34 placed whole and shared claims on one TDM GPU per node, docs/dra.md;
+  the bed runs the DRA pin, 1.37, which places them on any) and 60 % of 7 MIG 1g
+  instances per MIG node.
+  Every few seconds and at the end (not while a kubelet restarts): a device held past what
+  it has in the claims' allocations, in the Runtime simulators' claim allocations, in the
+  kubelets' PodResources dynamic resources, or a container of a Running pod given (by
+  the hollow kubelet's CDI record) a claim's CDI device that is not its pod's. Keys:
+  churn_pods (created), churn_device_conflicts (distinct conflicts seen at any check),
+  churn_ledger_mismatches (once settled: Running pods whose claims, Runtime allocations,
+  PodResources and CDI devices disagree, and Runtime allocations of no live claim),
+  churn_stuck_pods (once settled: pods neither Running nor Failed), churn_late_pods,
+  churn_plugin_restarts, churn_kubelet_restarts, churn_failed_prepares_injected (Allocate
+  failures set on the Runtimes; one set over another before its Allocate calls came
+  counts too), churn_failed_prepare_events (the kubelets' FailedPrepareDynamicResources
+  events: injected failures, and prepares while a plugin was away) and the churn's
+  counts.
 - device-plugin burst: `bench_e2e.run_burst` (8 tdm-8gpu nodes, 200 pods) -> key
   device_plugin_burst_200_running_s;
 - DRA burst (8 tdm-8gpu DRA nodes): 200 pods, each with a claim of a 3 % core and memory
@@ -39,12 +52,14 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 from kubernetes import client as k8s_client
 
 from lj_runtimekit.deviceplugin.internal.dra.cdi import CdiSpecs
@@ -53,7 +68,13 @@ from lj_runtimekit.deviceplugin.internal.dra.naming import CORES, MEMORY, memory
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.protocol import Protocol
 from lj_runtimekit.sandbox import Sandbox, SandboxConfig, dra, workload
-from lj_runtimekit.sandbox.bed import JOB_AGENT, RESOURCE_GROUP, RESOURCE_VERSION, SandboxError
+from lj_runtimekit.sandbox.bed import (
+    JOB_AGENT,
+    RESOURCE_GROUP,
+    RESOURCE_VERSION,
+    NodeHandle,
+    SandboxError,
+)
 from lj_runtimekit.sandbox.bench_e2e import PeriodicCheck, PodWatch, create_at_once, run_burst
 from lj_runtimekit.testkit.dra import allocated_shares, claim_pod, claim_template, exactly
 from lj_runtimekit.testkit.invariant import Holding, sharing_violations
@@ -208,10 +229,14 @@ def observe(bed: Sandbox, api: k8s_client.ApiClient, namespace: str) -> Observat
 
 @dataclass
 class Checker(PeriodicCheck):
-    """`observe` every `interval_s` while the churn runs."""
+    """`observe` every `interval_s` while the churn runs, not while `quiet` is held (a
+    kubelet being restarted answers no PodResources)."""
+
+    quiet: threading.Lock = field(default_factory=threading.Lock)
 
     def check(self, api: k8s_client.ApiClient) -> Observation:
-        seen = observe(self.bed, api, self.namespace)
+        with self.quiet:
+            seen = observe(self.bed, api, self.namespace)
         at = round(time.monotonic() - self.began, 1)
         for line in seen.conflicts:
             if line not in self.conflicts:
@@ -429,7 +454,7 @@ def run_churn(
     except BaseException:
         bed.stop(failed=True)
         raise
-    if out["churn_device_conflicts"] or out["churn_ledger_mismatches"]:
+    if out["churn_device_conflicts"] or out["churn_ledger_mismatches"] or out["churn_stuck_pods"]:
         bed.config.keep_state = True
         _say(f"conflicts or mismatches: state and logs kept in {bed.state_dir}")
     bed.stop()
@@ -455,7 +480,7 @@ def _churn(
     _say(f"churn: alive at once <= {gpu_budget:g} GPUs and {mig_budget:g} MIG 1g instances")
     kinds, weights = list(MIX), list(MIX.values())
     recreate: list[Shape] = []
-    restarts = waves = 0
+    restarts = kubelet_restarts = injected = waves = 0
     began = time.monotonic()
     with Checker(bed, ns) as checker:
         while churn.counts.get("pods", 0) < total:
@@ -479,6 +504,16 @@ def _churn(
                 _say(f"churn: restarting the plugin of {node.name}")
                 node.plugin.restart(crash=True)
                 restarts += 1
+            if waves % 6 == 0:  # a kubelet killed and started again mid-churn
+                node = rng.choice(bed.nodes)
+                _say(f"churn: restarting the kubelet of {node.name}")
+                _restart_kubelet(node, checker)
+                kubelet_restarts += 1
+            if rng.random() < 0.4:  # a Runtime failing its next Allocate calls: failed prepares
+                node = rng.choice(bed.nodes)
+                skip, count = rng.randint(0, 3), rng.randint(1, 2)
+                node.fail_allocations(skip, count)
+                injected += count
             batch: list[str] = []
             while len(batch) < wave and churn.counts.get("pods", 0) < total:
                 gpu_use, mig_use = churn.use()
@@ -499,8 +534,9 @@ def _churn(
         _say(
             f"churn: {churn.counts.get('pods', 0)} pods in {waves} waves, {churn_s:.0f}s; settling"
         )
-        mismatches = _settle(bed, api, ns, checker)
+        mismatches, stuck = _settle(bed, api, ns, checker)
     running_at_end = sum(_phase(p) == "Running" for p in workload.list_pods(api, ns))
+    failed_prepares = _failed_prepare_events(api, ns)
     if checker.errors:
         _say(f"{len(checker.errors)} checks failed, first: {checker.errors[0]}")
     if checker.conflicts:
@@ -516,11 +552,16 @@ def _churn(
         "churn_waves": float(waves),
         "churn_s": round(churn_s, 1),
         "churn_plugin_restarts": float(restarts),
+        "churn_kubelet_restarts": float(kubelet_restarts),
+        "churn_failed_prepares_injected": float(injected),
+        "churn_failed_prepare_events": float(failed_prepares),
         "churn_deleted_running_pods": float(c.get("deleted_running", 0)),
         "churn_deleted_before_admission_pods": float(c.get("deleted_early", 0)),
         "churn_unschedulable_deleted_pods": float(c.get("unschedulable", 0)),
         "churn_failed_pods": float(c.get("failed", 0)),
         "churn_running_at_end": float(running_at_end),
+        "churn_late_pods": float(c.get("late", 0)),
+        "churn_stuck_pods": float(len(stuck)),
         "churn_checks": float(checker.checks),
         "churn_failed_checks": float(len(checker.errors)),
         "churn_device_conflicts": float(len(checker.conflicts)),
@@ -529,9 +570,32 @@ def _churn(
     }
 
 
+def _restart_kubelet(node: NodeHandle, checker: Checker, timeout_s: float = 60) -> None:
+    """Kill the node's kubelet and start it again (it registers the running plugin again,
+    which publishes the slices it wipes); no check runs until its PodResources answer."""
+    with checker.quiet:
+        node.kubelet.restart(timeout_s, crash=True)
+        wait_for(
+            lambda: workload.kubelet_claim_records([node]) is not None,
+            timeout_s,
+            f"the PodResources API of {node.name}'s kubelet (log {node.kubelet.log_path})",
+            ignore=(grpc.RpcError,),
+        )
+
+
+def _failed_prepare_events(api: k8s_client.ApiClient, ns: str) -> int:
+    """How many times the kubelets reported a failed NodePrepareResources in `ns`."""
+    events = k8s_client.CoreV1Api(api).list_namespaced_event(
+        ns, field_selector="reason=FailedPrepareDynamicResources"
+    )
+    return sum(e.count or 1 for e in events.items)
+
+
 def _wait_wave(churn: Churn, batch: list[str], timeout_s: float = 120) -> None:
     """Until the wave's pods are Running, Failed or found no room (those are deleted and
-    counted). A pod bound but not running by then is an error."""
+    counted). Pods still on their way then (a prepare failed and waits for the kubelet's
+    retry, or their kubelet restarted) are counted late and stay in the churn: later waves
+    delete them once Running, and the settle waits for them."""
     wanted = set(batch)
     last: dict[str, dict[str, Any]] = {}
 
@@ -547,27 +611,32 @@ def _wait_wave(churn: Churn, batch: list[str], timeout_s: float = 120) -> None:
     try:
         wait_for(check, timeout_s, f"a wave of {len(batch)} pods", interval_s=0.5)
     except WaitTimeout:
-        waiting = [n for n in wanted if n in churn.shapes and not done(last.get(n, {}))]
-        raise SandboxError(f"pods not Running in {timeout_s:.0f}s: {sorted(waiting)}") from None
+        late = sorted(n for n in wanted if n in churn.shapes and not done(last.get(n, {})))
+        churn.count("late", len(late))
+        _say(f"churn: {len(late)} pods not Running in {timeout_s:.0f}s, kept: {late}")
     for name in sorted(wanted):
         if name in churn.shapes and _unschedulable(last.get(name, {})):
             churn.count("unschedulable", 1 + bool(churn.claim_of.get(name)))
             churn.delete(name, now=True)
 
 
+def _busy(seen: Observation) -> list[str]:
+    return [p["metadata"]["name"] for p in seen.pods if _phase(p) not in ("Running", "Failed")]
+
+
 def _settle(
     bed: Sandbox, api: k8s_client.ApiClient, ns: str, checker: Checker, timeout_s: float = 120
-) -> list[str]:
-    """Until every source agrees (pods still ending make transient differences); the
-    disagreements left then."""
+) -> tuple[list[str], list[str]]:
+    """Until every pod is Running or Failed and every source agrees (pods still ending make
+    transient differences); the disagreements and the pods neither Running nor Failed left
+    then."""
     last: list[Observation] = []
 
     def agreed() -> bool | NotYet:
         seen = checker.check(api)
         last[:] = [seen]
-        busy = [p["metadata"]["name"] for p in seen.pods if _phase(p) not in ("Running", "Failed")]
-        if busy or seen.mismatches:
-            return NotYet(f"not settled: {busy[:10]}, {seen.mismatches[:5]}")
+        if _busy(seen) or seen.mismatches:
+            return NotYet(f"not settled: {_busy(seen)[:10]}, {seen.mismatches[:5]}")
         return True
 
     try:
@@ -575,11 +644,16 @@ def _settle(
     except WaitTimeout as exc:
         _say(f"churn: {exc}")
     mismatches = last[0].mismatches if last else ["never observed"]
+    stuck = _busy(last[0]) if last else []
     for line in mismatches:
         _say(f"MISMATCH: {line}")
-    if mismatches:
-        workload.write_json(bed.state_dir / "mismatches.json", mismatches)
-    return mismatches
+    if stuck:
+        _say(f"STUCK (neither Running nor Failed): {stuck}")
+    if mismatches or stuck:
+        workload.write_json(
+            bed.state_dir / "mismatches.json", {"mismatches": mismatches, "stuck": stuck}
+        )
+    return mismatches, stuck
 
 
 # -- burst ------------------------------------------------------------------------------------
@@ -659,7 +733,8 @@ def main() -> int:
         "--tdm-gpus-per-node",
         type=float,
         default=1.0,
-        help="TDM GPUs' worth of whole and shared claims kube-scheduler places per node",
+        help="TDM GPUs' worth of whole and shared claims alive at once per node (the churn's"
+        " load; kube-scheduler 1.34 placed them on one TDM GPU per node, 1.37 on any)",
     )
     parser.add_argument("--burst-nodes", type=int, default=8)
     parser.add_argument("--burst-pods", type=int, default=200)
