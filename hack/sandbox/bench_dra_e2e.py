@@ -47,7 +47,6 @@ load_avg_1m_start / load_avg_1m_end: the machine's load around the whole run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -76,6 +75,7 @@ from lj_runtimekit.sandbox.bed import (
     SandboxError,
 )
 from lj_runtimekit.sandbox.bench_e2e import PeriodicCheck, PodWatch, create_at_once, run_burst
+from lj_runtimekit.testkit.benchpart import write_part
 from lj_runtimekit.testkit.dra import allocated_shares, claim_pod, claim_template, exactly
 from lj_runtimekit.testkit.invariant import Holding, sharing_violations
 from lj_runtimekit.testkit.waits import NotYet, WaitTimeout, wait_for
@@ -767,9 +767,7 @@ def main() -> int:
         results["burst_ratio_vs_device_plugin"] = round(results[key] / plugin_s, 2)
     results["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     results["bench_s"] = round(time.monotonic() - began, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    print(json.dumps(results, indent=2, sort_keys=True))
+    write_part(args.out, results, "dra")
     return 0
 
 
