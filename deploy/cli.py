@@ -81,6 +81,7 @@ def _options(args: argparse.Namespace) -> manifests.Options:
         extender_token_secret=args.extender_token_secret,
         dra=args.dra,
         dra_extended_resources=_dra_extended_resources(args),
+        dra_mig_profiles=_dra_mig_profiles(args),
     )
 
 
@@ -88,6 +89,17 @@ def _dra_extended_resources(args: argparse.Namespace) -> bool:
     if args.dra_extended_resources and not args.dra:
         raise DeployError("--dra-extended-resources: only with --dra (DRA mode)")
     return bool(args.dra_extended_resources)
+
+
+def _dra_mig_profiles(args: argparse.Namespace) -> tuple[str, ...]:
+    """--dra-mig-profiles P1,P2,... (empty: none), or the default list."""
+    if args.dra_mig_profiles is None:
+        return manifests.DRA_MIG_PROFILES
+    if not args.dra_extended_resources:
+        raise DeployError(
+            f"--dra-mig-profiles={args.dra_mig_profiles}: only with --dra-extended-resources"
+        )
+    return tuple(args.dra_mig_profiles.split(",")) if args.dra_mig_profiles else ()
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
@@ -434,6 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="the whole-device DeviceClasses name their extended resource"
             " (DRAExtendedResource)",
+        )
+        p.add_argument(
+            "--dra-mig-profiles",
+            metavar="P1,P2,...",
+            help="with --dra-extended-resources: the MIG profiles whose DeviceClass names"
+            " <mig prefix>/mig-<profile> (empty: none; default NVIDIA's profiles of A30,"
+            " A100, H100, H200)",
         )
         p.add_argument(
             "--deploy-dir",

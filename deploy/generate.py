@@ -50,9 +50,11 @@ from lj_runtimekit.deploy.manifests import (
     config_checksum,
     config_data,
     default_options,
+    device_classes,
     dra_files,
     dump,
     image_name,
+    mig_profile_pattern,
     plain_files,
     to_yaml,
     workload,
@@ -506,8 +508,13 @@ def _values(opts: Options) -> str:
         + "# on the nodes labelled"
         + f" {opts.protocol.labels.device_api}={DRA_MODE} (the Device Plugin leaves them)\n"
         + "# and the driver's DeviceClasses. extendedResources: the whole-device classes name\n"
-        + "# their kind's extended resource (needs the DRAExtendedResource feature gate).\n"
-        + "dra:\n  enabled: false\n  extendedResources: false\n"
+        + "# their kind's extended resource (needs the DRAExtendedResource feature gate), and\n"
+        + "# each MIG profile of migProfiles gets a class naming"
+        + f" {opts.protocol.resources.mig('<profile>')}\n"
+        + "# (a profile not listed needs a claim). The default: NVIDIA's profiles of A30, A100,\n"
+        + "# H100 and H200.\n"
+        + "dra:\n  enabled: false\n  extendedResources: false\n  migProfiles:\n"
+        + "".join(f"  - {profile}\n" for profile in opts.dra_mig_profiles)
         + "# Component tunables: the ConfigMap keys each component reads into its flags.\n"
         + "settings:\n"
         + "".join(
@@ -565,6 +572,12 @@ def _schema_of(value: Any, path: tuple[str, ...]) -> Obj:
     """The JSON schema of one value of values.yaml: its type; a map's keys are closed."""
     if path == ("jobsNamespace",):
         return _JOBS_NAMESPACE_SCHEMA
+    if path == ("dra", "migProfiles"):
+        return {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"type": "string", "pattern": mig_profile_pattern()},
+        }
     if path and path[-1] in _FREE_VALUES:
         return _FREE_VALUES[path[-1]]
     if len(path) == 3 and path[0] == "settings":
@@ -943,12 +956,38 @@ def helm_chart(deploy_dir: Path, opts: Options) -> dict[Path, str]:
     return out
 
 
+_MIG_PROFILE = "99g.999999gb"
+"""A sentinel MIG profile: the class rendered for it is the body of the range over
+`dra.migProfiles`."""
+
+
+def _extended_classes(sentinel: Options) -> str:
+    """The DeviceClasses with their extended resources: the fixed ones, then one per profile
+    of `dra.migProfiles` (inside the range `.` is the profile, the chart's labels take `$`)."""
+    opts = dataclasses.replace(
+        sentinel, dra_extended_resources=True, dra_mig_profiles=(_MIG_PROFILE,)
+    )
+    per_profile = opts.protocol.dra.mig_profile_class(_MIG_PROFILE)
+    classes = device_classes(opts)
+    fixed = [c for c in classes if c["metadata"]["name"] != per_profile]
+    (profile,) = [c for c in classes if c["metadata"]["name"] == per_profile]
+    labels = 'include "lj-runtimekit.labels" .'
+    body = _templated([profile], None, sentinel).replace(labels, labels[:-1] + "$")
+    if ".Values" in body:
+        raise AssertionError(f"a value inside the range over dra.migProfiles: {body}")
+    return (
+        _templated(fixed, None, sentinel)
+        + "{{- range .Values.dra.migProfiles }}\n---\n"
+        + body.replace(_MIG_PROFILE, "{{ . }}")
+        + "{{- end }}\n"
+    )
+
+
 def _dra_templates(chart: Path, sentinel: Options) -> dict[Path, str]:
     """The DRA plugin's templates (`dra.enabled`); the DeviceClasses with or without their
-    extended resource (`dra.extendedResources`)."""
+    extended resource (`dra.extendedResources`, and a class per `dra.migProfiles`)."""
     out: dict[Path, str] = {}
     files = dra_files(sentinel)
-    extended = dra_files(dataclasses.replace(sentinel, dra_extended_resources=True))
     for name, docs in files.items():
         condition = ".Values.dra.enabled"
         head = '{{- include "lj-runtimekit.draServed" . }}\n'
@@ -957,7 +996,7 @@ def _dra_templates(chart: Path, sentinel: Options) -> dict[Path, str]:
         elif name == DEVICE_CLASSES_FILE:
             body = (
                 "{{- if .Values.dra.extendedResources }}\n"
-                + _templated(extended[name], None, sentinel)
+                + _extended_classes(sentinel)
                 + "{{- else }}\n"
                 + _templated(docs, None, sentinel)
                 + "{{- end }}\n"

@@ -282,13 +282,27 @@ def _selects(expression: str, device: dict[str, Any]) -> bool:
     return True
 
 
+MIG_PROFILES = ("1g.10gb", "3g.40gb", "7g.80gb")
+"""Two profiles the example `mig-8gpu` has instances of, one it has none of."""
+
+
 @pytest.mark.parametrize("extended", [True, False])
 def test_device_classes_select_what_the_slices_publish(extended: bool) -> None:
+    profiles = MIG_PROFILES if extended else ()
     classes = {
-        c["metadata"]["name"]: c for c in device_classes(PROTOCOL, extended_resources=extended)
+        c["metadata"]["name"]: c
+        for c in device_classes(PROTOCOL, extended_resources=extended, mig_profiles=profiles)
     }
+    per_profile = [f"mig-{p}.{DRIVER}" for p in profiles]
     assert sorted(classes) == sorted(
-        [f"gpu.{DRIVER}", f"ppu.{DRIVER}", f"amd.{DRIVER}", f"gpu-share.{DRIVER}", f"mig.{DRIVER}"]
+        [
+            f"gpu.{DRIVER}",
+            f"ppu.{DRIVER}",
+            f"amd.{DRIVER}",
+            f"gpu-share.{DRIVER}",
+            f"mig.{DRIVER}",
+            *per_profile,
+        ]
     )
     for obj in classes.values():
         assert obj["apiVersion"] == "resource.k8s.io/v1"
@@ -301,6 +315,9 @@ def test_device_classes_select_what_the_slices_publish(extended: bool) -> None:
             f"amd.{DRIVER}": "alibabacloud.com/amd-gpu",
             f"gpu-share.{DRIVER}": None,
             f"mig.{DRIVER}": None,
+            f"mig-1g.10gb.{DRIVER}": "alibabacloud.com/mig-1g.10gb",
+            f"mig-3g.40gb.{DRIVER}": "alibabacloud.com/mig-3g.40gb",
+            f"mig-7g.80gb.{DRIVER}": "alibabacloud.com/mig-7g.80gb",
         }
     else:
         assert set(resources.values()) == {None}
@@ -327,3 +344,34 @@ def test_device_classes_select_what_the_slices_publish(extended: bool) -> None:
         sum(_selects(f'device.driver == "{DRIVER}" && {small}', published[n]) for n in published)
         == 7
     )
+    # A profile's class selects exactly the instances of that profile.
+    for profile in profiles:
+        name = PROTOCOL.dra.mig_profile_class(profile)
+        assert name == f"mig-{profile}.{DRIVER}"
+        want = sorted(
+            n for n in selected[f"mig.{DRIVER}"] if _attr(published[n], "profile") == profile
+        )
+        assert selected[name] == want
+    if extended:
+        assert [len(selected[n]) for n in per_profile] == [7, 1, 0]
+
+
+@pytest.mark.parametrize(
+    ("profiles", "message"),
+    [
+        (["1g.10gb", "1G.10GB"], "MIG profile '1G.10GB' is not a profile name like 1g.10gb"),
+        (["1g.10gb+me"], "MIG profile '1g.10gb+me' is not a profile name like 1g.10gb"),
+        (["1g.10gb\n"], "MIG profile '1g.10gb\\n' is not a profile name like 1g.10gb"),
+        ([""], "MIG profile '' is not a profile name like 1g.10gb"),
+        (["0g.10gb"], "MIG profile '0g.10gb' is not"),
+        (["3g.40gb", "3g.40gb"], "MIG profile '3g.40gb' is listed twice"),
+    ],
+)
+def test_device_classes_refuse_a_bad_mig_profile_by_name(profiles: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        device_classes(PROTOCOL, extended_resources=True, mig_profiles=profiles)
+
+
+def test_mig_profile_classes_need_extended_resources() -> None:
+    with pytest.raises(ValueError, match="only with those on"):
+        device_classes(PROTOCOL, extended_resources=False, mig_profiles=["1g.10gb"])

@@ -22,12 +22,13 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.rest import ApiException
 
-from lj_runtimekit.deploy import manifests, verify
+from lj_runtimekit.deploy import cli, manifests, verify
 from lj_runtimekit.deploy.components import BY_NAME, COMPONENTS, DRA_PLUGIN
 from lj_runtimekit.envtest import DRA_VERSION, ControlPlane, ControlPlaneConfig, dra_gates
 from lj_runtimekit.envtest.controlplane import ControlPlaneError
 from lj_runtimekit.envtest.nodes import NodeFactory, ProtocolNames
 from lj_runtimekit.proto.pkg.protocol import DRA_MODE
+from lj_runtimekit.schedulerframework.internal.extender import sample
 from lj_runtimekit.testkit.waits import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -377,19 +378,42 @@ def test_the_plugin_reads_claims_and_writes_nothing_else(install: Install) -> No
     assert missing.value.status == 404
 
 
+def _helm_classes(*args: str) -> list[dict[str, Any]]:
+    """The DeviceClasses of `helm template` with DRA mode and `args`, in render order, less
+    the chart's standard labels."""
+    rendered = template("--kube-version", "1.34.0", "--set", "dra.enabled=true", *args)
+    return [o for o in unhelmed(rendered).values() if o["kind"] == "DeviceClass"]
+
+
 def test_the_chart_renders_the_dra_objects() -> None:
     """`dra.enabled` adds deploy/draplugin's objects, the rest unchanged;
-    `dra.extendedResources` names the extended resources; below 1.34 it refuses in one line."""
+    `dra.extendedResources` names the extended resources, a MIG class per `dra.migProfiles`
+    (default: the same list as lj-deploy's); below 1.34 it refuses in one line."""
     args = ("--namespace", "kube-system", "--kube-version", "1.34.0")
     rendered = unhelmed(template(*args, "--set", "dra.enabled=true"))
     everything = ("common", "deviceplugin", "scheduler", "exporter", "controller")
     assert rendered == plain(*everything, DRA_PLUGIN.directory)
     assert unhelmed(template(*args)) == plain(*everything)
-    extended = template(*args, "--set", "dra.enabled=true,dra.extendedResources=true")
-    opts = dataclasses.replace(OPTS, dra_extended_resources=True)
-    for cls in manifests.device_classes(opts):
-        live = extended[("DeviceClass", None, cls["metadata"]["name"])]
-        assert live["spec"] == cls["spec"]
+    extended = dataclasses.replace(OPTS, dra_extended_resources=True)
+    assert _helm_classes("--set", "dra.extendedResources=true") == manifests.device_classes(
+        extended
+    )
+    chosen = ("1g.10gb", "3g.40gb")
+    helm = _helm_classes(
+        "--set", "dra.extendedResources=true", "--set-json", f"dra.migProfiles={json.dumps(chosen)}"
+    )
+    python = manifests.device_classes(dataclasses.replace(extended, dra_mig_profiles=chosen))
+    assert helm == python
+    assert [c["metadata"]["name"] for c in helm[-2:]] == [
+        f"mig-1g.10gb.{DRIVER}",
+        f"mig-3g.40gb.{DRIVER}",
+    ]
+    none = _helm_classes("--set", "dra.extendedResources=true", "--set-json", "dra.migProfiles=[]")
+    assert none == manifests.device_classes(dataclasses.replace(extended, dra_mig_profiles=()))
+    # migProfiles alone maps nothing: the plain classes.
+    assert _helm_classes("--set-json", f"dra.migProfiles={json.dumps(chosen)}") == (
+        manifests.device_classes(OPTS)
+    )
     old = subprocess.run(
         [
             tool("helm"),
@@ -413,6 +437,83 @@ def test_the_chart_renders_the_dra_objects() -> None:
     for name, docs in files.items():
         path = ROOT / "deploy" / DRA_PLUGIN.directory / name
         assert [d for d in yaml.safe_load_all(path.read_text()) if d] == docs
+
+
+@pytest.mark.parametrize(
+    ("profiles", "message"),
+    [
+        ('["1g.10gb","1G.10GB"]', "at '/dra/migProfiles/1': '1G.10GB' does not match pattern"),
+        ('["3g.40gb","3g.40gb"]', "at '/dra/migProfiles': items at 0 and 1 are equal"),
+    ],
+)
+def test_the_chart_refuses_a_bad_mig_profile(profiles: str, message: str) -> None:
+    argv = [
+        tool("helm"),
+        "template",
+        "lj",
+        str(ROOT / "deploy/helm/lj-runtimekit"),
+        "--kube-version",
+        "1.34.0",
+        "--set",
+        "dra.enabled=true,dra.extendedResources=true",
+        "--set-json",
+        f"dra.migProfiles={profiles}",
+    ]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode != 0, result.stdout
+    assert message in result.stderr, result.stderr
+
+
+def _render_classes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[int, list[str], str]:
+    """`lj-deploy render` of the DRA objects with `args`: exit code, the DeviceClasses'
+    names, stderr."""
+    out = tmp_path / "rendered.yaml"
+    code = cli.main(
+        [
+            "render",
+            f"--protocol={ROOT / 'deploy/protocol.yaml'}",
+            f"--version={OPTS.version}",
+            "--components=exporter",
+            f"--output={out}",
+            *args,
+        ]
+    )
+    err = capsys.readouterr().err
+    docs = [d for d in yaml.safe_load_all(out.read_text()) if d] if code == 0 else []
+    return code, [d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass"], err
+
+
+def test_lj_deploy_maps_the_mig_profiles_it_is_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dra-mig-profiles chooses the MIG classes of --dra-extended-resources (default the
+    documented list, empty none); a bad profile or the option alone is refused, named."""
+    assert manifests.DRA_MIG_PROFILES == sample.MIG_PROFILES  # the extender's profiles
+    plain_names = [c["metadata"]["name"] for c in manifests.device_classes(OPTS)]
+    extended = ("--dra", "--dra-extended-resources")
+    code, names, _ = _render_classes(tmp_path, capsys, *extended)
+    assert code == 0
+    assert names == plain_names + [
+        PROTOCOL.dra.mig_profile_class(p) for p in manifests.DRA_MIG_PROFILES
+    ]
+    code, names, _ = _render_classes(
+        tmp_path, capsys, *extended, "--dra-mig-profiles=1g.10gb,7g.141gb"
+    )
+    assert code == 0
+    assert names == [*plain_names, f"mig-1g.10gb.{DRIVER}", f"mig-7g.141gb.{DRIVER}"]
+    code, names, _ = _render_classes(tmp_path, capsys, *extended, "--dra-mig-profiles=")
+    assert (code, names) == (0, plain_names)
+    code, _, err = _render_classes(tmp_path, capsys, "--dra", "--dra-mig-profiles=1g.10gb")
+    assert code == 1
+    assert err == "error: --dra-mig-profiles=1g.10gb: only with --dra-extended-resources\n"
+    code, _, err = _render_classes(tmp_path, capsys, *extended, "--dra-mig-profiles=1g.10gb,1g")
+    assert code == 1
+    assert err == (
+        "error: --dra-mig-profiles: MIG profile '1g' is not a profile name like 1g.10gb"
+        " (<compute slices>g.<memory GB>gb)\n"
+    )
 
 
 # -- deploy-all.sh: precheck, verify, delete -------------------------------------------------------
@@ -540,7 +641,7 @@ def test_deploy_and_verify_with_dra(install: Install, tmp_path: Path) -> None:
         install.cp, tmp_path, "verify", "--dra", "--components=exporter", namespace=ns
     )
     lines = said(result.stdout)
-    count = len(manifests.device_classes(OPTS))
+    count = len(manifests.device_classes(install.opts))  # the module's install: a superset
     assert f"ok      dra-plugin: {count} DeviceClass(es) of driver {DRIVER}" in lines, result.stdout
     assert any(
         line.startswith("info    dra-plugin: no enabled node is labelled") for line in lines

@@ -49,6 +49,10 @@ NODES = {"dra-tdm": "tdm-8gpu", "dra-mig": "mig-8gpu", "dra-ppu": "ppu-16"}
 WHOLE = PROTOCOL.dra.whole_class("gpu")
 SHARE = PROTOCOL.dra.share_class("gpu")
 MIG = PROTOCOL.dra.mig_class
+MIG_PROFILES = sorted(
+    {i.profile for d in example_devices(NODES["dra-mig"]) for i in d.mig_instances}
+)
+"""The profiles the MIG node's instances have: each gets a class naming its resource."""
 Share = tuple[str, DeviceRef, DeviceShare]
 _NAMESPACES = itertools.count(1)
 
@@ -189,7 +193,7 @@ def cluster(dra_k8s_tools: object) -> Iterator[Cluster]:
         for node in NODES:
             factory.create(node, gpus=0, labels={PROTOCOL.labels.device_api: DRA_MODE}, wait=False)
         factory.wait_ready(list(NODES))
-        for obj in device_classes(PROTOCOL, extended_resources=True):
+        for obj in device_classes(PROTOCOL, extended_resources=True, mig_profiles=MIG_PROFILES):
             kube.request("POST", f"{RESOURCE_API}/deviceclasses", obj)
         inventories: dict[str, list[pb.Device]] = {}
         apart = counters_apart(server_minor(kube.request("GET", "/version")))
@@ -352,6 +356,39 @@ def test_extended_resource_without_a_claim(space: Space) -> None:
     assert pool in ("dra-tdm", "dra-mig")
     assert ref.device.kind == pb.DEVICE_KIND_GPU
     assert share.whole
+
+
+def test_extended_mig_profile_without_a_claim(space: Space) -> None:
+    """A pod asking `<mig prefix>/mig-<profile>: 1` without a claim gets one MIG instance of
+    that profile (its class names the resource); two pods never get the same instance: with
+    the profile's only instance taken, the second pod stays pending."""
+    small = PROTOCOL.resources.mig("1g.10gb")
+    for name in ("small-a", "small-b"):
+        space.pod(name, {}, limits={small: "1"})
+    instances = []
+    for name in ("small-a", "small-b"):
+        pod = space.running(name)
+        (shares,) = space.claims_of(pod).values()
+        ((pool, ref, share),) = shares
+        assert pool == "dra-mig"
+        assert ref.instance is not None
+        assert ref.instance.profile == "1g.10gb"
+        assert share.whole
+        instances.append(ref.runtime_id)
+    assert len(set(instances)) == 2, instances
+
+    large = PROTOCOL.resources.mig("4g.40gb")
+    for name in ("large-a", "large-b"):
+        space.pod(name, {}, limits={large: "1"})
+    pods = [space.settled(name) for name in ("large-a", "large-b")]
+    running = [p for p in pods if p["status"].get("phase") == "Running"]
+    assert len(running) == 1, [p["status"] for p in pods]
+    ((_, ref, _),) = next(iter(space.claims_of(running[0]).values()))
+    assert ref.instance is not None
+    assert ref.instance.profile == "4g.40gb"
+    (pending,) = [p for p in pods if p not in running]
+    (condition,) = [c for c in pending["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert condition["reason"] == "Unschedulable"
 
 
 def test_a_pod_that_cannot_fit_stays_pending(space: Space) -> None:

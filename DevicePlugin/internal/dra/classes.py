@@ -12,11 +12,17 @@ Each class selects our driver's devices by the attributes the slice publisher wr
   `cores` (percent) and/or `memory` (bytes) of one TDM-mode device.
 - `mig.<driver>`: a MIG instance. The request chooses the profile with a selector on the
   `profile` attribute, e.g. `device.attributes["dra.lingjun.com"].profile == "1g.10gb"`.
+- `mig-<profile>.<driver>` (with extended resources, per listed MIG profile): a MIG
+  instance of that profile, its `spec.extendedResourceName` the profile's device-plugin
+  resource, so a pod asking e.g. `alibabacloud.com/mig-1g.10gb: 1` without a claim gets one
+  instance of it. A profile not listed has no class: its pods need a claim.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from lj_runtimekit.deviceplugin.internal.dra.slices import (
@@ -31,6 +37,9 @@ from lj_runtimekit.proto.pkg.devicekind import kinds
 from lj_runtimekit.proto.pkg.protocol import Protocol
 
 PART_OF = "lj-runtimekit"
+MIG_PROFILE_PATTERN = r"^[1-9][0-9]?g\.[1-9][0-9]{0,5}gb$"
+"""A MIG profile name: compute slices and memory, e.g. `1g.10gb` (NVIDIA's naming)."""
+_MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
 
 
 def _attribute(driver: str, name: str) -> str:
@@ -60,10 +69,33 @@ def profile_selector(protocol: Protocol, profile: str) -> str:
     return f"{_attribute(protocol.dra.driver, PROFILE)} == {json.dumps(profile)}"
 
 
-def device_classes(protocol: Protocol, *, extended_resources: bool) -> list[dict[str, Any]]:
+def _check_mig_profiles(profiles: Iterable[str]) -> tuple[str, ...]:
+    """The profiles, each checked to be a MIG profile name like `1g.10gb` and listed once;
+    a ValueError names the first that is not."""
+    seen: list[str] = []
+    for profile in profiles:
+        if not _MIG_PROFILE_RE.fullmatch(profile):
+            raise ValueError(
+                f"MIG profile {profile!r} is not a profile name like 1g.10gb"
+                " (<compute slices>g.<memory GB>gb)"
+            )
+        if profile in seen:
+            raise ValueError(f"MIG profile {profile!r} is listed twice")
+        seen.append(profile)
+    return tuple(seen)
+
+
+def device_classes(
+    protocol: Protocol, *, extended_resources: bool, mig_profiles: Iterable[str] = ()
+) -> list[dict[str, Any]]:
     """Every DeviceClass of the protocol's driver: whole device per kind, TDM share per
     sliceable kind, MIG instance; `extended_resources` names each kind's whole-device
-    resource in its class (needs the DRAExtendedResource gate)."""
+    resource in its class and adds a class per MIG profile of `mig_profiles` naming the
+    profile's resource (needs the DRAExtendedResource gate). A ValueError names a bad
+    profile, or says `mig_profiles` needs `extended_resources`."""
+    profiles = _check_mig_profiles(mig_profiles)
+    if profiles and not extended_resources:
+        raise ValueError("MIG profile classes name extended resources: only with those on")
     driver = protocol.dra.driver
     classes = [
         _device_class(
@@ -84,4 +116,12 @@ def device_classes(protocol: Protocol, *, extended_resources: bool) -> list[dict
     ]
     mig = _selector(driver, **{TYPE: MIG_TYPE})
     classes.append(_device_class(protocol.dra.mig_class, mig, None))
+    classes += [
+        _device_class(
+            protocol.dra.mig_profile_class(profile),
+            _selector(driver, **{TYPE: MIG_TYPE, PROFILE: profile}),
+            protocol.resources.mig(profile),
+        )
+        for profile in profiles
+    ]
     return classes

@@ -186,6 +186,11 @@ class Dra:
         """DeviceClass of MIG instances (the profile is chosen by the claim's selector)."""
         return f"mig.{self.driver}"
 
+    def mig_profile_class(self, profile: str) -> str:
+        """DeviceClass of MIG instances of one profile, e.g. `mig-1g.10gb.dra.lingjun.com`
+        (it names the profile's extended resource)."""
+        return f"mig-{profile}.{self.driver}"
+
 
 @dataclass(frozen=True)
 class Protocol:
