@@ -32,7 +32,12 @@ from lj_runtimekit.deploy.components import (
     parse_components,
     parse_image_overrides,
 )
-from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol, parse_protocol_text
+from lj_runtimekit.proto.pkg.protocol import (
+    KNOWN_MIG_PROFILES,
+    ProtocolError,
+    load_protocol,
+    parse_protocol_text,
+)
 
 MIN_JOBSET_VERSION = "v0.8.0"
 
@@ -94,7 +99,7 @@ def _dra_extended_resources(args: argparse.Namespace) -> bool:
 def _dra_mig_profiles(args: argparse.Namespace) -> tuple[str, ...]:
     """--dra-mig-profiles P1,P2,... (empty: none), or the default list."""
     if args.dra_mig_profiles is None:
-        return manifests.DRA_MIG_PROFILES
+        return KNOWN_MIG_PROFILES
     if not args.dra_extended_resources:
         raise DeployError(
             f"--dra-mig-profiles={args.dra_mig_profiles}: only with --dra-extended-resources"

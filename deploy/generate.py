@@ -54,13 +54,12 @@ from lj_runtimekit.deploy.manifests import (
     dra_files,
     dump,
     image_name,
-    mig_profile_pattern,
     plain_files,
     to_yaml,
     workload,
 )
 from lj_runtimekit.deploy.manifests import labels as component_labels
-from lj_runtimekit.proto.pkg.protocol import DRA_MODE
+from lj_runtimekit.proto.pkg.protocol import DRA_MODE, MIG_PROFILE_PATTERN
 
 CHART = "helm/lj-runtimekit"
 _NS = "lj-sentinel-namespace"
@@ -576,7 +575,7 @@ def _schema_of(value: Any, path: tuple[str, ...]) -> Obj:
         return {
             "type": "array",
             "uniqueItems": True,
-            "items": {"type": "string", "pattern": mig_profile_pattern()},
+            "items": {"type": "string", "pattern": MIG_PROFILE_PATTERN},
         }
     if path and path[-1] in _FREE_VALUES:
         return _FREE_VALUES[path[-1]]

@@ -15,7 +15,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import yaml
@@ -40,7 +39,12 @@ from lj_runtimekit.deploy.components import (
     image_ref,
 )
 from lj_runtimekit.proto.pkg import devicekind
-from lj_runtimekit.proto.pkg.protocol import DRA_MODE, Protocol, parse_protocol_text
+from lj_runtimekit.proto.pkg.protocol import (
+    DRA_MODE,
+    KNOWN_MIG_PROFILES,
+    Protocol,
+    parse_protocol_text,
+)
 from lj_runtimekit.proto.pkg.protocolinfo import NODE_ANNOTATION
 
 Obj = dict[str, Any]
@@ -59,43 +63,6 @@ KUBELET_PODS_URL = "http://$(HOST_IP):10255/pods"
 """The kubelet's read-only port; an empty `Options.kubelet_pods_url` leaves it unused (the
 node agents then watch their node's pods on the API server)."""
 EXPORTER_PORT_NAME = "metrics"
-DRA_MIG_PROFILES: tuple[str, ...] = (
-    # A30 24GB
-    "1g.6gb",
-    "2g.12gb",
-    "4g.24gb",
-    # A100 40GB
-    "1g.5gb",
-    "2g.10gb",
-    "3g.20gb",
-    "4g.20gb",
-    "7g.40gb",
-    # A100 80GB, H100 80GB
-    "1g.10gb",
-    "1g.20gb",
-    "2g.20gb",
-    "3g.40gb",
-    "4g.40gb",
-    "7g.80gb",
-    # H100 94GB
-    "1g.12gb",
-    "1g.24gb",
-    "2g.24gb",
-    "3g.47gb",
-    "4g.47gb",
-    "7g.94gb",
-    # H200 141GB
-    "1g.18gb",
-    "1g.35gb",
-    "2g.35gb",
-    "3g.71gb",
-    "4g.71gb",
-    "7g.141gb",
-)
-"""The MIG profiles NVIDIA documents for the MIG-capable GPUs (the same as the extender
-sample's `MIG_PROFILES`, a test keeps them equal): with DRA extended resources each gets a
-DeviceClass naming `<resources.mig_prefix>/mig-<profile>`; a profile not listed needs a
-claim in DRA mode."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +94,7 @@ class Options:
     dra_extended_resources: bool = False
     """The whole-device DeviceClasses name their kind's extended resource, so a pod asking
     for it without a claim is served by DRA (the DRAExtendedResource gate)."""
-    dra_mig_profiles: tuple[str, ...] = DRA_MIG_PROFILES
+    dra_mig_profiles: tuple[str, ...] = KNOWN_MIG_PROFILES
     """With `dra_extended_resources`: the MIG profiles that get a DeviceClass naming their
     extended resource, so a pod asking `<resources.mig_prefix>/mig-<profile>` without a
     claim gets an instance of the profile."""
@@ -1525,8 +1492,9 @@ def component_files(component: Component, opts: Options) -> dict[str, list[Obj]]
 DEVICE_CLASSES_FILE = "05-deviceclasses.yaml"
 
 
-def _dra_classes() -> ModuleType:
-    """The Device Plugin's module that renders the DeviceClasses."""
+def device_classes(opts: Options) -> list[Obj]:
+    """The DRA driver's DeviceClasses (the Device Plugin's DRA package renders them from the
+    protocol), labelled as the DRA plugin's objects."""
     try:
         from lj_runtimekit.deviceplugin.internal.dra import classes
     except ImportError as exc:
@@ -1534,22 +1502,9 @@ def _dra_classes() -> ModuleType:
             "--dra: the Device Plugin package (it renders the DeviceClasses) is not installed"
             " beside lj-deploy; run: make sync"
         ) from exc
-    return classes
-
-
-def mig_profile_pattern() -> str:
-    """The regular expression of a MIG profile name the DeviceClasses accept."""
-    pattern: str = _dra_classes().MIG_PROFILE_PATTERN
-    return pattern
-
-
-def device_classes(opts: Options) -> list[Obj]:
-    """The DRA driver's DeviceClasses (the Device Plugin's DRA package renders them from the
-    protocol), labelled as the DRA plugin's objects."""
-    classes, protocol = _dra_classes(), opts.protocol
     try:
         out: list[Obj] = classes.device_classes(
-            protocol,
+            opts.protocol,
             extended_resources=opts.dra_extended_resources,
             mig_profiles=opts.dra_mig_profiles if opts.dra_extended_resources else (),
         )

@@ -21,7 +21,6 @@ Each class selects our driver's devices by the attributes the slice publisher wr
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,12 +33,9 @@ from lj_runtimekit.deviceplugin.internal.dra.slices import (
     TYPE,
 )
 from lj_runtimekit.proto.pkg.devicekind import kinds
-from lj_runtimekit.proto.pkg.protocol import Protocol
+from lj_runtimekit.proto.pkg.protocol import Protocol, check_mig_profiles
 
 PART_OF = "lj-runtimekit"
-MIG_PROFILE_PATTERN = r"^[1-9][0-9]?g\.[1-9][0-9]{0,5}gb$"
-"""A MIG profile name: compute slices and memory, e.g. `1g.10gb` (NVIDIA's naming)."""
-_MIG_PROFILE_RE = re.compile(MIG_PROFILE_PATTERN)
 
 
 def _attribute(driver: str, name: str) -> str:
@@ -69,22 +65,6 @@ def profile_selector(protocol: Protocol, profile: str) -> str:
     return f"{_attribute(protocol.dra.driver, PROFILE)} == {json.dumps(profile)}"
 
 
-def _check_mig_profiles(profiles: Iterable[str]) -> tuple[str, ...]:
-    """The profiles, each checked to be a MIG profile name like `1g.10gb` and listed once;
-    a ValueError names the first that is not."""
-    seen: list[str] = []
-    for profile in profiles:
-        if not _MIG_PROFILE_RE.fullmatch(profile):
-            raise ValueError(
-                f"MIG profile {profile!r} is not a profile name like 1g.10gb"
-                " (<compute slices>g.<memory GB>gb)"
-            )
-        if profile in seen:
-            raise ValueError(f"MIG profile {profile!r} is listed twice")
-        seen.append(profile)
-    return tuple(seen)
-
-
 def device_classes(
     protocol: Protocol, *, extended_resources: bool, mig_profiles: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
@@ -93,7 +73,7 @@ def device_classes(
     resource in its class and adds a class per MIG profile of `mig_profiles` naming the
     profile's resource (needs the DRAExtendedResource gate). A ValueError names a bad
     profile, or says `mig_profiles` needs `extended_resources`."""
-    profiles = _check_mig_profiles(mig_profiles)
+    profiles = check_mig_profiles(mig_profiles)
     if profiles and not extended_resources:
         raise ValueError("MIG profile classes name extended resources: only with those on")
     driver = protocol.dra.driver

@@ -32,6 +32,11 @@ from lj_runtimekit.proto.pkg.protocol.inventory import (
     decode_inventory,
     encode_inventory,
 )
+from lj_runtimekit.proto.pkg.protocol.mig import (
+    KNOWN_MIG_PROFILES,
+    MIG_PROFILE_PATTERN,
+    check_mig_profiles,
+)
 
 __all__ = [
     "ADMISSION_KUBELET_ORDER",
@@ -40,6 +45,8 @@ __all__ = [
     "BIND_PHASE_ALLOCATING",
     "DEFAULTS",
     "DRA_MODE",
+    "KNOWN_MIG_PROFILES",
+    "MIG_PROFILE_PATTERN",
     "Annotations",
     "AssignmentError",
     "DeviceLink",
@@ -53,6 +60,7 @@ __all__ = [
     "Protocol",
     "ProtocolError",
     "Resources",
+    "check_mig_profiles",
     "decode_assignment",
     "decode_inventory",
     "encode_assignment",
