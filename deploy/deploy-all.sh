@@ -46,6 +46,10 @@
 #   --dra-extended-resources
 #                       with --dra: the whole-device DeviceClasses name their extended
 #                       resource (the DRAExtendedResource gate)
+#   --dra-mig-profiles=P1,P2,...
+#                       with --dra-extended-resources: the MIG profiles whose DeviceClass
+#                       names <mig prefix>/mig-<profile> (default NVIDIA's profiles of
+#                       A30, A100, H100, H200; empty: none)
 #   --extender          the scheduler as an extender of the cluster's kube-scheduler:
 #                       it serves TLS on a Service, and the kube-scheduler's
 #                       configuration is rendered into a ConfigMap (deploy/README.md)
@@ -154,7 +158,7 @@ while [[ $# -gt 0 ]]; do
     --no-kubelet-read-only-port) kubelet_port=false ;;
     --no-admission-policies) admission=false ;;
     --dra) dra=true ;;
-    --dra-extended-resources) dra_args+=("$1") ;;
+    --dra-extended-resources|--dra-mig-profiles=*) dra_args+=("$1") ;;
     --extender|--extender-tls-secret=*|--extender-client-ca-secret=*|--extender-token-secret=*)
       extender_args+=("$1") ;;
     --registry=*) registry=${1#*=} ;;
@@ -880,7 +884,13 @@ clean_nodes() {
 cmd_delete() {
   local extra=() others
   $all_selected || extra=(--no-common)
-  if ! $dra && $dra_served && "${kc[@]}" get deviceclasses -l app=lj-runtimekit-dra-plugin -o name 2>/dev/null | grep -q .; then
+  # Read whole, not piped into `grep -q`: under pipefail kubectl's SIGPIPE, once grep has
+  # quit at the first line, would make a found class read as none.
+  local classes=""
+  if ! $dra && $dra_served; then
+    classes=$("${kc[@]}" get deviceclasses -l app=lj-runtimekit-dra-plugin -o name 2>/dev/null) || classes=""
+  fi
+  if [[ -n $classes ]]; then
     log "DRA mode is installed (its DeviceClasses exist): deleting it too"
     dra=true
     extra+=(--dra)
@@ -903,6 +913,9 @@ cmd_delete() {
     ${dry_flags[@]+"${dry_flags[@]}"} -f "$work/manifests.yaml" \
     || die "delete failed (see above); run delete again (it is idempotent)"
   if $dra && [[ -z $others ]]; then
+    # The DeviceClasses of any options (the MIG profiles' classes of another list).
+    run "${kc[@]}" delete deviceclasses -l app=lj-runtimekit-dra-plugin --ignore-not-found \
+      ${dry_flags[@]+"${dry_flags[@]}"} || die "cannot delete the DRA mode's DeviceClasses"
     # After the DRA plugin's pods are gone (delete waits), so none publishes them again.
     run "${kc[@]}" delete resourceslices --field-selector="spec.driver=$dra_driver" \
       --ignore-not-found ${dry_flags[@]+"${dry_flags[@]}"} \

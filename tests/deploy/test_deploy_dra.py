@@ -24,11 +24,16 @@ from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.deploy import cli, manifests, verify
 from lj_runtimekit.deploy.components import BY_NAME, COMPONENTS, DRA_PLUGIN
-from lj_runtimekit.envtest import DRA_VERSION, ControlPlane, ControlPlaneConfig, dra_gates
+from lj_runtimekit.envtest import (
+    DRA_VERSION,
+    ControlPlane,
+    ControlPlaneConfig,
+    dra_gates,
+    find_tools,
+)
 from lj_runtimekit.envtest.controlplane import ControlPlaneError
 from lj_runtimekit.envtest.nodes import NodeFactory, ProtocolNames
-from lj_runtimekit.proto.pkg.protocol import DRA_MODE
-from lj_runtimekit.schedulerframework.internal.extender import sample
+from lj_runtimekit.proto.pkg.protocol import DRA_MODE, KNOWN_MIG_PROFILES
 from lj_runtimekit.testkit.waits import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -490,14 +495,11 @@ def test_lj_deploy_maps_the_mig_profiles_it_is_given(
 ) -> None:
     """--dra-mig-profiles chooses the MIG classes of --dra-extended-resources (default the
     documented list, empty none); a bad profile or the option alone is refused, named."""
-    assert manifests.DRA_MIG_PROFILES == sample.MIG_PROFILES  # the extender's profiles
     plain_names = [c["metadata"]["name"] for c in manifests.device_classes(OPTS)]
     extended = ("--dra", "--dra-extended-resources")
     code, names, _ = _render_classes(tmp_path, capsys, *extended)
     assert code == 0
-    assert names == plain_names + [
-        PROTOCOL.dra.mig_profile_class(p) for p in manifests.DRA_MIG_PROFILES
-    ]
+    assert names == plain_names + [PROTOCOL.dra.mig_profile_class(p) for p in KNOWN_MIG_PROFILES]
     code, names, _ = _render_classes(
         tmp_path, capsys, *extended, "--dra-mig-profiles=1g.10gb,7g.141gb"
     )
@@ -526,7 +528,7 @@ def deploy_all(
 ) -> subprocess.CompletedProcess[str]:
     env = dict(
         os.environ,
-        KUBECTL=tool("kubectl"),
+        KUBECTL=str(find_tools(("kubectl",), cp.config.version)["kubectl"]),  # its release
         KUBECONFIG=str(cp.kubeconfig_path),
         LJ_DEPLOY_LOG_DIR=str(tmp / "logs"),
     )
