@@ -30,7 +30,7 @@ from lj_runtimekit.deviceplugin.internal.dra.claims import ClaimDevice, ClaimRef
 from lj_runtimekit.deviceplugin.internal.dra.prepare import Preparer, container_key
 from lj_runtimekit.envtest import DRA_VERSION, ControlPlane, ControlPlaneConfig, dra_gates
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
-from lj_runtimekit.proto.pkg.kube import KubeClient
+from lj_runtimekit.proto.pkg.kube import MERGE_PATCH, KubeClient
 from lj_runtimekit.proto.pkg.protocol import DeviceShare, load_protocol
 from lj_runtimekit.proto.pkg.runtimeclient import RetryPolicy, RuntimeClient
 from lj_runtimekit.runtimesim.node import load_node_file
@@ -303,6 +303,13 @@ async def test_repeats_and_sharing_pods_prepare_once(node: Node, ns: str) -> Non
             "a slice of 0 cores and 0 memory",
         ),
         ("over", [result("gpu-0", consumed={"cores": "101"})], "more than the device has"),
+        # Admin access is granted beside the device's holder: allocating it in the Runtime
+        # would take the device from (or fail against) the claim the scheduler counts.
+        (
+            "admin-access",
+            [{**result("gpu-0"), "adminAccess": True}],
+            "device gpu-0 is allocated with admin access, which this driver does not serve",
+        ),
         (
             "two-shares-past",
             [
@@ -317,6 +324,9 @@ async def test_refused_claims_leave_nothing(
     node: Node, ns: str, case: str, results: list[dict[str, Any]] | None, refused: str
 ) -> None:
     requests = sorted({r["request"] for r in results or [{"request": "gpu"}]})
+    if any(r.get("adminAccess") for r in results or ()):
+        label = {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+        node.kube.request("PATCH", f"/api/v1/namespaces/{ns}", label, content_type=MERGE_PATCH)
     ref = write_claim(node.kube, ns, case, results, requests)
     ok = write_claim(node.kube, ns, f"{case}-ok", [result("gpu-7")])
     preparer = node.preparer()

@@ -75,9 +75,9 @@ def claim_devices(
     inventory: Sequence[pb.Device],
 ) -> tuple[ClaimDevice, ...]:
     """The claim's allocation results of `driver`, resolved against the Runtime's
-    inventory. Refuses a claim without allocation, a result in another pool (another
-    node's devices), a device the inventory does not have, and capacity the device does
-    not allow."""
+    inventory. Refuses a claim without allocation, a result with admin access, a result in
+    another pool (another node's devices), a device the inventory does not have, and
+    capacity the device does not allow."""
     allocation = claim.get("status", {}).get("allocation")
     if not allocation:
         raise ClaimError(f"{ref} is not allocated (status.allocation is empty)")
@@ -88,6 +88,14 @@ def claim_devices(
             continue
         name = str(result.get("device", ""))
         result_pool = str(result.get("pool", ""))
+        if result.get("adminAccess"):
+            # The scheduler does not count an admin-access result as the device's use, and
+            # the Runtime holds a device for its allocations only: it would take the device
+            # from (or be refused beside) the claim the scheduler counts.
+            raise ClaimError(
+                f"{ref}: device {name} is allocated with admin access, which this driver does"
+                " not serve (the Runtime injects a device only with an allocation)"
+            )
         if result_pool != pool:
             raise ClaimError(
                 f"{ref}: device {name} is in pool {result_pool}, not this node's pool {pool}"
