@@ -250,7 +250,7 @@ if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then
   step "go get ${k8s_pkgs[*]} at $K8S_VERSION"
   (cd "$m" && go get "${k8s_pkgs[@]/%/@$K8S_VERSION}") || die "go get of Kubernetes $K8S_VERSION failed (see above)"
   ld="-s -w$k8s_ld"
-  step "go build -p $jobs ${k8s_pkgs[*]} (the long part: about 6 minutes on 2 cores)"
+  step "go build -p $jobs ${k8s_pkgs[*]} (the long part: about 15 minutes on 2 cores from a cold Go cache)"
   (cd "$m" && go build -p "$jobs" -trimpath -ldflags "$ld" -o "$bin/" "${k8s_pkgs[@]}") \
     || die "go build of Kubernetes $K8S_VERSION failed (see above)"
   for p in "${k8s_pkgs[@]}"; do built+=("${p##*/}"); done
