@@ -47,13 +47,17 @@ lint: check-generated check-contract ## ruff, mypy --strict, import contracts, g
 check-floors: ## Resolve every direct dependency at its declared floor (uv lowest-direct) in a temporary copy, run the unit tests there
 	python3 hack/check_floors.py --workers $(UNIT_WORKERS)
 
+# The tests that need no control plane and build no image (hack/check_floors.py runs the same).
+UNIT_MARKERS := not controlplane and not e2e and not images
+
 .PHONY: test
-test: deps sync lint check-floors ## Run lint, the dependency floors check and every test (the CI command)
-	$(UV) run pytest
+test: deps sync lint check-floors ## Run lint, the dependency floors check and every test (the CI command): the unit tests in UNIT_WORKERS processes, then the control-plane, end-to-end and image tests one at a time
+	$(UV) run pytest -m "$(UNIT_MARKERS)" --numprocesses=$(UNIT_WORKERS)
+	$(UV) run pytest -m "not ($(UNIT_MARKERS))"
 
 .PHONY: unit
 unit: sync ## The fast inner loop: every test that needs no control plane (no Kubernetes binaries built) and builds no image, UNIT_WORKERS processes
-	$(UV) run pytest -q -m "not controlplane and not e2e and not images" --numprocesses=$(UNIT_WORKERS)
+	$(UV) run pytest -q -m "$(UNIT_MARKERS)" --numprocesses=$(UNIT_WORKERS)
 
 .PHONY: build
 build: ## Build the wheel of every workspace member into dist/
