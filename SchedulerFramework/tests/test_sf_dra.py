@@ -1,4 +1,6 @@
-"""DRA mode: pods with ResourceClaims and nodes labelled for DRA are left alone."""
+"""DRA mode: a pod whose claim is not there waits saying so; device-plugin pods never land
+on nodes labelled for DRA (allocation itself: test_sf_dra_allocator.py and the control-plane
+tests)."""
 
 from __future__ import annotations
 
@@ -35,19 +37,18 @@ def placed_on(cluster: FakeCluster, node: str, *uids: str) -> None:
     wait_for(placed, 5, f"pods {uids} placed on node {node}", interval_s=0.01)
 
 
-def test_claim_pod_is_never_bound_and_says_why(cluster: FakeCluster) -> None:
+def test_pod_whose_claim_is_missing_waits_and_says_why(cluster: FakeCluster) -> None:
     cluster.add_node("a")
     uid = cluster.add_pod("claims", {"cpu": "1"}, resourceClaims=CLAIMS)
     cluster.schedule()
     assert cluster.node_of(uid) == ""
     (message,) = cluster.events(uid, "FailedScheduling")
-    assert "pod has spec.resourceClaims (gpu)" in message
-    assert "set spec.schedulerName to default-scheduler" in message
+    assert "ResourceClaim default/train-gpu not found" in message
     ((written, condition),) = cluster.scheduler.conditions.written
     assert written == uid
     assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
     assert condition["message"] == message
-    # the claims never go, so no node event brings the pod back
+    # a node brings no device of a claim (its slices do), so it does not bring the pod back
     cluster.add_node("b")
     assert cluster.schedule() == 0
     assert cluster.node_of(uid) == ""
@@ -58,7 +59,7 @@ def test_claim_pod_with_device_resources_is_refused_too(cluster: FakeCluster) ->
     uid = cluster.add_pod("both", {GPU: "1"}, resourceClaims=CLAIMS)
     cluster.schedule()
     assert cluster.node_of(uid) == ""
-    assert "resourceClaims" in cluster.events(uid, "FailedScheduling")[0]
+    assert "ResourceClaim default/train-gpu" in cluster.events(uid, "FailedScheduling")[0]
     assert cluster.scheduler.cache.nodes["a"].devices.free_whole_count("gpu") == 8
 
 

@@ -19,7 +19,13 @@ from types import FrameType
 
 from lj_runtimekit.proto.pkg import logs, protocolinfo
 from lj_runtimekit.proto.pkg.flags import FlagParser, port
-from lj_runtimekit.proto.pkg.kube import Informer, KubeClient, KubeConfigError, RateLimiter
+from lj_runtimekit.proto.pkg.kube import (
+    Informer,
+    KubeClient,
+    KubeConfigError,
+    KubeError,
+    RateLimiter,
+)
 from lj_runtimekit.proto.pkg.leaderelection import LeaderElector, LeaseConfig
 from lj_runtimekit.proto.pkg.protocol import ProtocolError, load_protocol
 from lj_runtimekit.proto.pkg.version import component_version
@@ -29,6 +35,7 @@ from lj_runtimekit.schedulerframework.internal.config.config import (
     ConfigError,
     load_config,
 )
+from lj_runtimekit.schedulerframework.internal.dra.objects import API as DRA_API
 from lj_runtimekit.schedulerframework.internal.extender.server import (
     Extender,
     Security,
@@ -144,6 +151,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def dra_informers(kube: KubeClient, scheduler: Scheduler, driver: str) -> list[Informer]:
+    """The informers of DRA (the driver's ResourceSlices, DeviceClasses, ResourceClaims)
+    where the API server serves resource.k8s.io/v1; none where it does not (before
+    Kubernetes 1.34: pods with claims then stay pending, saying so)."""
+    try:
+        served = scheduler.get_json(DRA_API) is not None
+    except KubeError as exc:
+        log.warning("cannot tell whether the API server serves %s: %s", DRA_API, exc)
+        served = True  # the informers retry until it answers
+    if not served:
+        log.info("the API server does not serve %s: ResourceClaims are not allocated", DRA_API)
+        return []
+    return [
+        Informer(
+            kube,
+            f"{DRA_API}/resourceslices",
+            scheduler.on_resource_slice,
+            "resourceslices",
+            params={"fieldSelector": f"spec.driver={driver}"},
+        ),
+        Informer(kube, f"{DRA_API}/deviceclasses", scheduler.on_device_class, "deviceclasses"),
+        Informer(kube, f"{DRA_API}/resourceclaims", scheduler.on_resource_claim, "resourceclaims"),
+    ]
+
+
 def _apply_overrides(config: Config, args: argparse.Namespace) -> Config:
     """The configuration file's values, with the flags given on the command line on top."""
     le = config.leader_election
@@ -232,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         Informer(kube, "/api/v1/nodes", scheduler.on_node, "nodes"),
         Informer(kube, "/api/v1/pods", scheduler.on_pod, "pods"),
     ]
+    if args.mode == "scheduler":
+        informers += dra_informers(kube, scheduler, protocol.dra.driver)
     for inf in informers:
         inf.start()
     log.info(

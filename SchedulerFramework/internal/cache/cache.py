@@ -39,6 +39,7 @@ from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
     KubeObject,
     PodInfo,
 )
+from lj_runtimekit.schedulerframework.internal.dra.state import DraState
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,8 @@ class Cache:
         """Nodes another scheduler owns (NodeOwnership)."""
         self.dra_nodes: set[str] = set()
         """Nodes serving their devices through DRA (NodeInfo.dra): they offer no device."""
+        self.dra = DraState()
+        """The driver's ResourceSlices, DeviceClasses, ResourceClaims and their allocations."""
         self._shared_warned: set[str] = set()
 
     def set_ownership(self, ownership: NodeOwnership | None) -> None:

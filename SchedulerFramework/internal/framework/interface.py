@@ -291,6 +291,11 @@ class Handle(Protocol):
         """GET an API path as JSON; None when it does not exist or there is no API client."""
         ...
 
+    def write_json(self, method: str, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Sends `body` to an API path (PUT, POST) and returns the answer; a KubeError when
+        it fails (status 0: no answer, or no API client)."""
+        ...
+
 
 PluginFactory = Callable[[Mapping[str, Any], Handle], Plugin]
 """`New(args, handle)`: validates typed args and builds the plugin."""

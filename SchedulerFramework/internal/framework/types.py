@@ -19,6 +19,10 @@ def nodes_unavailable(total: int, reasons: Mapping[str, int]) -> str:
     return f"0/{total} nodes are available: {', '.join(parts) or 'no nodes'}."
 
 
+UNKNOWN_OUTCOME_STATUSES = frozenset({0, 504})
+"""HTTP statuses of a write that may have landed (0: no answer; a gateway timeout)."""
+
+
 class Code(enum.IntEnum):
     """Outcome of a plugin call (upstream framework.Code)."""
 
@@ -117,6 +121,11 @@ class ClusterEvent:
     """A pod on a node went (deleted, finished) or a reservation was released."""
     POD_DEVICES = "AssignedPodDevices"
     """The devices an assigned pod holds changed (some may be free)."""
+    RESOURCE_CLAIM = "ResourceClaimChange"
+    """A ResourceClaim came, changed (its allocation went) or went."""
+    RESOURCE_SLICE = "ResourceSliceChange"
+    """A node's published devices changed."""
+    DEVICE_CLASS = "DeviceClassChange"
 
 
 ALL_EVENTS = frozenset(
@@ -127,6 +136,9 @@ ALL_EVENTS = frozenset(
         ClusterEvent.NODE_TAINT,
         ClusterEvent.POD_DELETE,
         ClusterEvent.POD_DEVICES,
+        ClusterEvent.RESOURCE_CLAIM,
+        ClusterEvent.RESOURCE_SLICE,
+        ClusterEvent.DEVICE_CLASS,
     }
 )
 

@@ -41,6 +41,7 @@ from lj_runtimekit.schedulerframework.internal.framework.runtime import (
 )
 from lj_runtimekit.schedulerframework.internal.framework.types import (
     SUCCESS,
+    UNKNOWN_OUTCOME_STATUSES,
     ClusterEvent,
     Code,
     CycleState,
@@ -73,7 +74,6 @@ log = logging.getLogger(__name__)
 ASSUMED_EXPIRY_S = 60.0
 """How long a pod whose Binding got no answer stays assumed when the watch never shows it
 bound (kube-scheduler's assumed-pod expiry; the API server gives up on a request after 60 s)."""
-UNKNOWN_OUTCOME_STATUSES = frozenset({0, 504})
 """No answer, or the server's own timeout: the Binding may still have been written."""
 
 
@@ -423,6 +423,11 @@ class Scheduler:
                 return None
             raise
 
+    def write_json(self, method: str, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        if self.kube is None:
+            raise KubeError(f"{method} {path}", 0, "no API client")
+        return self.kube.request(method, path, body=body, timeout_s=10)
+
     def bind_pod(self, pod: PodInfo, node_name: str, annotations: Mapping[str, str]) -> Status:
         if self.kube is None:
             return error("no API client")
@@ -472,6 +477,32 @@ class Scheduler:
 
         for event in dict.fromkeys(events):
             self._cluster_event(event, hint)
+
+    def on_resource_slice(self, etype: str, obj: KubeObject) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        with self._cache.lock:
+            if etype == "DELETED":
+                self._cache.dra.remove_slice(name)
+            else:
+                self._cache.dra.update_slice(obj)
+        self._cluster_event(ClusterEvent.RESOURCE_SLICE)
+
+    def on_resource_claim(self, etype: str, obj: KubeObject) -> None:
+        meta = obj.get("metadata") or {}
+        with self._cache.lock:
+            if etype == "DELETED":
+                self._cache.dra.remove_claim(f"{meta.get('namespace')}/{meta.get('name')}")
+            else:
+                self._cache.dra.update_claim(obj)
+        self._cluster_event(ClusterEvent.RESOURCE_CLAIM)
+
+    def on_device_class(self, etype: str, obj: KubeObject) -> None:
+        with self._cache.lock:
+            if etype == "DELETED":
+                self._cache.dra.remove_class(str((obj.get("metadata") or {}).get("name", "")))
+            else:
+                self._cache.dra.update_class(obj)
+        self._cluster_event(ClusterEvent.DEVICE_CLASS)
 
     def _cluster_event(
         self, event: str, hint: Callable[[PodInfo, str], bool] | None = None

@@ -1,0 +1,1 @@
+"""Dynamic Resource Allocation: the cluster's devices and claims, and the allocator."""
