@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
 # Provides the pinned Kubernetes tools (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, kwok, helm, and
-# lj-hollow-node: the kubelet with the real device manager, from
-# hack/hollow-node), built from the Go module proxy into a per-version cache
-# outside the repository:
+# kube-controller-manager, kube-scheduler, kubectl, kwok, helm, kueue (the
+# Kueue manager, with its CRDs and webhook manifests from the same module
+# version in kueue-config/ next to it), and lj-hollow-node: the kubelet with
+# the real device manager, from hack/hollow-node), built from the Go module
+# proxy into a per-version cache outside the repository:
 #   ${LJ_RUNTIMEKIT_CACHE:-$HOME/.cache/lj-runtimekit}/k8s/<K8S_VERSION>/bin
 # and the same for K8S_DRA_VERSION, the DRA mode's release: its own
-# Kubernetes binaries and lj-hollow-node, with etcd, kwok and helm linked
-# from K8S_VERSION's directory.
+# Kubernetes binaries and lj-hollow-node, with etcd, kwok, helm and kueue
+# (and kueue-config) linked from K8S_VERSION's directory.
 # Idempotent: a binary that exists and reports the pinned version through its
 # version command is kept (lj-hollow-node also needs the hash of its Go
-# source, stored next to it). Static (CGO_ENABLED=0), -trimpath, stripped.
+# source, stored next to it; kueue has no version command: the module
+# version recorded in the binary is read with `go version -m`). Static
+# (CGO_ENABLED=0), -trimpath, stripped.
 #
 # Usage: hack/k8s-tools.sh            build what is missing, check everything
 #        hack/k8s-tools.sh --bin-dir  print the bin directory and exit
 #        hack/k8s-tools.sh --check    only check; exit 1 if something is missing
 # Versions come from hack/versions.env; K8S_VERSION, K8S_DRA_VERSION,
-# ETCD_VERSION, KWOK_VERSION and HELM_VERSION in the environment override
-# them. K8S_VERSION in the environment provides that release alone, all of
-# its tools its own (as `make test-oldest-k8s` does).
+# ETCD_VERSION, KWOK_VERSION, HELM_VERSION and KUEUE_VERSION in the
+# environment override them. K8S_VERSION in the environment provides that
+# release alone, all of its tools its own (as `make test-oldest-k8s` does).
 # K8S_TOOLS (space-separated names) limits what is provided; the default is
 # all, without lj-hollow-node for a Kubernetes minor not in
 # HOLLOW_NODE_MINORS (its glue follows each minor's kubelet internals).
@@ -30,6 +33,7 @@ env_dra=${K8S_DRA_VERSION-}
 env_etcd=${ETCD_VERSION-}
 env_kwok=${KWOK_VERSION-}
 env_helm=${HELM_VERSION-}
+env_kueue=${KUEUE_VERSION-}
 # shellcheck source=/dev/null
 . "$root/hack/versions.env"
 K8S_VERSION=${env_k8s:-$K8S_VERSION}
@@ -37,6 +41,7 @@ K8S_DRA_VERSION=${env_dra:-$K8S_DRA_VERSION}
 ETCD_VERSION=${env_etcd:-$ETCD_VERSION}
 KWOK_VERSION=${env_kwok:-$KWOK_VERSION}
 HELM_VERSION=${env_helm:-$HELM_VERSION}
+KUEUE_VERSION=${env_kueue:-$KUEUE_VERSION}
 
 die() { echo "k8s-tools: error: $*" >&2; exit 1; }
 log() { echo "k8s-tools: $*" >&2; }
@@ -57,25 +62,25 @@ case "${1-}" in
   --bin-dir) echo "$bin"; exit 0 ;;
   --check) mode=check ;;
   "") ;;
-  -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
   *) die "unknown argument '$1' (try --help)" ;;
 esac
 
 # Both pinned releases unless K8S_VERSION came from the environment: this
-# one, then the DRA release sharing its etcd, kwok and helm (K8S_SHARED_BIN,
+# one, then the DRA release sharing its etcd, kwok, helm and kueue (K8S_SHARED_BIN,
 # set for that second run only).
 if [[ -z $env_k8s && $K8S_DRA_VERSION != "$K8S_VERSION" ]]; then
   K8S_VERSION=$K8S_VERSION K8S_SHARED_BIN='' bash "$0" "$@"
   K8S_VERSION=$K8S_DRA_VERSION K8S_SHARED_BIN=$bin exec bash "$0" "$@"
 fi
 shared_bin=${K8S_SHARED_BIN-}
-shared_tools=(etcd kwok helm)
+shared_tools=(etcd kwok helm kueue)
 
-all_tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm lj-hollow-node)
+all_tools=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm kueue lj-hollow-node)
 default_tools=("${all_tools[@]}")
 if [[ ,$HOLLOW_NODE_MINORS, != *",$k8s_minor,"* ]]; then
   # The glue reaches kubelet internals that change between minors.
-  default_tools=("${all_tools[@]:0:7}")
+  default_tools=("${all_tools[@]:0:8}")
   log "Kubernetes $K8S_VERSION: no lj-hollow-node (its glue follows Kubernetes 1.{$HOLLOW_NODE_MINORS}); the kubelet-backed tests and the sandbox need one of those"
 fi
 read -r -a tools <<<"${K8S_TOOLS:-${default_tools[*]}}"
@@ -97,6 +102,11 @@ for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
   helm_ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$k8s_minor"
 done
 
+# Kueue's CRDs and webhook manifests, copied from the module at build time:
+# kueue-config/crd/*.yaml, kueue-config/webhook/manifests.yaml, and
+# kueue-config/VERSION naming the module version they came from.
+kueue_config="$bin/kueue-config"
+
 # linked NAME: the tool is a link to K8S_SHARED_BIN's.
 linked() { [[ -n $shared_bin && " ${shared_tools[*]} " == *" $1 "* ]]; }
 
@@ -105,13 +115,21 @@ linked() { [[ -n $shared_bin && " ${shared_tools[*]} " == *" $1 "* ]]; }
 version_ok() {
   local name=$1 path="$bin/$1" out want
   [[ -x $path ]] || return 1
-  if linked "$name"; then [[ $(readlink "$path") == "$shared_bin/$name" ]]; return; fi
+  if linked "$name"; then
+    [[ $(readlink "$path") == "$shared_bin/$name" ]] || return 1
+    [[ $name != kueue || $(readlink "$kueue_config") == "$shared_bin/kueue-config" ]]
+    return
+  fi
   case $name in
     etcd) out=$("$path" --version 2>&1) || return 1; want="etcd Version: ${ETCD_VERSION#v}" ;;
     kube-apiserver|kube-controller-manager|kube-scheduler)
       out=$("$path" --version 2>&1) || return 1; want="Kubernetes $K8S_VERSION" ;;
     kubectl) out=$("$path" version --client 2>&1) || return 1; want="Client Version: $K8S_VERSION" ;;
     kwok) out=$("$path" --version 2>&1) || return 1; want="$KWOK_VERSION" ;;
+    kueue)
+      [[ $(cat "$kueue_config/VERSION" 2>/dev/null) == "$KUEUE_VERSION" ]] || return 1
+      command -v go >/dev/null || return 1
+      out=$(go version -m "$path" 2>&1) || return 1; want=$'\tsigs.k8s.io/kueue\t'"$KUEUE_VERSION"$'\t' ;;
     helm)
       [[ $(cat "$path.ldflags" 2>/dev/null) == "$helm_ld" ]] || return 1
       out=$("$path" version --short 2>&1) || return 1; want="$HELM_VERSION" ;;
@@ -169,6 +187,7 @@ for t in "${missing[@]}"; do
   if linked "$t"; then
     [[ -x $shared_bin/$t ]] || die "$shared_bin/$t is missing; it is shared with Kubernetes $K8S_VERSION"
     ln -sfn "$shared_bin/$t" "$bin/$t"
+    if [[ $t == kueue ]]; then rm -rf "$kueue_config"; ln -s "$shared_bin/kueue-config" "$kueue_config"; fi
     built+=("$t")
     step "linked $t to $shared_bin/$t"
   fi
@@ -237,6 +256,19 @@ if need helm; then
   build_one helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm "$helm_ld"
   echo "$helm_ld" >"$bin/helm.ldflags"
 fi
+if need kueue; then
+  build_one kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue \
+    "-X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION -X sigs.k8s.io/kueue/pkg/version.BuildDate=$build_date"
+  kueue_src=$(cd "$src/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue) \
+    || die "no module directory for sigs.k8s.io/kueue@$KUEUE_VERSION"
+  rm -rf "$kueue_config"
+  mkdir -p "$kueue_config/crd" "$kueue_config/webhook"
+  cp "$kueue_src"/config/components/crd/bases/*.yaml "$kueue_config/crd/"
+  cp "$kueue_src/config/components/webhook/manifests.yaml" "$kueue_config/webhook/"
+  chmod -R u+w "$kueue_config"
+  echo "$KUEUE_VERSION" >"$kueue_config/VERSION"
+  step "copied Kueue's CRDs and webhook manifests to $kueue_config"
+fi
 
 if need kube-apiserver kube-controller-manager kube-scheduler kubectl; then
   t0=$(date +%s)
@@ -287,7 +319,7 @@ failed=()
 for t in "${tools[@]}"; do
   if version_ok "$t"; then log "ok      $t"; else failed+=("$t"); fi
 done
-[[ ${#failed[@]} -eq 0 ]] || die "built but the version check failed for: ${failed[*]} (expected Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION)"
+[[ ${#failed[@]} -eq 0 ]] || die "built but the version check failed for: ${failed[*]} (expected Kubernetes $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, helm $HELM_VERSION, kueue $KUEUE_VERSION)"
 
 # Build record, read by the benchmark: cold_build_s is the sum of the group
 # times in build-seconds.env (each group's first build, from an empty cache).
