@@ -1,5 +1,6 @@
-"""lj-scheduler on the real control plane beside DRA: a pod with a ResourceClaim stays
-Pending with the reason, and a DRA node with a stale device inventory gets no device pod."""
+"""lj-scheduler on the real control plane beside DRA: a pod whose claim no device can serve
+(here: its DeviceClass is not there) stays Pending with the reason, and a DRA node with a
+stale device inventory gets no device pod. Allocation itself: tests/e2e/test_dra_lj_scheduler.py."""
 
 from __future__ import annotations
 
@@ -77,8 +78,7 @@ def test_claim_pod_stays_pending_and_dra_node_gets_no_device_pod(
         )
     c = condition("claim")
     assert (c.status, c.reason) == ("False", "Unschedulable")
-    assert "pod has spec.resourceClaims (gpu)" in c.message
-    assert "set spec.schedulerName to default-scheduler" in c.message
+    assert f"DeviceClass '{P.dra.whole_class('gpu')}' not found" in c.message, c.message
     c = condition("device")
     assert (c.status, c.reason) == ("False", "Unschedulable")
     assert "1 node(s) serve devices through DRA" in c.message, c.message
@@ -93,7 +93,7 @@ def test_claim_pod_stays_pending_and_dra_node_gets_no_device_pod(
         describe=lambda: str(events(core, namespace, "device")),
     )
     assert bound(core, namespace)["device"].spec.node_name == plugin_node
-    # the claim pod was turned away for good: once the device pod is bound, nothing else is
+    # the claim pod still waits for its class: once the device pod is bound, nothing else is
     assert set(bound(core, namespace)) == {"device"}
     claim = kube.request("GET", f"{claims_path}/gpu")
     assert not (claim.get("status") or {}).get("allocation")

@@ -1,4 +1,5 @@
-"""The sandbox bed for end-to-end tests: one bed per module (`bed` fixture)."""
+"""The beds of end-to-end tests, one per module: the sandbox (`bed`), and a DRA control plane
+with KWOK nodes publishing the driver's slices (`dra_cluster`, `dra_space`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,28 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s_client
 
-from lj_runtimekit.envtest import ToolsMissingError, find_tools
+from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes
+from lj_runtimekit.deviceplugin.internal.dra.publisher import server_minor
+from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices, counters_apart
+from lj_runtimekit.envtest import NodeFactory, ToolsMissingError, find_tools
+from lj_runtimekit.envtest.controlplane import (
+    DRA_VERSION,
+    ControlPlane,
+    ControlPlaneConfig,
+    dra_gates,
+)
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
+from lj_runtimekit.proto.pkg.kube import KubeClient
+from lj_runtimekit.proto.pkg.protocol import DRA_MODE, load_protocol
 from lj_runtimekit.sandbox import Sandbox, SandboxConfig, workload
+from lj_runtimekit.testkit.dra import (
+    DRA_NODES,
+    RESOURCE_API,
+    DraCluster,
+    DraSpace,
+    check_sharing_invariant,
+    example_devices,
+)
 from lj_runtimekit.testkit.waits import wait_for
 
 _NAMESPACES = itertools.count(1)
@@ -74,3 +95,66 @@ def ns(bed: Sandbox, api: k8s_client.ApiClient, request: pytest.FixtureRequest) 
         60,
         f"Runtime allocations of namespace {name} released",
     )
+
+
+PROTOCOL = load_protocol()
+MIG_PROFILES = sorted(
+    {i.profile for d in example_devices(DRA_NODES["dra-mig"]) for i in d.mig_instances}
+)
+"""The profiles the MIG node's instances have: each gets a class naming its resource."""
+
+
+@pytest.fixture(scope="module")
+def dra_cluster(dra_k8s_tools: object) -> Iterator[DraCluster]:
+    """A control plane of the DRA mode's release with three KWOK nodes in DRA mode, their
+    slices and our classes."""
+    config = ControlPlaneConfig(version=DRA_VERSION, feature_gates=dra_gates(DRA_VERSION))
+    plane = ControlPlane(config).start()
+    api = plane.api_client()
+    kube = KubeClient.connect(str(plane.kubeconfig_path))
+    try:
+        factory = NodeFactory(api, group="dra")
+        for node in DRA_NODES:
+            factory.create(node, gpus=0, labels={PROTOCOL.labels.device_api: DRA_MODE}, wait=False)
+        factory.wait_ready(list(DRA_NODES))
+        for obj in device_classes(PROTOCOL, extended_resources=True, mig_profiles=MIG_PROFILES):
+            kube.request("POST", f"{RESOURCE_API}/deviceclasses", obj)
+        inventories: dict[str, list[pb.Device]] = {}
+        apart = counters_apart(server_minor(kube.request("GET", "/version")))
+        for node, example in DRA_NODES.items():
+            inventories[node] = example_devices(example, node)
+            uid = kube.request("GET", f"/api/v1/nodes/{node}")["metadata"]["uid"]
+            for obj in build_slices(
+                inventories[node],
+                node_name=node,
+                protocol=PROTOCOL,
+                generation=1,
+                node_uid=uid,
+                apart=apart,
+            ):
+                kube.request("POST", f"{RESOURCE_API}/resourceslices", obj)
+        yield DraCluster(kube, inventories, str(plane.kubeconfig_path))
+    finally:
+        kube.close()
+        api.close()
+        plane.stop()
+
+
+@pytest.fixture
+def dra_space(dra_cluster: DraCluster) -> Iterator[DraSpace]:
+    """A fresh namespace; afterwards the cluster's claims are checked against the sharing
+    invariant and this namespace's pods and claims are removed."""
+    name = f"dra-{next(_NAMESPACES)}"
+    dra_cluster.kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    wait_for(
+        lambda: any(
+            sa["metadata"]["name"] == "default"
+            for sa in dra_cluster.kube.list_all(f"/api/v1/namespaces/{name}/serviceaccounts")[0]
+        ),
+        30,
+        f"ServiceAccount default in {name}",
+    )
+    out = DraSpace(dra_cluster, name)
+    yield out
+    check_sharing_invariant(dra_cluster.shares())
+    out.clean()
