@@ -24,7 +24,6 @@ webhook registrations and the CRDs' conversion webhooks.
 from __future__ import annotations
 
 import base64
-import contextlib
 import shutil
 import subprocess
 import urllib.error
@@ -324,8 +323,11 @@ class Kueue:
 
     def _seed_secret(self, certs: Path) -> None:
         core = k8s_client.CoreV1Api(self.api)
-        with contextlib.suppress(ApiException):
+        try:
             core.create_namespace({"metadata": {"name": NAMESPACE}})
+        except ApiException as exc:
+            if not _is(exc, 409):
+                raise
         data = {
             name: base64.b64encode((certs / name).read_bytes()).decode()
             for name in ("ca.crt", "ca.key", "tls.crt", "tls.key")
