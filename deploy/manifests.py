@@ -365,6 +365,12 @@ def _rules(component: Component, opts: Options) -> list[Obj]:
             _rule(["policy"], ["poddisruptionbudgets"], ["list"]),
             # Coscheduling reads a JobSet's size for its gang.
             _rule(["jobset.x-k8s.io"], ["jobsets"], ["get"]),
+            # DRA: its cache of the driver's slices, the classes and the claims; a claim it
+            # allocates gets the delete-protection finalizer (update), then the allocation
+            # and the pod's reservation (status update).
+            _rule(["resource.k8s.io"], ["resourceslices", "deviceclasses"], _READ),
+            _rule(["resource.k8s.io"], ["resourceclaims"], [*_READ, "update"]),
+            _rule(["resource.k8s.io"], ["resourceclaims/status"], ["update"]),
             _EVENTS,
         ]
     if component.name == "exporter":

@@ -325,6 +325,14 @@ ACCESS = [
     ("scheduler-framework", "list", "poddisruptionbudgets", "", None, True),
     ("scheduler-framework", "watch", "poddisruptionbudgets", "", None, False),  # a list only
     ("scheduler-framework", "update", "poddisruptionbudgets", "", "default", False),
+    ("scheduler-framework", "watch", "resourceslices", "", None, True),
+    ("scheduler-framework", "update", "resourceslices", "", None, False),  # the driver's
+    ("scheduler-framework", "watch", "deviceclasses", "", None, True),
+    ("scheduler-framework", "watch", "resourceclaims", "", None, True),
+    ("scheduler-framework", "update", "resourceclaims", "", "default", True),  # its finalizer
+    ("scheduler-framework", "update", "resourceclaims", "status", "default", True),
+    ("scheduler-framework", "delete", "resourceclaims", "", "default", False),
+    ("scheduler-framework", "create", "resourceclaims", "", "default", False),
     ("controller", "create", "jobs", "", "jobs", True),
     ("controller", "create", "jobs", "", "@", False),
     ("controller", "create", "jobs", "", "default", False),
@@ -355,6 +363,9 @@ def test_rbac_grants_what_each_component_calls_and_nothing_more(env: Env) -> Non
                 "leases": "coordination.k8s.io",
                 "jobsets": "jobset.x-k8s.io",
                 "poddisruptionbudgets": "policy",
+                "resourceslices": "resource.k8s.io",
+                "deviceclasses": "resource.k8s.io",
+                "resourceclaims": "resource.k8s.io",
             }.get(resource, "")
             review = authz.create_subject_access_review(
                 {
