@@ -101,3 +101,19 @@ def test_label_change_moves_a_pod_only_when_the_node_now_matches(cluster: FakeCl
     queue.activate([waiting])
     cluster.schedule()
     assert cluster.node_of(waiting) == "n0"
+
+
+def test_gated_pod_waits_outside_the_queue_until_its_gates_are_gone(
+    cluster: FakeCluster,
+) -> None:
+    cluster.add_node("a")
+    gates = [{"name": "kueue.x-k8s.io/admission"}]
+    uid = cluster.add_pod("gated", {GPU: "1"}, schedulingGates=gates)
+    assert cluster.schedule() == 0
+    assert cluster.node_of(uid) == ""
+    assert cluster.events(uid) == []  # never tried: no FailedScheduling, no condition
+    assert set(cluster.scheduler.queue.counts().values()) == {0}
+    assert cluster.scheduler.cache.nodes["a"].devices.free_whole_count("gpu") == 8
+    cluster.update_pod_spec(uid, schedulingGates=None)  # admitted: the gate lifted
+    cluster.schedule()
+    assert cluster.node_of(uid) == "a"

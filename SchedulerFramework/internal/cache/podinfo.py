@@ -117,6 +117,12 @@ class PodInfo:
     def terminal(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
 
+    @property
+    def gated(self) -> bool:
+        """Whether `spec.schedulingGates` still holds the pod back (a queue in front, e.g.
+        Kueue, lifts them on admission)."""
+        return bool((self.obj.get("spec") or {}).get("schedulingGates"))
+
 
 def _container_requests(c: Mapping[str, Any], errors: list[str], where: str) -> dict[str, int]:
     res = c.get("resources") or {}

@@ -546,6 +546,9 @@ class Scheduler:
             return
         if pod.terminal or pod.scheduler_name not in self.frameworks:
             return
+        if pod.gated:  # upstream's SchedulingGates PreEnqueue: not tried until they are gone
+            self.queue.delete(pod.uid)
+            return
         self.nominator.update(pod)
         if pod.uid in self._cache.pods:
             return  # assumed: its binding is in flight

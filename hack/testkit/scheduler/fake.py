@@ -219,6 +219,16 @@ class FakeCluster:
         self.scheduler.on_pod("MODIFIED", copy.deepcopy(obj))
         return uid
 
+    def update_pod_spec(self, uid: str, **spec: Any) -> None:
+        """Changes fields of the pod's spec (None removes one), as an update would."""
+        obj = self.pods[uid]
+        for key, value in spec.items():
+            if value is None:
+                obj["spec"].pop(key, None)
+            else:
+                obj["spec"][key] = value
+        self.scheduler.on_pod("MODIFIED", copy.deepcopy(obj))
+
     def terminate_pod(self, uid: str) -> None:
         """The pod is being deleted (its grace period runs): the deletion timestamp is set."""
         obj = self.pods[uid]
