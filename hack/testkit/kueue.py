@@ -26,15 +26,19 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import yaml
 from kubernetes import client as k8s_client
+from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.testkit.ports import free_port
@@ -134,12 +138,20 @@ class Kueue:
         binary: Path,
         *,
         frameworks: tuple[str, ...] = ("batch/job", "pod"),
+        feature_gates: Mapping[str, bool] | None = None,
+        device_class_mappings: Mapping[str, Sequence[str]] | None = None,
         start_timeout_s: float = 90.0,
     ) -> None:
         self.control_plane = control_plane
         self.binary = binary
         self.manifests = binary.parent / "kueue-config"
         self.frameworks = frameworks
+        self.feature_gates = dict(feature_gates or {})
+        """Kueue feature gates on top of VisibilityOnDemand off (e.g.
+        `{"DynamicResourceAllocation": True}`)."""
+        self.device_class_mappings = dict(device_class_mappings or {})
+        """Configuration `resources.deviceClassMappings`: the resource name quota is kept
+        in -> the DeviceClasses whose devices count as it (DynamicResourceAllocation)."""
         self.start_timeout_s = start_timeout_s
         self.state_dir = control_plane.state_dir / "kueue"
         self.log_path = control_plane.log_dir / "kueue.log"
@@ -202,6 +214,28 @@ class Kueue:
         k8s_client.CoreV1Api(self.api).patch_namespace(
             namespace, {"metadata": {"labels": {MANAGED_LABEL: "managed"}}}
         )
+
+    def apply(self, path: Path) -> None:
+        """`kubectl apply -f path` against the control plane (KueueError with kubectl's
+        output when it fails)."""
+        argv = self.control_plane.kubectl_argv("apply", "-f", str(path))
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        if result.returncode != 0:
+            raise KueueError(f"kubectl apply -f {path} failed: {result.stderr.strip()}")
+
+    def wait_local_queue_active(self, namespace: str, name: str, timeout_s: float = 30) -> None:
+        """Waits until the LocalQueue (and so its ClusterQueue) is Active."""
+        custom = k8s_client.CustomObjectsApi(self.api)
+
+        def active() -> bool | NotYet:
+            lq = custom.get_namespaced_custom_object(
+                GROUP, API_VERSION, namespace, "localqueues", name
+            )
+            conditions = lq.get("status", {}).get("conditions", [])
+            ok = any(c["type"] == "Active" and c["status"] == "True" for c in conditions)
+            return ok or NotYet(f"LocalQueue conditions {conditions}")
+
+        wait_for(active, timeout_s, f"LocalQueue {namespace}/{name} Active")
 
     def check_running(self) -> None:
         """Raises KueueError with the log tail when the manager has exited."""
@@ -282,8 +316,17 @@ class Kueue:
             "managedJobsNamespaceSelector": {"matchLabels": {MANAGED_LABEL: "managed"}},
             "integrations": {"frameworks": list(self.frameworks)},
             # The visibility API server would bind a fixed port and need an APIService.
-            "featureGates": {"VisibilityOnDemand": False},
-        }
+            "featureGates": {"VisibilityOnDemand": False, **self.feature_gates},
+        } | self._resources()
+
+    def _resources(self) -> dict[str, Any]:
+        if not self.device_class_mappings:
+            return {}
+        mappings = [
+            {"name": name, "deviceClassNames": list(classes)}
+            for name, classes in self.device_class_mappings.items()
+        ]
+        return {"resources": {"deviceClassMappings": mappings}}
 
     def _url(self, path: str) -> str:
         return f"https://127.0.0.1:{self.webhook_port}{path}"
@@ -414,3 +457,121 @@ class Kueue:
         except ApiException as exc:
             return NotYet(f"HTTP {exc.status}: {str(exc.body)[:300]}")
         return True
+
+
+def gated(pod: k8s_client.V1Pod) -> bool:
+    """Whether the pod still waits at Kueue's scheduling gate."""
+    return any(g.name == SCHEDULING_GATE for g in pod.spec.scheduling_gates or [])
+
+
+def workload_condition(
+    api: k8s_client.ApiClient, namespace: str, pod_name: str, kind: str
+) -> dict[str, Any] | None:
+    """The condition `kind` of the Workload Kueue made for the pod (the Workload that owns
+    it); None while there is no such Workload or condition."""
+    uid = k8s_client.CoreV1Api(api).read_namespaced_pod(pod_name, namespace).metadata.uid
+    listed = k8s_client.CustomObjectsApi(api).list_namespaced_custom_object(
+        GROUP, API_VERSION, namespace, "workloads"
+    )
+    for workload in listed["items"]:
+        if any(o["uid"] == uid for o in workload["metadata"].get("ownerReferences", [])):
+            for cond in workload.get("status", {}).get("conditions", []):
+                if cond["type"] == kind:
+                    return dict(cond)
+    return None
+
+
+@dataclass
+class _Seen:
+    gated: bool
+    node: str
+    group: str
+
+
+class PodTimeline:
+    """A watch of one namespace's pods from a thread. It stamps, with time.monotonic(),
+    when each pod was first seen without Kueue's gate (`ungated`) and first seen bound
+    (`bound`, its node in `nodes`), and records the pod groups (POD_GROUP_LABEL) seen with
+    a member bound while another member still waited at the gate (`partial_groups`: Kueue
+    admits a group whole, so this stays empty). Pods gone stay in the stamps."""
+
+    def __init__(self, api: k8s_client.ApiClient, namespace: str) -> None:
+        self.namespace = namespace
+        self.ungated: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self.nodes: dict[str, str] = {}
+        self.partial_groups: set[str] = set()
+        self.error = ""
+        self._core = k8s_client.CoreV1Api(api)
+        self._pods: dict[str, _Seen] = {}
+        self._lock = threading.Lock()
+        self._connected = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pod-timeline", daemon=True)
+
+    def __enter__(self) -> PodTimeline:
+        self._thread.start()
+        if not self._connected.wait(30):
+            raise KueueError(f"the pod watch of {self.namespace} did not start: {self.error}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+    def snapshot(self) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+        """Copies of (ungated, bound, nodes), consistent with each other."""
+        with self._lock:
+            return dict(self.ungated), dict(self.bound), dict(self.nodes)
+
+    def _seen(self, pod: k8s_client.V1Pod, now: float) -> None:
+        name = pod.metadata.name
+        seen = _Seen(
+            gated=gated(pod),
+            node=pod.spec.node_name or "",
+            group=(pod.metadata.labels or {}).get(POD_GROUP_LABEL, ""),
+        )
+        with self._lock:
+            self._pods[name] = seen
+            if not seen.gated:
+                self.ungated.setdefault(name, now)
+            if seen.node:
+                self.bound.setdefault(name, now)
+                self.nodes.setdefault(name, seen.node)
+            if seen.group:
+                members = [p for p in self._pods.values() if p.group == seen.group]
+                if any(p.node for p in members) and any(p.gated for p in members):
+                    self.partial_groups.add(seen.group)
+
+    def _run(self) -> None:
+        version = ""
+        while not self._stop.is_set():
+            try:
+                if not version:
+                    listed = self._core.list_namespaced_pod(self.namespace)
+                    now = time.monotonic()
+                    for pod in listed.items:
+                        self._seen(pod, now)
+                    version = listed.metadata.resource_version
+                    self._connected.set()
+                stream = watch.Watch().stream(
+                    self._core.list_namespaced_pod,
+                    self.namespace,
+                    resource_version=version,
+                    timeout_seconds=5,
+                )
+                for event in stream:
+                    pod = event["object"]
+                    version = pod.metadata.resource_version
+                    if event["type"] == "DELETED":
+                        with self._lock:
+                            self._pods.pop(pod.metadata.name, None)
+                    else:
+                        self._seen(pod, time.monotonic())
+                    if self._stop.is_set():
+                        break
+            except ApiException as exc:
+                if not _is(exc, 410):
+                    self.error = f"HTTP {exc.status}: {exc.reason}"
+                    self._stop.wait(1)
+                version = ""
