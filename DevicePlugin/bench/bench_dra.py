@@ -1,5 +1,6 @@
-"""DRA mode benchmark: NodePrepareResources latency, the plugin's memory, and kube-scheduler's
-rate on our ResourceSlices beside its rate on the Device Plugin's extended resource.
+"""DRA mode benchmark: NodePrepareResources latency, the plugin's memory, kube-scheduler's
+rate on our ResourceSlices beside its rate on the Device Plugin's extended resource, and
+lj-scheduler's rate on those slices beside kube-scheduler's, with gangs.
 
 One control plane of the DRA mode's release, DRA_VERSION (etcd, kube-apiserver,
 kube-controller-manager, KWOK playing only its pod-delete stage, as in bench_scheduler.py; no
@@ -34,11 +35,31 @@ default scheduler).
    times while a round spreads its 250 shares over 500 TDM nodes (a few at most on one),
    so no pod meets the bug and the rate is of scheduling. Each run's pods are deleted
    before the next run.
+3. lj-scheduler (`--only lj-scheduler`): on the same nodes and slices, lj-scheduler (a
+   subprocess with its default plugins, DynamicResources and Coscheduling among them, the
+   kube-scheduler's client QPS/burst) against the stock kube-scheduler on the same pods: one
+   ResourceClaim each from a template asking one whole GPU of the driver's class (the TDM
+   nodes' 4000 GPUs at 1000 nodes). In each round (`--lj-rounds`, order alternating) each
+   scheduler is started with a profile of its own and warmed up by one pod bound in a
+   namespace of its own, then `--lj-pods` pods are created while it runs: rate = pods /
+   (last bind - first create), the claims made by the controller manager inside that time
+   for both; per-pod create-to-bind latency (p50/p99 over the rounds). After the last bind
+   every allocated claim of the cluster is checked (`overcommit_violations`: a whole device
+   held by two claims, or shares over a device's capacity); then the scheduler stops, the pods
+   are deleted and the run waits until their claims are deallocated and gone. Only one
+   scheduler's pods exist at a time. The ratio (ours / theirs per round) is the median over
+   rounds with its distribution-free interval. Then a warm lj-scheduler places a gang of
+   `--gang` such pods (gang annotations; creation to the last bind, `gang_<n>_place_s`,
+   absent when it did not complete within GANG_TIMEOUT_S + 60 s, `gang_<n>_bound` beside
+   it), and a gang of 17 held to two TDM nodes (16 GPUs), which cannot fit: it is watched
+   until every member was refused, and none may be bound or have its claim allocated
+   meanwhile (`gang_unfit_*`); `partial_gangs` counts gangs with some but not all members
+   bound. `--profile DIR` runs lj-scheduler under cProfile (bench_scheduler.py's).
 
     uv run python DevicePlugin/bench/bench_dra.py --out bench/parts/dra.json
 
-`--only prepare` (or `scheduler`) runs one part and merges its keys into the part file;
-its duration and load keys are prefixed with the part's name.
+`--only prepare` (or `scheduler`, `lj-scheduler`) runs one part and merges its keys into the
+part file; its duration and load keys are prefixed with the part's name (`lj_scheduler_`).
 """
 
 from __future__ import annotations
@@ -54,12 +75,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from subprocess import STDOUT
 from typing import Any
 
 import grpc
+import yaml
 
 from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes
 from lj_runtimekit.deviceplugin.internal.dra.naming import CORES, MEMORY, device_name, memory_step
@@ -86,18 +109,24 @@ from lj_runtimekit.runtimesim.server import RUNTIME_SOCKET, Simulator
 from lj_runtimekit.testkit.benchpart import write_part
 from lj_runtimekit.testkit.dra import (
     RESOURCE_API,
+    allocated_shares,
     claim_pod,
     claim_template,
     exactly,
     synthetic_gpus,
 )
+from lj_runtimekit.testkit.invariant import sharing_violations
 from lj_runtimekit.testkit.procfs import status_mb
 from lj_runtimekit.testkit.waits import NotYet, wait_for
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "SchedulerFramework" / "bench"))
+import bench_scheduler  # type: ignore[import-not-found]  # the scheduler bench (its profiling)
 from bench_deviceplugin import cpu_seconds, pct  # type: ignore[import-not-found]  # beside this one
-from bench_scheduler import (  # type: ignore[import-not-found]  # the scheduler bench's parts
+from bench_gang import partial_gangs  # type: ignore[import-not-found]  # the scheduler bench's gangs
+from bench_scheduler import (  # the scheduler bench's parts
+    BURST,
+    QPS,
     BindWatch,
     delete_pods,
     log,
@@ -105,6 +134,7 @@ from bench_scheduler import (  # type: ignore[import-not-found]  # the scheduler
     median_interval,
     prioritise_node_simulator,
     start_kube_scheduler,
+    start_lj,
 )
 
 P = load_protocol()
@@ -263,23 +293,34 @@ async def prepare_run(kube: KubeClient, kubeconfig: Path, work: Path, n: int) ->
 # 2. kube-scheduler: ResourceClaims on our slices against the extended resource
 
 
+def node_inventories(nodes: int) -> dict[str, list[pb.Device]]:
+    """The bench's nodes, `gpu-0000` on: node name -> the devices its slices publish (8 TDM
+    GPUs on the even nodes, 8 MIG GPUs of seven 1g.10gb instances on the odd ones)."""
+    tdm = synthetic_gpus(8, pb.DEVICE_MODE_TDM)
+    mig = synthetic_gpus(8, pb.DEVICE_MODE_MIG, mig_per_gpu=7)
+    return {f"gpu-{i:04d}": tdm if i % 2 == 0 else mig for i in range(nodes)}
+
+
 def publish_nodes(kube: KubeClient, api: Any, nodes: int) -> None:
     """`nodes` KWOK nodes with the extended resource, in DRA mode, half TDM and half MIG,
     their slices applied directly, and the DeviceClasses."""
     factory = NodeFactory(api, group="bench")
     labels = {P.labels.device_api: DRA_MODE}
-    specs = [GpuNodeSpec(name=f"gpu-{i:04d}", labels=labels) for i in range(nodes)]
+    inventories = node_inventories(nodes)
+    specs = [GpuNodeSpec(name=name, labels=labels) for name in inventories]
     apart = counters_apart(server_minor(kube.request("GET", "/version")))
-    tdm = synthetic_gpus(8, pb.DEVICE_MODE_TDM)
-    mig = synthetic_gpus(8, pb.DEVICE_MODE_MIG, mig_per_gpu=7)
 
     def one(i: int) -> None:
         spec = specs[i]
         factory.create_many([spec])
         uid = kube.request("GET", f"/api/v1/nodes/{spec.name}")["metadata"]["uid"]
-        inventory = tdm if i % 2 == 0 else mig
         for obj in build_slices(
-            inventory, node_name=spec.name, protocol=P, generation=1, node_uid=uid, apart=apart
+            inventories[spec.name],
+            node_name=spec.name,
+            protocol=P,
+            generation=1,
+            node_uid=uid,
+            apart=apart,
         ):
             kube.request("POST", f"{RESOURCE_API}/resourceslices", obj)
 
@@ -398,6 +439,346 @@ def scheduler_rounds(
     }
 
 
+# 3. lj-scheduler's DRA allocation beside kube-scheduler's, one whole GPU per pod
+
+WHOLE_CLASS = P.dra.whole_class("gpu")
+WHOLE_TEMPLATE = "whole"
+GANG_TIMEOUT_S = 120
+UNFIT_NODES = ("gpu-0000", "gpu-0002")
+"""Two TDM nodes (16 whole GPUs) the gang that cannot fit is held to, one member more."""
+UNFIT_TIMEOUT_S = 15
+WAITING_FOR_CLAIM = "to be made from its template"
+"""lj-scheduler's reason while a pod's claim is not made yet (not the gang's refusal)."""
+
+
+def whole_space(kube: KubeClient, ns: str) -> None:
+    """A namespace with the template of one whole GPU of the driver's class."""
+    make_namespace(kube, ns)
+    kube.request(
+        "POST",
+        f"{RESOURCE_API}/namespaces/{ns}/resourceclaimtemplates",
+        claim_template(WHOLE_TEMPLATE, [exactly("gpu", WHOLE_CLASS)], ns),
+    )
+
+
+def whole_pod(
+    name: str,
+    ns: str,
+    scheduler: str,
+    annotations: Mapping[str, str] | None = None,
+    nodes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """A pod with one claim from the whole-GPU template, for `scheduler`; `nodes` holds it
+    to those nodes (required node affinity)."""
+    body = claim_pod(
+        name,
+        {"gpu": WHOLE_TEMPLATE},
+        containers=({"main": ("gpu",)},),
+        namespace=ns,
+        scheduler_name=scheduler,
+    )
+    body["spec"]["terminationGracePeriodSeconds"] = 0
+    if annotations:
+        body["metadata"]["annotations"] = dict(annotations)
+    if nodes:
+        term = {"key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}
+        required = {"nodeSelectorTerms": [{"matchExpressions": [term]}]}
+        body["spec"]["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+        }
+    return body
+
+
+def create_timed(
+    kube: KubeClient, ns: str, bodies: Sequence[Mapping[str, Any]]
+) -> dict[str, float]:
+    """POST the pods, 16 at a time: pod name -> when its POST was sent (monotonic)."""
+    path = f"/api/v1/namespaces/{ns}/pods"
+    sent: dict[str, float] = {}
+
+    def one(body: Mapping[str, Any]) -> None:
+        sent[body["metadata"]["name"]] = time.monotonic()
+        kube.request("POST", path, body=body)
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, bodies))
+    return sent
+
+
+def lj_config(work: Path, name: str) -> Path:
+    """lj-scheduler's configuration: one profile `name` (its default plugins, DynamicResources
+    and Coscheduling among them), the kube-scheduler's client QPS/burst."""
+    path = work / f"lj-scheduler-{name}.yaml"
+    doc = {
+        "apiVersion": "scheduler.lingjun.com/v1",
+        "kind": "LjSchedulerConfiguration",
+        "clientConnection": {"qps": QPS, "burst": BURST},
+        "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": name}],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def start_placer(which: str, cp: ControlPlane, work: Path, name: str) -> Callable[[], None]:
+    """Start lj-scheduler (`lj`) or the stock kube-scheduler (`kube`) with profile `name`; the
+    function that stops it."""
+    if which == "kube":
+        ks, _ = start_kube_scheduler(cp, work, name, None)
+
+        def stop_kube() -> None:
+            ks.stop()
+
+        return stop_kube
+    lj, _ = start_lj(cp, work, lj_config(work, name), name)
+
+    def stop_lj() -> None:
+        lj.terminate()
+        lj.wait(30)
+
+    return stop_lj
+
+
+def warm_up(kube: KubeClient, scheduler: str) -> None:
+    """One pod of `scheduler` bound in a namespace of its own: the scheduler's caches are
+    synced before a timed run (its pods and claims stay until `clear`)."""
+    ns = f"{scheduler}-warm"
+    whole_space(kube, ns)
+    create_timed(kube, ns, [whole_pod("warm", ns, scheduler)])
+    path = f"/api/v1/namespaces/{ns}/pods/warm"
+    wait_for(lambda: kube.request("GET", path)["spec"].get("nodeName"), 600, f"{ns}/warm bound")
+
+
+def clear(kube: KubeClient, ns: str) -> None:
+    """Delete the namespace's pods and wait until the controller manager has deallocated and
+    deleted their claims: every device they held is free again."""
+    delete_pods(kube, ns)
+    path = f"{RESOURCE_API}/namespaces/{ns}/resourceclaims"
+    wait_for(
+        lambda: (not (left := kube.list_all(path)[0])) or NotYet(f"{len(left)} claims left"),
+        300,
+        f"claims of {ns} deleted",
+    )
+
+
+def claim_violations(kube: KubeClient, inventories: Mapping[str, Sequence[pb.Device]]) -> list[str]:
+    """Breaches of the sharing invariant across every allocated claim of the cluster: a whole
+    device held by two claims, or shares over a device's cores or memory."""
+    items, _ = kube.list_all(f"{RESOURCE_API}/resourceclaims")
+    holdings = [
+        (pool, f"{claim['metadata']['namespace']}/{claim['metadata']['name']}", share)
+        for claim in items
+        if claim.get("status", {}).get("allocation")
+        for pool, _, share in allocated_shares(claim, DRIVER, inventories)
+    ]
+    return sharing_violations("claims", holdings)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One scheduler's timed run of whole-GPU claim pods."""
+
+    rate: float
+    """Pods / (last bind - first create)."""
+    latencies_ms: list[float]
+    """Each pod's create-to-bind time."""
+    violations: int
+    """`claim_violations` right after the last bind."""
+
+
+def placement_round(
+    kube: KubeClient,
+    cp: ControlPlane,
+    work: Path,
+    which: str,
+    ns: str,
+    n: int,
+    inventories: Mapping[str, Sequence[pb.Device]],
+) -> Placement:
+    """A scheduler (`lj` or `kube`, profile `ns`) started and warmed up; `n` pods created in
+    `ns` and timed to the last bind; the claims checked; then every pod deleted and every
+    claim gone, the scheduler stopped."""
+    whole_space(kube, ns)
+    stop = start_placer(which, cp, work, ns)
+    try:
+        warm_up(kube, ns)
+        watch = BindWatch(kube, ns)
+        sent = create_timed(kube, ns, [whole_pod(f"p{i}", ns, ns) for i in range(n)])
+        watch.wait(n, 1800)
+    finally:
+        stop()
+    violations = claim_violations(kube, inventories)
+    for line in violations:
+        log(line)
+    for space in (ns, f"{ns}-warm"):
+        clear(kube, space)
+    rate = n / (max(watch.times.values()) - min(sent.values()))
+    latencies = [(watch.times[name] - t) * 1000 for name, t in sent.items()]
+    log(f"{which} ({ns}): {rate:.2f} pods/s, {len(violations)} violations")
+    return Placement(rate, latencies, len(violations))
+
+
+def ms_quantiles(values: Sequence[float]) -> tuple[float, float]:
+    """p50 and p99, rounded to 0.1 ms."""
+    return round(statistics.median(values), 1), round(pct(values, 0.99), 1)
+
+
+def lj_rounds(
+    kube: KubeClient,
+    cp: ControlPlane,
+    work: Path,
+    n: int,
+    rounds: int,
+    inventories: Mapping[str, Sequence[pb.Device]],
+) -> dict[str, Any]:
+    """Alternating rounds of lj-scheduler and kube-scheduler on whole-GPU claim pods: the
+    median rates and ratio with its interval, bind latencies, violations, load per round."""
+    runs: dict[str, list[Placement]] = {"lj": [], "kube": []}
+    loads = []
+    for r in range(rounds):
+        for which in ("lj", "kube") if r % 2 == 0 else ("kube", "lj"):
+            runs[which].append(
+                placement_round(kube, cp, work, which, f"{which}-dra-{r}", n, inventories)
+            )
+        loads.append(round(os.getloadavg()[0], 1))
+        log(f"round {r + 1}/{rounds}: ratio {runs['lj'][-1].rate / runs['kube'][-1].rate:.3f}")
+    ours = [run.rate for run in runs["lj"]]
+    theirs = [run.rate for run in runs["kube"]]
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    low, high, coverage = median_interval(ratios)
+    lj_p50, lj_p99 = ms_quantiles([x for run in runs["lj"] for x in run.latencies_ms])
+    k_p50, k_p99 = ms_quantiles([x for run in runs["kube"] for x in run.latencies_ms])
+    return {
+        "scheduler_pods_per_s": round(statistics.median(ours), 2),
+        "scheduler_pods_per_s_per_round": [round(x, 2) for x in ours],
+        "kube_scheduler_whole_gpu_pods_per_s": round(statistics.median(theirs), 2),
+        "kube_scheduler_whole_gpu_pods_per_s_per_round": [round(x, 2) for x in theirs],
+        "scheduler_ratio_vs_kube_scheduler": round(statistics.median(ratios), 3),
+        "scheduler_ratio_vs_kube_scheduler_per_round": [round(x, 3) for x in ratios],
+        "scheduler_ratio_vs_kube_scheduler_interval_low": round(low, 3),
+        "scheduler_ratio_vs_kube_scheduler_interval_high": round(high, 3),
+        "scheduler_ratio_vs_kube_scheduler_interval_coverage": round(coverage, 3),
+        "scheduler_bind_p50_ms": lj_p50,
+        "scheduler_bind_p99_ms": lj_p99,
+        "kube_scheduler_whole_gpu_bind_p50_ms": k_p50,
+        "kube_scheduler_whole_gpu_bind_p99_ms": k_p99,
+        "scheduler_rounds": rounds,
+        "scheduler_pods": n,
+        "scheduler_load_avg_1m_per_round": loads,
+        "overcommit_violations": sum(run.violations for runs_ in runs.values() for run in runs_),
+    }
+
+
+def unfit_gang(kube: KubeClient, ns: str, scheduler: str) -> tuple[int, int]:
+    """A gang of one member more than the free whole GPUs of UNFIT_NODES, held to those nodes:
+    waits until every member was refused (PodScheduled False, for another reason than its claim
+    not made yet), watching meanwhile. (most members bound, most claims allocated) seen."""
+    size = 8 * len(UNFIT_NODES) + 1
+    annotations = {
+        P.annotations.gang_group: "unfit",
+        P.annotations.gang_min_members: str(size),
+        P.annotations.gang_timeout_seconds: str(UNFIT_TIMEOUT_S),
+    }
+    bodies = [
+        whole_pod(f"unfit-{i:02d}", ns, scheduler, annotations, UNFIT_NODES) for i in range(size)
+    ]
+    create_timed(kube, ns, bodies)
+    seen = {"bound": 0, "allocated": 0}
+    claims = f"{RESOURCE_API}/namespaces/{ns}/resourceclaims"
+
+    def refused() -> bool | NotYet:
+        pods = kube.list_all(f"/api/v1/namespaces/{ns}/pods")[0]
+        allocated = sum(
+            1 for c in kube.list_all(claims)[0] if c.get("status", {}).get("allocation")
+        )
+        seen["bound"] = max(seen["bound"], sum(1 for p in pods if p["spec"].get("nodeName")))
+        seen["allocated"] = max(seen["allocated"], allocated)
+        waiting = [
+            p["metadata"]["name"]
+            for p in pods
+            if not any(
+                c["type"] == "PodScheduled"
+                and c["status"] == "False"
+                and WAITING_FOR_CLAIM not in c.get("message", "")
+                for c in p.get("status", {}).get("conditions") or ()
+            )
+        ]
+        return not waiting or NotYet(f"{len(waiting)} members not refused yet")
+
+    wait_for(
+        refused,
+        300,
+        f"every member of the gang of {size} on {len(UNFIT_NODES)} nodes refused",
+        interval_s=0.5,
+    )
+    return seen["bound"], seen["allocated"]
+
+
+def gang_run(
+    kube: KubeClient,
+    cp: ControlPlane,
+    work: Path,
+    size: int,
+    inventories: Mapping[str, Sequence[pb.Device]],
+) -> dict[str, Any]:
+    """lj-scheduler (warm) places a gang of `size` whole-GPU claim pods: creation to the last
+    bind; then a gang that cannot fit: none of it bound, none of its claims allocated."""
+    ns = "lj-dra-gang"
+    whole_space(kube, ns)
+    stop = start_placer("lj", cp, work, ns)
+    results: dict[str, Any] = {}
+    try:
+        warm_up(kube, ns)
+        watch = BindWatch(kube, ns)
+        annotations = {
+            P.annotations.gang_group: "big",
+            P.annotations.gang_min_members: str(size),
+            P.annotations.gang_timeout_seconds: str(GANG_TIMEOUT_S),
+        }
+        bodies = [whole_pod(f"big-{i:03d}", ns, ns, annotations) for i in range(size)]
+        sent = create_timed(kube, ns, bodies)
+        try:
+            watch.wait(size, GANG_TIMEOUT_S + 60)
+            results[f"gang_{size}_place_s"] = round(
+                max(watch.times.values()) - min(sent.values()), 2
+            )
+        except TimeoutError as exc:
+            log(f"gang of {size}: {exc}")
+        results[f"gang_{size}_bound"] = len(watch.times)
+        partial, bound = partial_gangs(kube, ns)
+        violations = len(claim_violations(kube, inventories))
+        clear(kube, ns)
+        unfit_bound, unfit_allocated = unfit_gang(kube, ns, ns)
+        partial += partial_gangs(kube, ns)[0]
+        clear(kube, ns)
+    finally:
+        stop()
+    clear(kube, f"{ns}-warm")
+    log(
+        f"gangs: bound {bound}, unfit gang: {unfit_bound} bound, {unfit_allocated} claims allocated"
+    )
+    return results | {
+        "partial_gangs": partial,
+        "gang_unfit_members_bound": unfit_bound,
+        "gang_unfit_claims_allocated": unfit_allocated,
+        "gang_overcommit_violations": violations,
+    }
+
+
+def lj_scheduler_part(
+    kube: KubeClient, cp: ControlPlane, work: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The rounds against kube-scheduler, then the gangs; overcommit violations of both."""
+    inventories = node_inventories(args.nodes)
+    results = lj_rounds(kube, cp, work, args.lj_pods, args.lj_rounds, inventories)
+    gangs = gang_run(kube, cp, work, args.gang, inventories)
+    results["overcommit_violations"] += gangs.pop("gang_overcommit_violations")
+    return results | gangs | {"gang_load_avg_1m_at_end": round(os.getloadavg()[0], 1)}
+
+
+PARTS = ("prepare", "scheduler", "lj-scheduler")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/parts/dra.json"))
@@ -406,11 +787,28 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=500, help="pods per scheduler run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
+        "--lj-pods", type=int, default=100, help="pods per round of lj-scheduler's comparison"
+    )
+    parser.add_argument(
+        "--lj-rounds", type=int, default=5, help="rounds of lj-scheduler and kube-scheduler"
+    )
+    parser.add_argument("--gang", type=int, default=256, help="members of the gang placed")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="directory: run lj-scheduler under cProfile (thread CPU time), stats per run there",
+    )
+    parser.add_argument(
         "--only",
-        choices=("prepare", "scheduler"),
-        help="run one part; the part file keeps the other part's keys",
+        choices=PARTS,
+        help="run one part; the part file keeps the other parts' keys",
     )
     args = parser.parse_args()
+    parts = [args.only] if args.only else list(PARTS)
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        bench_scheduler.PROFILE_DIR = args.profile
     began = time.monotonic()
     load_at_start = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="ljdra", dir="/tmp"))
@@ -430,20 +828,23 @@ def main() -> int:
             NodeFactory(api, group="dra").create(
                 PLUGIN_NODE, gpus=0, labels={P.labels.device_api: DRA_MODE}, wait=False
             )
-            if args.only != "scheduler":
+            if "prepare" in parts:
                 results.update(
                     asyncio.run(prepare_run(kube, cp.kubeconfig_path, work, args.claims))
                 )
                 log(f"prepare: {results}")
-            if args.only != "prepare":
+            if parts != ["prepare"]:
                 log(f"creating {args.nodes} nodes with slices")
                 publish_nodes(kube, api, args.nodes)
-                results.update(scheduler_rounds(kube, cp, work, args.pods, args.rounds))
                 results["nodes"] = args.nodes
+            if "scheduler" in parts:
+                results.update(scheduler_rounds(kube, cp, work, args.pods, args.rounds))
+            if "lj-scheduler" in parts:
+                results.update(lj_scheduler_part(kube, cp, work, args))
             api.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    prefix = f"{args.only}_" if args.only else ""
+    prefix = f"{args.only.replace('-', '_')}_" if args.only else ""
     results.update(
         {
             f"{prefix}bench_duration_s": round(time.monotonic() - began, 1),
