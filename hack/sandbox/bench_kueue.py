@@ -216,7 +216,10 @@ def run(bed: KueueBed, timeout_s: float = 600) -> dict[str, Any]:
         partial |= timeline.partial_groups
         pods = [p for w in workloads.values() for p in w.pods]
         stuck |= {p for p in pods if p not in bound}
-        latencies = [bound[p] - ungated[p] for p in pods if p in bound and p in ungated]
+        by_pod = {p: bound[p] - ungated[p] for p in pods if p in bound and p in ungated}
+        latencies = list(by_pod.values())
+        slowest = sorted(by_pod, key=by_pod.__getitem__)[-5:]
+        print(f"[bench] slowest: {', '.join(f'{p} {by_pod[p]:.2f}s' for p in slowest)}")
         last = max(bound.values()) if bound else time.monotonic()
     return {
         "pods": len(pods),

@@ -8,6 +8,8 @@ envtest ControlPlane:
 
 The binary comes from the caller (lj_runtimekit.envtest.find_tools): the test kit does
 not import envtest at run time (envtest imports the test kit; hack/import_contracts.py).
+A control plane known only by its kubeconfig (the DRA bed's) is given as a
+`KubeconfigPlane`.
 
 The API server runs on loopback with no service network, so every webhook Kueue serves
 (admission and CRD conversion) is registered with `clientConfig.url` on 127.0.0.1 and the
@@ -34,18 +36,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
 from lj_runtimekit.testkit.ports import free_port
 from lj_runtimekit.testkit.waits import NotYet, WaitTimeout, wait_for
-
-if TYPE_CHECKING:
-    from lj_runtimekit.envtest.controlplane import ControlPlane
 
 GROUP = "kueue.x-k8s.io"
 API_VERSION = "v1beta2"
@@ -80,6 +80,43 @@ _WEBHOOK_CONFIGURATIONS = {
 
 class KueueError(RuntimeError):
     """Kueue could not be set up or did not come up; the message names what and its log."""
+
+
+class Plane(Protocol):
+    """What Kueue needs of a control plane (lj_runtimekit.envtest's ControlPlane has it)."""
+
+    @property
+    def kubeconfig_path(self) -> Path: ...
+    @property
+    def state_dir(self) -> Path: ...
+    @property
+    def log_dir(self) -> Path: ...
+    def api_client(self) -> k8s_client.ApiClient: ...
+    def kubectl_argv(self, *args: str) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class KubeconfigPlane:
+    """A control plane given by its admin kubeconfig and the kubectl binary for its
+    release; Kueue's state and log go beside the kubeconfig (an envtest ControlPlane's
+    state directory, whose logs/ it keeps)."""
+
+    kubeconfig_path: Path
+    kubectl: Path
+
+    @property
+    def state_dir(self) -> Path:
+        return self.kubeconfig_path.parent
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    def api_client(self) -> k8s_client.ApiClient:
+        return k8s_config.new_client_from_config(str(self.kubeconfig_path))
+
+    def kubectl_argv(self, *args: str) -> list[str]:
+        return [str(self.kubectl), f"--kubeconfig={self.kubeconfig_path}", *args]
 
 
 def _run_openssl(directory: Path, *args: str) -> None:
@@ -134,7 +171,7 @@ class Kueue:
 
     def __init__(
         self,
-        control_plane: ControlPlane,
+        control_plane: Plane,
         binary: Path,
         *,
         frameworks: tuple[str, ...] = ("batch/job", "pod"),
