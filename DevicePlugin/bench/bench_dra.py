@@ -447,8 +447,9 @@ GANG_TIMEOUT_S = 120
 UNFIT_NODES = ("gpu-0000", "gpu-0002")
 """Two TDM nodes (16 whole GPUs) the gang that cannot fit is held to, one member more."""
 UNFIT_TIMEOUT_S = 15
-WAITING_FOR_CLAIM = "to be made from its template"
-"""lj-scheduler's reason while a pod's claim is not made yet (not the gang's refusal)."""
+WAITING = ("to be made from its template", "waiting for the rest")
+"""lj-scheduler's reasons while a pod's claim is not made yet or its gang not all created:
+a wait, not the gang's refusal."""
 
 
 def whole_space(kube: KubeClient, ns: str) -> None:
@@ -684,6 +685,7 @@ def unfit_gang(kube: KubeClient, ns: str, scheduler: str) -> tuple[int, int]:
     ]
     create_timed(kube, ns, bodies)
     seen = {"bound": 0, "allocated": 0}
+    reasons: set[str] = set()
     claims = f"{RESOURCE_API}/namespaces/{ns}/resourceclaims"
 
     def refused() -> bool | NotYet:
@@ -693,16 +695,16 @@ def unfit_gang(kube: KubeClient, ns: str, scheduler: str) -> tuple[int, int]:
         )
         seen["bound"] = max(seen["bound"], sum(1 for p in pods if p["spec"].get("nodeName")))
         seen["allocated"] = max(seen["allocated"], allocated)
-        waiting = [
-            p["metadata"]["name"]
+        refusals = {
+            p["metadata"]["name"]: c.get("message", "")
             for p in pods
-            if not any(
-                c["type"] == "PodScheduled"
-                and c["status"] == "False"
-                and WAITING_FOR_CLAIM not in c.get("message", "")
-                for c in p.get("status", {}).get("conditions") or ()
-            )
-        ]
+            for c in p.get("status", {}).get("conditions") or ()
+            if c["type"] == "PodScheduled"
+            and c["status"] == "False"
+            and not any(w in c.get("message", "") for w in WAITING)
+        }
+        reasons.update(refusals.values())
+        waiting = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] not in refusals]
         return not waiting or NotYet(f"{len(waiting)} members not refused yet")
 
     wait_for(
@@ -711,6 +713,7 @@ def unfit_gang(kube: KubeClient, ns: str, scheduler: str) -> tuple[int, int]:
         f"every member of the gang of {size} on {len(UNFIT_NODES)} nodes refused",
         interval_s=0.5,
     )
+    log(f"gang of {size} refused: {sorted(reasons)}")
     return seen["bound"], seen["allocated"]
 
 
@@ -743,6 +746,7 @@ def gang_run(
                 max(watch.times.values()) - min(sent.values()), 2
             )
         except TimeoutError as exc:
+            watch.stop.set()
             log(f"gang of {size}: {exc}")
         results[f"gang_{size}_bound"] = len(watch.times)
         partial, bound = partial_gangs(kube, ns)
