@@ -5,18 +5,18 @@ the device inventory annotation (H200 nodes, and A100 nodes that the queue's
 ResourceFlavor does not select), Kueue's manager (its pod integration) with the queue of
 docs/examples/kueue-gpu-queue.yaml applied as it is, and lj-scheduler as `lj-scheduler`.
 
-The benchmark: 100 pods queued at once, far over the ClusterQueue's quota (8 whole GPUs,
-slices worth 4 GPUs): 10 pod groups of 4 one-GPU pods (a Kueue pod group and an
-lj-scheduler gang each), 40 one-GPU pods and 20 half-GPU slice pods. Every workload whose
-pods are all bound is deleted, which frees its quota for the next ones: Kueue admits them
-in waves. A watch of the pods stamps when each pod's gate went and when it was bound.
-Keys:
+The benchmark: 100 pods queued while the ClusterQueue is held (`stopPolicy: Hold`), then
+released at once, far over its quota (8 whole GPUs, slices worth 4 GPUs): 10 pod groups of
+4 one-GPU pods (a Kueue pod group and an lj-scheduler gang each), 40 one-GPU pods and 20
+half-GPU slice pods. Every workload whose pods are all bound is deleted, which frees its
+quota for the next ones: Kueue admits them in waves. A watch of the pods stamps when each
+pod's gate went and when it was bound. Keys:
 
 - admitted_to_bound_p50_s / _p99_s / _max_s: gate lifted (Kueue's admission) to bound;
 - partial_workloads: pod groups seen with a member bound while another still waited at
   the gate, or not all bound SETTLE_S after their first member was: must be 0;
 - stuck_pods: pods admitted but not bound within SETTLE_S (or not admitted at the end);
-- pods, workloads, bench_kueue_s (first create to last workload bound), host_cpus,
+- pods, workloads, bench_kueue_s (queue released to last workload bound), host_cpus,
   load_avg_1m_start / load_avg_1m_end.
 """
 
@@ -39,6 +39,8 @@ from lj_runtimekit.envtest.controlplane import ControlPlane, ControlPlaneConfig
 from lj_runtimekit.proto.pkg.protocol import load_protocol
 from lj_runtimekit.testkit.benchpart import write_part
 from lj_runtimekit.testkit.kueue import (
+    API_VERSION,
+    GROUP,
     POD_GROUP_COUNT_ANNOTATION,
     POD_GROUP_LABEL,
     QUEUE_LABEL,
@@ -56,8 +58,8 @@ PROTOCOL = load_protocol()
 ROOT = Path(__file__).resolve().parents[2]
 QUEUE_YAML = ROOT / "docs" / "examples" / "kueue-gpu-queue.yaml"
 NAMESPACE = "gpu-team"
-"""The namespace, LocalQueue and ClusterQueue names of QUEUE_YAML."""
 QUEUE = "gpu"
+"""The namespace and the LocalQueue and ClusterQueue names of QUEUE_YAML."""
 FLAVOR_MODEL = "H200"
 """The device model the ResourceFlavor of QUEUE_YAML selects (its nodeLabels)."""
 OTHER_MODEL = "A100"
@@ -187,12 +189,25 @@ def run(bed: KueueBed, timeout_s: float = 600) -> dict[str, Any]:
     workloads = {name: _Workload(pods) for name, (pods, _, _) in specs.items()}
     partial: set[str] = set()
     stuck: set[str] = set()
+    custom = k8s_client.CustomObjectsApi(bed.api)
+
+    def hold(policy: str) -> None:
+        body = {"spec": {"stopPolicy": policy}}
+        custom.patch_cluster_custom_object(GROUP, API_VERSION, "clusterqueues", QUEUE, body)
+
+    def queued() -> int:
+        listed = custom.list_namespaced_custom_object(GROUP, API_VERSION, NAMESPACE, "workloads")
+        return len(listed["items"])
+
     with PodTimeline(bed.api, NAMESPACE) as timeline:
-        start = time.monotonic()
+        hold("Hold")
         for name, (pods, limits, size) in specs.items():
             group = (name, size) if size else None
             for pod in pods:
                 bed.core.create_namespaced_pod(NAMESPACE, queued_pod(pod, limits, group))
+        wait_for(lambda: queued() == len(specs), 60, "a Workload for every workload")
+        start = time.monotonic()
+        hold("None")
         deadline = start + timeout_s
         while not all(w.deleted for w in workloads.values()) and time.monotonic() < deadline:
             bed.check_running()
