@@ -236,12 +236,14 @@ def run(bed: KueueBed, timeout_s: float = 600) -> dict[str, Any]:
         slowest = sorted(by_pod, key=by_pod.__getitem__)[-5:]
         print(f"[bench] slowest: {', '.join(f'{p} {by_pod[p]:.2f}s' for p in slowest)}")
         last = max(bound.values()) if bound else time.monotonic()
+    if not latencies:
+        raise RuntimeError(f"no pod was bound; lj-scheduler's log:\n{bed.scheduler.text()[-3000:]}")
     return {
         "pods": len(pods),
         "workloads": len(workloads),
-        "admitted_to_bound_p50_s": round(_p(latencies, 0.5), 3) if latencies else None,
-        "admitted_to_bound_p99_s": round(_p(latencies, 0.99), 3) if latencies else None,
-        "admitted_to_bound_max_s": round(max(latencies), 3) if latencies else None,
+        "admitted_to_bound_p50_s": round(_p(latencies, 0.5), 3),
+        "admitted_to_bound_p99_s": round(_p(latencies, 0.99), 3),
+        "admitted_to_bound_max_s": round(max(latencies), 3),
         "partial_workloads": len(partial),
         "stuck_pods": len(stuck),
         "bench_kueue_s": round(last - start, 1),
@@ -260,7 +262,6 @@ def main() -> int:
     print("[bench] Kueue + lj-scheduler bed", flush=True)
     with kueue_bed(binary) as bed:
         results |= run(bed)
-        results["kueue_version"] = bed.kueue.version
         bed.failed = bool(results["partial_workloads"] or results["stuck_pods"])
     results["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     write_part(args.out, results, "kueue")
