@@ -28,8 +28,9 @@ from lj_runtimekit.testkit.kueue import (
     POD_GROUP_COUNT_ANNOTATION,
     POD_GROUP_LABEL,
     QUEUE_LABEL,
-    SCHEDULING_GATE,
     Kueue,
+    gated,
+    workload_condition,
 )
 from lj_runtimekit.testkit.waits import NotYet, wait_for
 
@@ -97,8 +98,7 @@ class Queue:
 
     def gated(self, name: str) -> bool:
         """Whether the pod still has Kueue's scheduling gate."""
-        pod = self.core.read_namespaced_pod(name, self.namespace)
-        return any(g.name == SCHEDULING_GATE for g in pod.spec.scheduling_gates or [])
+        return gated(self.core.read_namespaced_pod(name, self.namespace))
 
     def workload_of(self, pod_name: str) -> dict[str, Any] | None:
         """The Workload Kueue made for the pod (the one it owns)."""
@@ -114,13 +114,7 @@ class Queue:
 
     def condition(self, pod_name: str, kind: str) -> dict[str, Any] | None:
         """The pod's Workload's condition `kind` (None before there is one)."""
-        workload = self.workload_of(pod_name)
-        if workload is None:
-            return None
-        for cond in workload.get("status", {}).get("conditions", []):
-            if cond["type"] == kind:
-                return dict(cond)
-        return None
+        return workload_condition(self.kueue.api, self.namespace, pod_name, kind)
 
     def admitted(self, *pods: str) -> bool | NotYet:
         """All `pods` ungated and their Workloads Admitted."""
@@ -195,14 +189,7 @@ def queue(kueue: Kueue) -> Iterator[Queue]:
         "spec": {"clusterQueue": name},
     }
     out.custom.create_namespaced_custom_object(GROUP, API_VERSION, name, "localqueues", local_queue)
-
-    def active() -> bool | NotYet:
-        lq = out.custom.get_namespaced_custom_object(GROUP, API_VERSION, name, "localqueues", name)
-        conditions = lq.get("status", {}).get("conditions", [])
-        ok = any(c["type"] == "Active" and c["status"] == "True" for c in conditions)
-        return ok or NotYet(f"LocalQueue conditions {conditions}")
-
-    wait_for(active, TIMEOUT_S, f"LocalQueue {name} Active")
+    kueue.wait_local_queue_active(name, name, TIMEOUT_S)
     yield out
     out.core.delete_namespace(name)
     out.custom.delete_cluster_custom_object(GROUP, API_VERSION, "clusterqueues", name)
