@@ -100,20 +100,24 @@ def _create(bed: KueueBed, *manifests: dict[str, Any]) -> None:
         bed.core.create_namespaced_pod(NAMESPACE, manifest)
 
 
+def _live_bound(bed: KueueBed) -> dict[str, k8s_client.V1Pod]:
+    """The bound pods of the queue's namespace that are not being deleted."""
+    pods = bound_pods(bed.core, NAMESPACE).items()
+    return {name: pod for name, pod in pods if pod.metadata.deletion_timestamp is None}
+
+
 def _placed(bed: KueueBed, count: int) -> dict[str, k8s_client.V1Pod]:
-    """Waits until `count` pods are bound; them, each checked to be on an H200 node with
-    the node selector Kueue injected and lj-scheduler's device assignment, no device
-    given twice."""
+    """Waits until `count` pods (not being deleted) are bound; them, each checked to be on
+    an H200 node with the node selector Kueue injected and lj-scheduler's device
+    assignment, no device given twice."""
     wait_for(
-        lambda: len(bound_pods(bed.core, NAMESPACE)) >= count,
+        lambda: len(_live_bound(bed)) >= count,
         TIMEOUT_S,
         f"{count} pods bound",
-        describe=lambda: (
-            f"{sorted(bound_pods(bed.core, NAMESPACE))}; {bed.scheduler.text()[-2000:]}"
-        ),
+        describe=lambda: f"{sorted(_live_bound(bed))}; {bed.scheduler.text()[-2000:]}",
     )
     bed.check_running()
-    pods: dict[str, k8s_client.V1Pod] = bound_pods(bed.core, NAMESPACE)
+    pods = _live_bound(bed)
     assert len(pods) == count, sorted(pods)
     holdings: list[Holding] = []
     for name, pod in pods.items():
