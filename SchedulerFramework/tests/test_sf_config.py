@@ -38,11 +38,11 @@ def test_defaults_and_sample_agree() -> None:
     assert profile.scheduler_name == "lj-scheduler"
     assert [p.name for p in profile.plugins] == [
         "Coscheduling",
-        "DynamicResources",
         "NodeUnschedulable",
         "NodeAffinity",
         "TaintToleration",
         "NodeResourcesFit",
+        "DynamicResources",
         "GpuShare",
         "DeviceTopology",
         "DefaultPreemption",

@@ -19,8 +19,8 @@ from lj_runtimekit.schedulerframework.internal.dra.allocator import (
     ClaimProblem,
     allocate,
     check_claim,
+    copies_that_fit,
 )
-from lj_runtimekit.schedulerframework.internal.dra.cel import Selectors
 from lj_runtimekit.schedulerframework.internal.dra.objects import (
     Allocation,
     Claim,
@@ -58,10 +58,9 @@ def claim(state: DraState, *requests: dict[str, Any], **devices: Any) -> Claim:
 
 def place(state: DraState, node: str, *claims: Claim) -> list[list[tuple[str, dict[str, str]]]]:
     """Allocates and assumes the claims on the node: each claim's (device, consumed)."""
-    selectors = Selectors()
     for c in claims:
-        assert check_claim(c, state, selectors) is None
-    planned, why = allocate(state, selectors, node, claims)
+        assert check_claim(c, state) is None
+    planned, why = allocate(state, node, claims)
     assert planned is not None, why
     for item in planned:
         state.assume(item.claim, Allocation(node, item.results))
@@ -73,7 +72,7 @@ def place(state: DraState, node: str, *claims: Claim) -> list[list[tuple[str, di
 
 
 def refused(state: DraState, node: str, *claims: Claim) -> str:
-    planned, why = allocate(state, Selectors(), node, claims)
+    planned, why = allocate(state, node, claims)
     assert planned is None
     return why
 
@@ -142,7 +141,7 @@ def test_first_available_falls_back_to_the_next_subrequest() -> None:
             {"name": "one", "deviceClassName": WHOLE, "count": 1},
         ],
     }
-    planned, why = allocate(state, Selectors(), "n", [claim(state, request)])
+    planned, why = allocate(state, "n", [claim(state, request)])
     assert planned is not None, why
     assert [r.request for r in planned[0].results] == ["r/one"]
 
@@ -169,25 +168,24 @@ def test_tainted_device_only_with_a_toleration() -> None:
 
 def test_claims_no_node_can_serve_are_named() -> None:
     state = cluster({"n": synthetic_gpus(1, pb.DEVICE_MODE_EXCLUSIVE)})
-    selectors = Selectors()
     bad = claim(state, exactly("g", WHOLE, selector="device.attributes["))
     with pytest.raises(ClaimProblem, match=r"ns/c\d+ request g: CEL selector .* does not compile"):
-        check_claim(bad, state, selectors)
+        check_claim(bad, state)
     other = claim(state, exactly("g", WHOLE, selector="request.x == 1"))
     with pytest.raises(ClaimProblem, match="only the variable device"):
-        check_claim(other, state, selectors)
+        check_claim(other, state)
     admin = exactly("g", WHOLE)
     admin["exactly"]["adminAccess"] = True
     with pytest.raises(ClaimProblem, match="admin access is not served"):
-        check_claim(claim(state, admin), state, selectors)
+        check_claim(claim(state, admin), state)
     missing = claim(state, exactly("g", "nvidia.com-gpu"))
-    assert "DeviceClass 'nvidia.com-gpu' not found" in str(check_claim(missing, state, selectors))
+    assert "DeviceClass 'nvidia.com-gpu' not found" in str(check_claim(missing, state))
 
 
 def test_selector_failing_at_run_time_does_not_match() -> None:
     state = cluster({"n": synthetic_gpus(1, pb.DEVICE_MODE_EXCLUSIVE)})
     lacking = claim(state, exactly("g", WHOLE, selector=f'device.attributes["{DRIVER}"].nope == 1'))
-    assert check_claim(lacking, state, Selectors()) is None
+    assert check_claim(lacking, state) is None
     assert "nope" in refused(state, "n", lacking)
     quantity = claim(
         state,
@@ -203,7 +201,7 @@ def test_selector_failing_at_run_time_does_not_match() -> None:
 def test_the_ledger_follows_the_claims_not_the_assumptions() -> None:
     state = cluster({"n": synthetic_gpus(1, pb.DEVICE_MODE_EXCLUSIVE)})
     c = claim(state, exactly("g", WHOLE))
-    (results,) = [item.results for item in allocate(state, Selectors(), "n", [c])[0] or ()]
+    (results,) = [item.results for item in allocate(state, "n", [c])[0] or ()]
     state.assume(c, Allocation("n", results))
     assert state.holders((DRIVER, "n", "gpu-0")) == [c.uid]
     # the claim shows the allocation: it counts once, and forgetting the attempt keeps it
@@ -241,3 +239,13 @@ def test_request_policy_rounds_up_to_a_valid_amount() -> None:
     assert values.consumed(d(21), d(100)) == d(40)
     assert values.consumed(d(41), d(100)) is None
     assert RequestPolicy().consumed(None, d(7)) == d(7)
+
+
+def test_copies_that_fit_counts_a_gang_members_per_node_and_holds_nothing() -> None:
+    state = cluster({"n": synthetic_gpus(8, pb.DEVICE_MODE_EXCLUSIVE)})
+    place(state, "n", claim(state, exactly("g", WHOLE, count=2)))  # 6 GPUs left
+    member = claim(state, exactly("g", WHOLE, count=2))
+    assert copies_that_fit(state, "n", [member], 10) == 3
+    assert copies_that_fit(state, "n", [member], 2) == 2
+    assert not any("/copy-" in uid for uid in state.assumed)
+    assert len([d for d in state.node_devices["n"] if state.usage(d.key)]) == 2

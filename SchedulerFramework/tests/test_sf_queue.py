@@ -84,3 +84,19 @@ def test_pod_update_retries_at_once_and_delete_forgets() -> None:
     assert q.pop(0) is not None
     q.delete("a")
     assert not q.has("a")
+
+
+def test_claims_made_from_templates_retry_the_pod_at_once() -> None:
+    q = SchedulingQueue(initial_backoff_s=5)
+    q.add(pod("a"))
+    qp = q.pop(0)
+    assert qp is not None
+    q.add_unschedulable(qp)  # waiting for the claim made from its template
+    status_only = pod("a")
+    status_only.obj["status"] = {"phase": "Pending"}
+    q.add(status_only)
+    assert q.pop(0) is None  # a status change that names no claim helps nothing
+    named = pod("a")
+    named.obj["status"] = {"resourceClaimStatuses": [{"name": "g", "resourceClaimName": "a-g"}]}
+    q.add(named)
+    assert q.pop(0) is not None

@@ -104,11 +104,14 @@ def claim_pod(
     node: str | None = None,
     scheduler_name: str | None = None,
     named: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    priority_class: str | None = None,
 ) -> dict[str, Any]:
     """A pod whose `claims` (pod claim name -> ResourceClaimTemplate name) and `named` (pod
     claim name -> ResourceClaim name) are used by the containers listed as {container name:
     pod claim names}; `limits` go on every container; `node` pins it to a node (by its
-    hostname label); `scheduler_name` chooses its scheduler."""
+    hostname label); `scheduler_name` chooses its scheduler, `priority_class` its
+    PriorityClass."""
 
     def container(name: str, used: Sequence[str]) -> dict[str, Any]:
         resources: dict[str, Any] = {}
@@ -125,6 +128,8 @@ def claim_pod(
     }
     if scheduler_name is not None:
         spec["schedulerName"] = scheduler_name
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
     if node is not None:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     if init_containers:
@@ -132,7 +137,7 @@ def claim_pod(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
         "spec": spec,
     }
 

@@ -205,3 +205,124 @@ def test_burst_through_a_scheduler_kill_never_shares_a_device(
     ]
     assert len(used) == 12
     assert len(set(used)) == 8  # 4 whole GPUs, 4 GPUs of two halves
+
+
+def _gang(dra_space: DraSpace, group: str, members: int, template: str) -> list[str]:
+    names = [f"{group}-{n}" for n in range(members)]
+    annotations = {
+        PROTOCOL.annotations.gang_group: group,
+        PROTOCOL.annotations.gang_min_members: str(members),
+    }
+    for name in names:
+        dra_space.pod(
+            name,
+            {"g": template},
+            containers=({"main": ("g",)},),
+            scheduler_name=NAME,
+            node="dra-tdm",
+            annotations=annotations,
+        )
+    return names
+
+
+def _tried(dra_space: DraSpace, names: list[str], scheduler: SchedulerProcess) -> None:
+    """Waits until every pod has been turned away at least once (PodScheduled=False)."""
+
+    def check() -> bool | NotYet:
+        waiting = [
+            n
+            for n in names
+            if not any(
+                c["type"] == "PodScheduled" and c["status"] == "False"
+                for c in dra_space.get(n)["status"].get("conditions") or ()
+            )
+        ]
+        return True if not waiting else NotYet(f"not tried yet: {waiting}")
+
+    wait_for(check, 60, f"pods {names} turned away", describe=lambda: scheduler.text()[-3000:])
+
+
+def _claims_allocated(dra_space: DraSpace, names: list[str]) -> list[str]:
+    allocated = []
+    for name in names:
+        for status in dra_space.get(name)["status"].get("resourceClaimStatuses") or ():
+            claim = _claim(dra_space, status["resourceClaimName"])
+            if claim.get("status", {}).get("allocation"):
+                allocated.append(claim["metadata"]["name"])
+    return allocated
+
+
+def test_gang_with_claims_is_placed_whole_or_not_at_all(
+    dra_space: DraSpace, lj_scheduler: SchedulerProcess
+) -> None:
+    dra_space.template("two", [exactly("g", WHOLE, count=2)])
+    first = _gang(dra_space, "first", 3, "two")  # 6 of the TDM node's 8 GPUs
+    for name in first:
+        dra_space.running(name)
+    second = _gang(dra_space, "second", 2, "two")  # needs 4: only 2 left
+    _tried(dra_space, second, lj_scheduler)
+    assert not any(dra_space.get(n)["spec"].get("nodeName") for n in second)
+    assert _claims_allocated(dra_space, second) == []  # no member's claim was written
+    for name in first:
+        dra_space.kube.request(
+            "DELETE",
+            f"/api/v1/namespaces/{dra_space.namespace}/pods/{name}",
+            query={"gracePeriodSeconds": "0"},
+        )
+    pods = [dra_space.running(n) for n in second]  # the freed GPUs take the gang whole
+    used = {
+        ref.runtime_id
+        for p in pods
+        for shares in dra_space.claims_of(p).values()
+        for _, ref, _ in shares
+    }
+    assert len(used) == 4
+
+
+def test_preemption_frees_a_victims_claim(
+    dra_space: DraSpace, lj_scheduler: SchedulerProcess
+) -> None:
+    low, high = f"{dra_space.namespace}-low", f"{dra_space.namespace}-high"
+    for name, value in ((low, 10), (high, 1000)):
+        dra_space.kube.request(
+            "POST",
+            "/apis/scheduling.k8s.io/v1/priorityclasses",
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            },
+        )
+    dra_space.template("two", [exactly("g", WHOLE, count=2)])
+    lows = [f"low-{n}" for n in range(4)]  # the TDM node's 8 GPUs
+    for name in lows:
+        dra_space.pod(
+            name,
+            {"g": "two"},
+            containers=({"main": ("g",)},),
+            scheduler_name=NAME,
+            node="dra-tdm",
+            priority_class=low,
+        )
+    for name in lows:
+        dra_space.running(name)
+    dra_space.pod(
+        "high",
+        {"g": "two"},
+        containers=({"main": ("g",)},),
+        scheduler_name=NAME,
+        node="dra-tdm",
+        priority_class=high,
+    )
+    pod = dra_space.running("high")
+    assert pod["spec"]["nodeName"] == "dra-tdm"
+    remaining = dra_space.kube.request("GET", f"/api/v1/namespaces/{dra_space.namespace}/pods")[
+        "items"
+    ]
+    running_lows = [
+        p["metadata"]["name"]
+        for p in remaining
+        if p["metadata"]["name"].startswith("low-") and not p["metadata"].get("deletionTimestamp")
+    ]
+    assert len(running_lows) == 3, running_lows  # one victim, the fewest that free 2 GPUs

@@ -135,6 +135,13 @@ class Cache:
         """The driver's ResourceSlices, DeviceClasses, ResourceClaims and their allocations."""
         self._shared_warned: set[str] = set()
 
+    def devices_changed(self) -> None:
+        """DRA devices came, went, or were allocated or freed: what was planned on the nodes
+        as they were may change (a gang's unmet plan is made again)."""
+        with self.lock:
+            self.generation += 1
+            self.node_generation += 1
+
     def set_ownership(self, ownership: NodeOwnership | None) -> None:
         """Which nodes this process may place pods on (one owner per node)."""
         with self.lock:

@@ -118,6 +118,12 @@ class PodInfo:
         return self.phase in ("Succeeded", "Failed")
 
     @property
+    def claims_made(self) -> object:
+        """`status.resourceClaimStatuses`: the ResourceClaims the controller manager made for
+        the pod from its templates (None before any)."""
+        return (self.obj.get("status") or {}).get("resourceClaimStatuses")
+
+    @property
     def gated(self) -> bool:
         """Whether `spec.schedulingGates` still holds the pod back (a queue in front, e.g.
         Kueue, lifts them on admission)."""

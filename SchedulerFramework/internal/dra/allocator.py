@@ -14,14 +14,16 @@ requests); the search backtracks, at most `MAX_STEPS` device choices per node.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from lj_runtimekit.schedulerframework.internal.dra.cel import SelectorError, Selectors
+from lj_runtimekit.schedulerframework.internal.dra.cel import SelectorError
 from lj_runtimekit.schedulerframework.internal.dra.objects import (
+    Allocation,
     Claim,
     ClaimRequest,
     Constraint,
@@ -65,11 +67,9 @@ def _applies(constraint: Constraint, request: str) -> bool:
 
 
 class _Search:
-    def __init__(
-        self, state: DraState, selectors: Selectors, node: str, claims: Sequence[Claim]
-    ) -> None:
+    def __init__(self, state: DraState, node: str, claims: Sequence[Claim]) -> None:
         self.state = state
-        self.selectors = selectors
+        self.selectors = state.selectors
         self.devices = state.node_devices.get(node, ())
         self.counters_used = state.counters_used(node)
         self.claims = claims
@@ -259,7 +259,7 @@ class _Search:
         return False
 
 
-def check_claim(claim: Claim, state: DraState, selectors: Selectors) -> str | None:
+def check_claim(claim: Claim, state: DraState) -> str | None:
     """Why no node can serve the claim as it is: a ClaimProblem for what the claim must
     change, or a reason that may pass (a DeviceClass not there yet); None: it may fit."""
     for claim_request in claim.requests:
@@ -272,20 +272,20 @@ def check_claim(claim: Claim, state: DraState, selectors: Selectors) -> str | No
                 return f"{where}: DeviceClass {request.class_name!r} not found"
             try:
                 for expression in (*device_class.selectors, *request.selectors):
-                    selectors.get(expression)
+                    state.selectors.get(expression)
             except SelectorError as exc:
                 raise ClaimProblem(f"{where}: {exc}") from None
     return None
 
 
 def allocate(
-    state: DraState, selectors: Selectors, node: str, claims: Sequence[Claim]
+    state: DraState, node: str, claims: Sequence[Claim]
 ) -> tuple[list[ClaimAllocation] | None, str]:
     """The claims' allocations on the node, or None and why not. Callers checked each claim
     with `check_claim`."""
     if not claims:
         return [], ""
-    search = _Search(state, selectors, node, claims)
+    search = _Search(state, node, claims)
     if not search.run():
         why = "; ".join(sorted(search.reasons)[:3])
         names = ", ".join(c.key for c in claims)
@@ -330,6 +330,26 @@ def _config(
                 item["requests"] = list(entry["requests"])
             config.append(item)
     return tuple(config)
+
+
+def copies_that_fit(state: DraState, node: str, claims: Sequence[Claim], limit: int) -> int:
+    """How many pods, each with its own claims like these, fit on the node (at most
+    `limit`): a gang's planner counts its members per node this way."""
+    held: list[str] = []
+    try:
+        while len(held) < limit * max(1, len(claims)):
+            copy = len(held)
+            twins = [dataclasses.replace(c, uid=f"{c.uid}/copy-{copy}") for c in claims]
+            planned, _ = allocate(state, node, twins)
+            if planned is None:
+                break
+            for item in planned:
+                state.assume(item.claim, Allocation(node, item.results))
+                held.append(item.claim.uid)
+    finally:
+        for uid in held:
+            state.forget(uid)
+    return len(held) // max(1, len(claims))
 
 
 def node_fullness(state: DraState, node: str, extra: int = 0) -> float:

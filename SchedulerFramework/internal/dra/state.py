@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from lj_runtimekit.schedulerframework.internal.dra.cel import Selectors
 from lj_runtimekit.schedulerframework.internal.dra.objects import (
     Allocation,
     Claim,
@@ -69,6 +70,8 @@ class DraState:
         """claim UID -> the allocation its object shows"""
         self.assumed: dict[str, tuple[str, Allocation]] = {}
         """claim UID -> (claim key, the allocation this scheduler chose and has not seen)"""
+        self.selectors = Selectors()
+        """the CEL selectors of classes and claims, compiled once"""
 
     # -- slices --------------------------------------------------------------------------
 
@@ -215,6 +218,26 @@ class DraState:
                 usage.consumed[name] = usage.consumed.get(name, Decimal(0)) + sign * amount
             if not usage.claims:
                 del self._usage[result.key]
+
+    def release_claims_of(self, pod_uid: str) -> list[str]:
+        """Preemption's simulation: the claims made for this pod (their owner) stop counting,
+        as the claim controller deallocates them once the pod is gone; the UIDs released, for
+        `restore_claims`. A claim shared with other pods stays."""
+        released = []
+        for claim in self.claims.values():
+            if claim.owner_uid == pod_uid and claim.uid in self._held:
+                self._count(claim.uid, self._held.pop(claim.uid), -1)
+                released.append(claim.uid)
+        return released
+
+    def holds_claims_of(self, pod_uid: str) -> bool:
+        """Whether a claim made for this pod still holds devices."""
+        return any(c.owner_uid == pod_uid and c.uid in self._held for c in self.claims.values())
+
+    def restore_claims(self, claim_uids: Iterable[str]) -> None:
+        """Counts released claims again (the simulation is over)."""
+        for uid in claim_uids:
+            self._recount(uid)
 
     def usage(self, key: DeviceKey) -> Usage | None:
         return self._usage.get(key)

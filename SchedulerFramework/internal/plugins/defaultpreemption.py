@@ -163,11 +163,15 @@ def split_by_budgets(units: list[Unit], budgets: list[Budget]) -> tuple[list[Uni
 
 class RemovedPods:
     """The pods of some units taken out of the cache while victims are chosen (as a
-    context manager: those still out go back into the cache on exit)."""
+    context manager: those still out go back into the cache on exit); the ResourceClaims
+    made for them are released meanwhile, as the claim controller deallocates them once the
+    victim is gone."""
 
     def __init__(self, cache: Cache, units: Iterable[Unit]) -> None:
         self.cache = cache
         self.out: dict[str, PodInfo] = {}
+        self.claims: dict[str, list[str]] = {}
+        """pod UID -> the claims made for it, released while it is out"""
         self.take(p for u in units for p in u.pods)
 
     def take(self, pods: Iterable[PodInfo]) -> None:
@@ -175,10 +179,12 @@ class RemovedPods:
             if p.uid not in self.out:
                 self.out[p.uid] = p
                 self.cache.remove_pod(p.uid)
+                self.claims[p.uid] = self.cache.dra.release_claims_of(p.uid)
 
     def put_back(self, pods: Iterable[PodInfo]) -> None:
         for p in pods:
             self.cache.update_pod(p)
+            self.cache.dra.restore_claims(self.claims.pop(p.uid, ()))
             del self.out[p.uid]
 
     def __enter__(self) -> RemovedPods:
@@ -187,6 +193,7 @@ class RemovedPods:
     def __exit__(self, *exc: object) -> None:
         for p in self.out.values():
             self.cache.update_pod(p)
+            self.cache.dra.restore_claims(self.claims.pop(p.uid, ()))
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,9 @@ from lj_runtimekit.schedulerframework.internal.dra.allocator import (
     ClaimProblem,
     allocate,
     check_claim,
+    copies_that_fit,
     node_fullness,
 )
-from lj_runtimekit.schedulerframework.internal.dra.cel import Selectors
 from lj_runtimekit.schedulerframework.internal.dra.objects import (
     API,
     DELETE_PROTECTION,
@@ -46,6 +46,7 @@ from lj_runtimekit.schedulerframework.internal.dra.objects import (
     allocation_to_api,
     pod_claim_names,
 )
+from lj_runtimekit.schedulerframework.internal.dra.state import DraState
 from lj_runtimekit.schedulerframework.internal.framework.args import check_fields
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     MAX_NODE_SCORE,
@@ -126,7 +127,6 @@ class DynamicResources(
     def __init__(self, args: Args, handle: Handle) -> None:
         self.args = args
         self.handle = handle
-        self.selectors = Selectors()
         self.driver = handle.protocol.dra.driver
         label = handle.protocol.labels.device_api
         self.node_reason = (
@@ -181,6 +181,12 @@ class DynamicResources(
                     f"{claim.owner_uid or 'none'})"
                 )
             claims.append(claim)
+            if claim.allocation is None and claim.uid in dra.assumed:
+                # another pod's binding writes its allocation now: the claim's update (an
+                # event) brings this pod back, to honour what that one wrote
+                return None, unschedulable(
+                    f"ResourceClaim {claim.key} is being allocated for another pod"
+                )
             allocation = dra.allocation_of(claim)
             if allocation is not None:
                 if (
@@ -194,7 +200,7 @@ class DynamicResources(
                     nodes.add(allocation.node)
                 continue
             try:
-                problem = check_claim(claim, dra, self.selectors)
+                problem = check_claim(claim, dra)
             except ClaimProblem as exc:
                 return None, unresolvable(str(exc))
             if problem is not None:
@@ -224,9 +230,7 @@ class DynamicResources(
             return unresolvable(f"the pod's ResourceClaims are allocated on node {pod_claims.node}")
         if not pod_claims.to_allocate:
             return SUCCESS
-        planned, why = allocate(
-            self.handle.cache.dra, self.selectors, node.name, pod_claims.to_allocate
-        )
+        planned, why = allocate(self.handle.cache.dra, node.name, pod_claims.to_allocate)
         if planned is None:
             return unschedulable(why or f"no device of driver {self.driver} fits")
         pod_claims.planned[node.name] = planned
@@ -250,7 +254,7 @@ class DynamicResources(
         # Filter's plan unless another pod took a device or allocated a shared claim since
         # (a gang's members are planned together; nominated pods are reserved beside)
         pending = [c for c in pod_claims.to_allocate if dra.allocation_of(c) is None]
-        planned, why = allocate(dra, self.selectors, node_name, pending)
+        planned, why = allocate(dra, node_name, pending)
         if planned is None:
             return unschedulable(why)
         for item in planned:
@@ -372,6 +376,19 @@ def _devices(allocation: Mapping[str, Any]) -> set[tuple[str, str, str]]:
 
 def _devices_of(item: ClaimAllocation) -> set[tuple[str, str, str]]:
     return {r.key for r in item.results}
+
+
+def claim_copies(dra: DraState, pod: PodInfo, node: str, limit: int) -> int | None:
+    """How many pods like `pod`, each with claims like its unallocated ones, the node's
+    devices hold (at most `limit`); None when it has no claim to allocate."""
+    claims = [
+        claim
+        for _, name in pod_claim_names(pod.obj)
+        if name
+        and (claim := dra.claims.get(f"{pod.namespace}/{name}")) is not None
+        and dra.allocation_of(claim) is None
+    ]
+    return copies_that_fit(dra, node, claims, limit) if claims else None
 
 
 def new(args: Args, handle: Handle) -> DynamicResources:

@@ -47,11 +47,13 @@ REGISTRY: dict[str, Registration] = {
 
 DEFAULT_PLUGINS: tuple[tuple[str, int], ...] = (
     (coscheduling.NAME, 0),  # first: its PreFilter narrows gang members to their planned nodes
-    (dynamicresources.NAME, 0),  # before GpuShare: says why a DRA node is left out
     (nodeunschedulable.NAME, 0),
     (nodeaffinity.NAME, 2),  # scores preferred node affinity (upstream's weight)
     (tainttoleration.NAME, 3),  # scores PreferNoSchedule taints (upstream's weight)
     (noderesources.NAME, 1),
+    # after the cheap filters (it allocates claims on each node it judges), before GpuShare
+    # (it says why a DRA node is left out); scores fuller nodes first (binpack)
+    (dynamicresources.NAME, 1),
     (gpushare.NAME, 3),
     (devicetopology.NAME, 2),
     (defaultpreemption.NAME, 0),

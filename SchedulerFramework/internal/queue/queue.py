@@ -114,8 +114,12 @@ class SchedulingQueue:
                 qp = self._pods[uid] = QueuedPod(pod)
                 self._push_active(qp)
                 return
-            changed = qp.pod.obj.get("spec") != pod.obj.get("spec") or (
-                qp.pod.annotations != pod.annotations or qp.pod.labels != pod.labels
+            changed = (
+                qp.pod.obj.get("spec") != pod.obj.get("spec")
+                or qp.pod.annotations != pod.annotations
+                or qp.pod.labels != pod.labels
+                # the controller manager named the claims made from its templates
+                or qp.pod.claims_made != pod.claims_made
             )
             qp.pod = pod
             if changed and self._where.get(uid) == "unschedulable":

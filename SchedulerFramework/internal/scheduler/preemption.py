@@ -133,12 +133,15 @@ class Nominator:
             return None
 
     def pending(self, uid: str) -> str | None:
-        """The nominated node while a victim of the pod's preemption is still accounted."""
+        """The nominated node while a victim of the pod's preemption is still accounted, or
+        still holds the ResourceClaims made for it (the claim controller deallocates them
+        once it is gone: until then a second preemption would take another victim)."""
         with self._cache.lock:
             victims = self._victims.get(uid)
             if victims is None:
                 return None
-            if any(v in self._cache.pods for v in victims):
+            dra = self._cache.dra
+            if any(v in self._cache.pods or dra.holds_claims_of(v) for v in victims):
                 return self._node_of.get(uid)
             del self._victims[uid]
             return None

@@ -485,15 +485,24 @@ class Scheduler:
                 self._cache.dra.remove_slice(name)
             else:
                 self._cache.dra.update_slice(obj)
+            self._cache.devices_changed()
         self._cluster_event(ClusterEvent.RESOURCE_SLICE)
 
     def on_resource_claim(self, etype: str, obj: KubeObject) -> None:
         meta = obj.get("metadata") or {}
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
         with self._cache.lock:
+            dra = self._cache.dra
+            before = dra.claims.get(key)
             if etype == "DELETED":
-                self._cache.dra.remove_claim(f"{meta.get('namespace')}/{meta.get('name')}")
+                dra.remove_claim(key)
+                after = None
             else:
-                self._cache.dra.update_claim(obj)
+                after = dra.update_claim(obj).allocation
+            if (before.allocation if before else None) != after:
+                self._cache.devices_changed()  # devices held or freed
+            else:
+                self._cache.generation += 1  # e.g. a claim made for a pod from its template
         self._cluster_event(ClusterEvent.RESOURCE_CLAIM)
 
     def on_device_class(self, etype: str, obj: KubeObject) -> None:

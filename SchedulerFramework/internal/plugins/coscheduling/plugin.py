@@ -74,6 +74,7 @@ from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import 
     gang_of,
     jobset_size,
 )
+from lj_runtimekit.schedulerframework.internal.plugins.dynamicresources import claim_copies
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.assign import copies_that_fit
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import device_request
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import RequestError
@@ -310,8 +311,8 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             if g is None:
                 g = self._gangs[key] = _Gang(key)
             new = pod.uid not in g.members
-            if new:
-                g.forget_failures()
+            if new or g.members[pod.uid].claims_made != pod.claims_made:
+                g.forget_failures()  # a member, or the claims made for one, came
             g.members[pod.uid] = pod
             if pod.node_name:
                 g.reserved.discard(pod.uid)
@@ -414,7 +415,7 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
     def _slots(self, pod: PodInfo, node: NodeInfo, need: int) -> int:
         """How many copies of `pod` fit on the node now (it passed the filters: >= 1): its
         free cpu, memory, pods and devices, the devices counted one by one (a slice or MIG
-        pod: at most `need`, the members still to place)."""
+        pod, or one with ResourceClaims: at most `need`, the members still to place)."""
         n = 1 << 20
         for r, v in pod.requests.items():
             if v > 0 and r in node.allocatable:
@@ -429,6 +430,9 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
         elif req is not None:
             policy = req.policy_override or "binpack"
             n = copies_that_fit(node.devices, req, policy, min(n, need))
+        claims = claim_copies(self.handle.cache.dra, pod, node.name, min(n, need))
+        if claims is not None:  # its ResourceClaims: as many copies as the devices hold
+            n = min(n, claims)
         return max(n, 1)
 
     def _max_size(self, pod: PodInfo) -> int | None:
