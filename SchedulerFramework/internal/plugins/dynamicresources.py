@@ -251,8 +251,8 @@ class DynamicResources(
         if not isinstance(pod_claims, _PodClaims) or not pod_claims.to_allocate:
             return SUCCESS
         dra = self.handle.cache.dra
-        # Filter's plan unless another pod took a device or allocated a shared claim since
-        # (a gang's members are planned together; nominated pods are reserved beside)
+        # allocated again, not taken from Filter: since then nominated pods or a gang's
+        # other members may have been reserved beside it, or a shared claim allocated
         pending = [c for c in pod_claims.to_allocate if dra.allocation_of(c) is None]
         planned, why = allocate(dra, node_name, pending)
         if planned is None:
