@@ -1,10 +1,11 @@
 """End-to-end benchmark on DRA sandbox beds (real kubelets, `lj-dra-plugin`) ->
 bench/parts/dra.e2e.json (merged into the `dra` section of bench/results.json).
 
-Three beds, one after the other, without per-node Exporters (the admission path only):
+Four beds, one after the other, without per-node Exporters (the admission path only):
 
-- churn (4 DRA nodes, tdm-8gpu and mig-8gpu): pods by ResourceClaimTemplate, placed by
-  kube-scheduler, created in waves (whole GPUs, TDM slices incl. core-only and memory-only
+- churn (4 DRA nodes, tdm-8gpu and mig-8gpu), once with its pods placed by kube-scheduler,
+  then on a fresh bed by lj-scheduler (`--scheduler kube|lj|both`): pods by
+  ResourceClaimTemplate, created in waves (whole GPUs, TDM slices incl. core-only and memory-only
   ones, MIG instances, a claim shared by two pods, pods whose init container uses the main
   container's claim or a claim of its own, pods with a sidecar (restartable init
   container) holding its own claim, two-container pods); a share of the running pods
@@ -15,7 +16,8 @@ Three beds, one after the other, without per-node Exporters (the admission path 
   fails its next Allocate calls (`fail_allocations`): NodePrepareResources answers an
   error for those claims and the kubelet prepares again on a later sync of the pod. A
   wave waits up to 120 s for its pods; those still on their way then are counted late and
-  kept. Pods kube-scheduler finds no room for are deleted and counted. The pods alive at
+  kept. Pods the scheduler finds no room for are deleted and counted (PodScheduled=False,
+  but for lj-scheduler's word that it waits for a claim, `WAITING`). The pods alive at
   once hold at most 80 % of `--tdm-gpus-per-node` TDM GPUs per node (the churn's load:
   kube-scheduler 1.34 placed whole and shared claims on one TDM GPU per node, docs/dra.md;
   the bed runs the DRA pin, 1.37, which places them on any) and 60 % of 7 MIG 1g
@@ -32,7 +34,20 @@ Three beds, one after the other, without per-node Exporters (the admission path 
   failures set on the Runtimes; one set over another before its Allocate calls came
   counts too), churn_failed_prepare_events (the kubelets' FailedPrepareDynamicResources
   events: injected failures, and prepares while a plugin was away) and the churn's
-  counts.
+  counts; churn_load_avg_1m_start / _end: the machine's load around the churn (its bed's
+  start included).
+  With lj-scheduler (`spec.schedulerName: lj-scheduler`; it allocates the claims itself)
+  the same pods, waves, kills and checks, with the keys prefixed lj_churn_ instead of
+  churn_, and lj-scheduler itself SIGKILLed and started again 2 waves in 6, apart from the
+  plugin and kubelet kills: in the waves 1, 7, 13, ... once half of the wave's pods are
+  bound (the others still being placed, their claims being allocated or written: it comes
+  back once the wave is created), in the waves 5, 11, ... before the wave is created (the
+  wave is created while it is away). Keys besides: lj_churn_scheduler_restarts,
+  lj_churn_scheduler_kills_mid_binds (kills with some of the wave's pods bound and some
+  not), lj_churn_scheduler_restart_max_s (kill to serving again), and
+  lj_churn_overcommit_violations (the distinct device conflicts of the claims', the
+  Runtimes' and the kubelets' ledgers seen at any check: lj_churn_device_conflicts but
+  for the CDI ones).
 - device-plugin burst: `bench_e2e.run_burst` (8 tdm-8gpu nodes, 200 pods) -> key
   device_plugin_burst_200_running_s;
 - DRA burst (8 tdm-8gpu DRA nodes): 200 pods, each with a claim of a 3 % core and memory
@@ -41,12 +56,14 @@ Three beds, one after the other, without per-node Exporters (the admission path 
   Running, from a watch), burst_pods_per_s, burst_ratio_vs_device_plugin (the DRA time
   over the device-plugin time: below 1 is faster), burst_ledger_mismatches.
 
-load_avg_1m_start / load_avg_1m_end: the machine's load around the whole run.
+load_avg_1m_start / load_avg_1m_end, bench_s: the machine's load around the whole run and
+its length (written by the runs that include the bursts).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
@@ -71,6 +88,7 @@ from lj_runtimekit.sandbox.bed import (
     JOB_AGENT,
     RESOURCE_GROUP,
     RESOURCE_VERSION,
+    Component,
     NodeHandle,
     SandboxError,
 )
@@ -94,11 +112,24 @@ def _phase(pod: Mapping[str, Any]) -> str:
     return str((pod.get("status") or {}).get("phase") or "")
 
 
-def _unschedulable(pod: Mapping[str, Any]) -> bool:
-    return any(
-        c.get("type") == "PodScheduled" and c.get("status") == "False"
-        for c in (pod.get("status") or {}).get("conditions") or ()
-    )
+WAITING = (
+    "to be made from its template",
+    "is being allocated for another pod",
+    "is being deleted",
+)
+"""What lj-scheduler says on a pod (PodScheduled=False) while it waits for one of its claims
+(made by the controller manager, allocated by another pod's binding, deleted) and tries again
+when the claim changes; kube-scheduler waits for them without a condition."""
+
+
+def _refusal(pod: Mapping[str, Any]) -> str:
+    """The scheduler's message when it found the pod no room (PodScheduled=False, but for a
+    claim it waits for), else ""."""
+    for c in (pod.get("status") or {}).get("conditions") or ():
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            message = str(c.get("message") or c.get("reason") or "unschedulable")
+            return "" if any(w in message for w in WAITING) else message
+    return ""
 
 
 def _start_bed(nodes: int, kinds: tuple[str, ...], state: Path) -> Sandbox:
@@ -343,7 +374,12 @@ def _shape(kind: str, rng: random.Random) -> Shape:
 
 
 def _manifest(
-    name: str, shape: Shape, templates: Templates, ns: str, claim: str = ""
+    name: str,
+    shape: Shape,
+    templates: Templates,
+    ns: str,
+    claim: str = "",
+    scheduler_name: str | None = None,
 ) -> dict[str, Any]:
     pod = claim_pod(
         name,
@@ -352,6 +388,7 @@ def _manifest(
         init_containers=tuple({c: u} for c, u in shape.init.items()),
         limits=REQUESTS,
         namespace=ns,
+        scheduler_name=scheduler_name,
     )
     if claim:  # the pod claim names a ResourceClaim instead of a template
         pod["spec"]["resourceClaims"] = [
@@ -367,13 +404,15 @@ def _manifest(
 
 @dataclass
 class Churn:
-    """The churn's state: alive pods by name -> shape, shared claims by pod."""
+    """The churn's state: alive pods by name -> shape, shared claims by pod; `scheduler_name`
+    goes on every pod (None: kube-scheduler's default)."""
 
     bed: Sandbox
     api: k8s_client.ApiClient
     ns: str
     templates: Templates
     rng: random.Random
+    scheduler_name: str | None = None
     shapes: dict[str, Shape] = field(default_factory=dict)
     claim_of: dict[str, str] = field(default_factory=dict)
     """Pod -> the ResourceClaim it shares (shared pods only)."""
@@ -400,7 +439,8 @@ class Churn:
         self.counter += 1
         base = f"{shape.kind}-{self.counter}{suffix}"
         if not shape.shared:
-            core.create_namespaced_pod(self.ns, _manifest(base, shape, self.templates, self.ns))
+            manifest = _manifest(base, shape, self.templates, self.ns, "", self.scheduler_name)
+            core.create_namespaced_pod(self.ns, manifest)
             self.shapes[base] = shape
             self.count("pods")
             return [base]
@@ -416,9 +456,8 @@ class Churn:
         )
         names = [f"{base}-a", f"{base}-b"]
         for name in names:
-            core.create_namespaced_pod(
-                self.ns, _manifest(name, shape, self.templates, self.ns, claim=base)
-            )
+            manifest = _manifest(name, shape, self.templates, self.ns, base, self.scheduler_name)
+            core.create_namespaced_pod(self.ns, manifest)
             self.shapes[name] = shape
             self.claim_of[name] = base
             self.count("pods")
@@ -444,21 +483,83 @@ class Churn:
         return shape
 
 
+SCHEDULERS = {"kube": "churn_", "lj": "lj_churn_"}
+"""The churn's schedulers (`--scheduler`) -> the prefix of their keys."""
+
+
 def run_churn(
-    nodes: int, total: int, wave: int, seed: int, tdm_gpus: float, state: Path
+    scheduler: str,
+    nodes: int,
+    total: int,
+    wave: int,
+    seed: int,
+    tdm_gpus: float,
+    state: Path,
+    keep_state: bool = False,
 ) -> dict[str, float]:
+    """The churn with its pods placed by `scheduler` (SCHEDULERS) on a bed of its own; its
+    keys prefixed. The bed's state and logs are kept when something went wrong (or with
+    `keep_state`)."""
+    load_start = round(os.getloadavg()[0], 2)
     bed = _start_bed(nodes, ("tdm-8gpu", "mig-8gpu"), state)
     try:
         with bed.api_client() as api:
-            out = _churn(bed, api, total, wave, random.Random(seed), tdm_gpus)  # noqa: S311
+            out = _churn(bed, api, total, wave, random.Random(seed), tdm_gpus, scheduler)  # noqa: S311
     except BaseException:
         bed.stop(failed=True)
         raise
-    if out["churn_device_conflicts"] or out["churn_ledger_mismatches"] or out["churn_stuck_pods"]:
+    wrong = ("device_conflicts", "ledger_mismatches", "stuck_pods", "late_pods")
+    if keep_state or any(out[k] for k in (*wrong, "unschedulable_deleted_pods")):
         bed.config.keep_state = True
-        _say(f"conflicts or mismatches: state and logs kept in {bed.state_dir}")
+        _say(f"state and logs kept in {bed.state_dir}")
     bed.stop()
-    return out
+    out |= {"load_avg_1m_start": load_start, "load_avg_1m_end": round(os.getloadavg()[0], 2)}
+    return {f"{SCHEDULERS[scheduler]}{k}": v for k, v in out.items()}
+
+
+class SchedulerKill:
+    """SIGKILLs lj-scheduler during a wave and starts it again once the wave is created
+    (from this thread: a process dies with the thread that started it). `after_bound` 0: at
+    once, the wave created while it is away; else once `after_bound` of the wave's pods
+    are bound (half of it, if the wave came out smaller), the rest still being placed, their
+    claims allocated or being written."""
+
+    def __init__(
+        self, scheduler: Component, watch: PodWatch, batch: list[str], after_bound: int
+    ) -> None:
+        self.scheduler, self.watch, self.batch = scheduler, watch, batch
+        self.after_bound = after_bound
+        self.at: tuple[int, int] | None = None
+        """(the wave's pods bound, created) when killed; None: not killed."""
+        self.killed_at = 0.0
+        self.restart_s = 0.0
+        """Kill to serving again."""
+        self.poll()
+
+    def _bound(self) -> int:
+        return sum(n in self.watch.bound for n in self.batch)
+
+    def poll(self, wanted: int | None = None) -> bool:
+        """Kill it if due (`wanted` pods bound; default `after_bound`); whether killed."""
+        if self.at is None and self._bound() >= (self.after_bound if wanted is None else wanted):
+            self.at = (self._bound(), len(self.batch))
+            self.killed_at = time.monotonic()
+            self.scheduler.kill()
+        return self.at is not None
+
+    def created(self, timeout_s: float = 60) -> None:
+        """The wave is created: kill it once half of the wave is bound (not at all if every
+        pod is bound first, or none within `timeout_s`), then start it again."""
+        half = min(self.after_bound, max(1, len(self.batch) // 2))
+        deadline = time.monotonic() + timeout_s
+        while not self.poll(half) and time.monotonic() < deadline:
+            if self.batch and self._bound() == len(self.batch):
+                return
+            time.sleep(0.01)
+        if self.at is not None:
+            self.scheduler.start()
+            self.scheduler.wait_ready(60)
+            self.restart_s = time.monotonic() - self.killed_at
 
 
 def _churn(
@@ -468,21 +569,32 @@ def _churn(
     wave: int,
     rng: random.Random,
     tdm_gpus: float,
+    scheduler: str,
 ) -> dict[str, float]:
     ns = "dra-churn"
     workload.ensure_namespace(api, ns)
     inventories = workload.runtime_inventories(bed.nodes)
     first = next(d for devs in inventories.values() for d in devs if d.mode == pb.DEVICE_MODE_TDM)
     templates = Templates(api, bed.protocol, ns, memory_step(first))
-    churn = Churn(bed, api, ns, templates, rng)
+    lj = scheduler == "lj"
+    churn = Churn(bed, api, ns, templates, rng, workload.SCHEDULER_NAME if lj else None)
     gpu_budget = len(bed.nodes) * tdm_gpus * 0.8
     mig_budget = sum(7 for n in bed.nodes if n.kind.startswith("mig")) * 0.6
-    _say(f"churn: alive at once <= {gpu_budget:g} GPUs and {mig_budget:g} MIG 1g instances")
+    _say(
+        f"churn ({scheduler}-scheduler): alive at once <= {gpu_budget:g} GPUs and"
+        f" {mig_budget:g} MIG 1g instances"
+    )
     kinds, weights = list(MIX), list(MIX.values())
     recreate: list[Shape] = []
     restarts = kubelet_restarts = injected = waves = 0
+    kills: list[SchedulerKill] = []
     began = time.monotonic()
-    with Checker(bed, ns) as checker:
+    with contextlib.ExitStack() as stack:
+        checker = stack.enter_context(Checker(bed, ns))
+        watch = PodWatch(bed, ns, expect=sys.maxsize)  # when each pod is first seen bound
+        if lj:
+            watch.start()
+            stack.callback(watch.stop)
         while churn.counts.get("pods", 0) < total:
             waves += 1
             pods = {p["metadata"]["name"]: p for p in workload.list_pods(api, ns)}
@@ -515,6 +627,11 @@ def _churn(
                 node.fail_allocations(skip, count)
                 injected += count
             batch: list[str] = []
+            kill = None
+            if lj and waves % 6 in (1, 5):  # lj-scheduler killed: amid the binds, or at once
+                after = max(1, wave // 2) if waves % 6 == 1 else 0
+                kill = SchedulerKill(bed.components["scheduler"], watch, batch, after)
+                kills.append(kill)
             while len(batch) < wave and churn.counts.get("pods", 0) < total:
                 gpu_use, mig_use = churn.use()
                 again = recreate.pop(0) if recreate else None
@@ -529,6 +646,17 @@ def _churn(
                     churn.count("deleted_early", len(names))
                     continue
                 batch += names
+                if kill is not None:
+                    kill.poll()
+            if kill is not None:
+                kill.created()
+                if kill.at is not None:
+                    when = f"with {kill.at[0]} of the {kill.at[1]} pods created by then bound"
+                    _say(
+                        f"churn: lj-scheduler killed in wave {waves}"
+                        f" {when if kill.after_bound else 'before its pods were created'};"
+                        f" serving again {kill.restart_s:.1f}s after the kill"
+                    )
             _wait_wave(churn, batch)
         churn_s = time.monotonic() - began
         _say(
@@ -546,28 +674,40 @@ def _churn(
         for s in ("claims", "runtime", "kubelet", "cdi")
     }
     c = churn.counts
-    return {
-        "churn_nodes": float(len(bed.nodes)),
-        "churn_pods": float(c.get("pods", 0)),
-        "churn_waves": float(waves),
-        "churn_s": round(churn_s, 1),
-        "churn_plugin_restarts": float(restarts),
-        "churn_kubelet_restarts": float(kubelet_restarts),
-        "churn_failed_prepares_injected": float(injected),
-        "churn_failed_prepare_events": float(failed_prepares),
-        "churn_deleted_running_pods": float(c.get("deleted_running", 0)),
-        "churn_deleted_before_admission_pods": float(c.get("deleted_early", 0)),
-        "churn_unschedulable_deleted_pods": float(c.get("unschedulable", 0)),
-        "churn_failed_pods": float(c.get("failed", 0)),
-        "churn_running_at_end": float(running_at_end),
-        "churn_late_pods": float(c.get("late", 0)),
-        "churn_stuck_pods": float(len(stuck)),
-        "churn_checks": float(checker.checks),
-        "churn_failed_checks": float(len(checker.errors)),
-        "churn_device_conflicts": float(len(checker.conflicts)),
-        **{f"churn_conflicts_{s}": float(n) for s, n in by_source.items()},
-        "churn_ledger_mismatches": float(len(mismatches)),
+    out = {
+        "nodes": float(len(bed.nodes)),
+        "pods": float(c.get("pods", 0)),
+        "waves": float(waves),
+        "s": round(churn_s, 1),
+        "plugin_restarts": float(restarts),
+        "kubelet_restarts": float(kubelet_restarts),
+        "failed_prepares_injected": float(injected),
+        "failed_prepare_events": float(failed_prepares),
+        "deleted_running_pods": float(c.get("deleted_running", 0)),
+        "deleted_before_admission_pods": float(c.get("deleted_early", 0)),
+        "unschedulable_deleted_pods": float(c.get("unschedulable", 0)),
+        "failed_pods": float(c.get("failed", 0)),
+        "running_at_end": float(running_at_end),
+        "late_pods": float(c.get("late", 0)),
+        "stuck_pods": float(len(stuck)),
+        "checks": float(checker.checks),
+        "failed_checks": float(len(checker.errors)),
+        "device_conflicts": float(len(checker.conflicts)),
+        **{f"conflicts_{s}": float(n) for s, n in by_source.items()},
+        "ledger_mismatches": float(len(mismatches)),
     }
+    if lj:
+        kills = [k for k in kills if k.at is not None]
+        mid = [k for k in kills if k.at is not None and 0 < k.at[0] < len(k.batch)]
+        out |= {
+            "scheduler_restarts": float(len(kills)),
+            "scheduler_kills_mid_binds": float(len(mid)),
+            "scheduler_restart_max_s": round(max((k.restart_s for k in kills), default=0), 1),
+            "overcommit_violations": float(
+                sum(by_source[s] for s in ("claims", "runtime", "kubelet"))
+            ),
+        }
+    return out
 
 
 def _restart_kubelet(node: NodeHandle, checker: Checker, timeout_s: float = 60) -> None:
@@ -600,7 +740,7 @@ def _wait_wave(churn: Churn, batch: list[str], timeout_s: float = 120) -> None:
     last: dict[str, dict[str, Any]] = {}
 
     def done(pod: Mapping[str, Any]) -> bool:
-        return _phase(pod) in ("Running", "Failed", "Succeeded") or _unschedulable(pod)
+        return _phase(pod) in ("Running", "Failed", "Succeeded") or bool(_refusal(pod))
 
     def check() -> bool | NotYet:
         last.clear()
@@ -615,7 +755,9 @@ def _wait_wave(churn: Churn, batch: list[str], timeout_s: float = 120) -> None:
         churn.count("late", len(late))
         _say(f"churn: {len(late)} pods not Running in {timeout_s:.0f}s, kept: {late}")
     for name in sorted(wanted):
-        if name in churn.shapes and _unschedulable(last.get(name, {})):
+        refusal = _refusal(last.get(name, {}))
+        if name in churn.shapes and refusal:
+            _say(f"churn: {name} found no room, deleted: {refusal}")
             churn.count("unschedulable", 1 + bool(churn.claim_of.get(name)))
             churn.delete(name, now=True)
 
@@ -738,26 +880,40 @@ def main() -> int:
     )
     parser.add_argument("--burst-nodes", type=int, default=8)
     parser.add_argument("--burst-pods", type=int, default=200)
+    parser.add_argument(
+        "--scheduler",
+        choices=("kube", "lj", "both"),
+        default="both",
+        help="who places the churn's pods: kube-scheduler (keys churn_*), lj-scheduler (keys"
+        " lj_churn_*, with its kills) or both, kube-scheduler first, each on a bed of its own",
+    )
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--keep-state", action="store_true", help="keep the churn beds' state and logs"
+    )
     parser.add_argument("--skip", choices=("churn", "burst"), default=None)
     args = parser.parse_args()
-    results: dict[str, float] = {"load_avg_1m_start": round(os.getloadavg()[0], 2)}
+    load_start = round(os.getloadavg()[0], 2)
+    results: dict[str, float] = {}
     began = time.monotonic()
 
     def state() -> Path:
         return Path(tempfile.mkdtemp(prefix="ljbdra", dir="/tmp"))
 
     if args.skip != "churn":
-        results.update(
-            run_churn(
-                args.churn_nodes,
-                args.churn_pods,
-                args.wave,
-                args.seed,
-                args.tdm_gpus_per_node,
-                state(),
+        for scheduler in SCHEDULERS if args.scheduler == "both" else (args.scheduler,):
+            results.update(
+                run_churn(
+                    scheduler,
+                    args.churn_nodes,
+                    args.churn_pods,
+                    args.wave,
+                    args.seed,
+                    args.tdm_gpus_per_node,
+                    state(),
+                    args.keep_state,
+                )
             )
-        )
     if args.skip != "burst":
         key = f"burst_{args.burst_pods}_running_s"
         plugin = run_burst([args.burst_nodes], args.burst_pods, state())
@@ -765,8 +921,10 @@ def main() -> int:
         results[f"device_plugin_{key}"] = plugin_s
         results.update(run_dra_burst(args.burst_nodes, args.burst_pods, state()))
         results["burst_ratio_vs_device_plugin"] = round(results[key] / plugin_s, 2)
-    results["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
-    results["bench_s"] = round(time.monotonic() - began, 1)
+    if args.skip != "burst":  # the whole run's (a churn has its own)
+        results["load_avg_1m_start"] = load_start
+        results["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
+        results["bench_s"] = round(time.monotonic() - began, 1)
     write_part(args.out, results, "dra")
     return 0
 
