@@ -51,10 +51,11 @@ default scheduler).
    rounds with its distribution-free interval. Then a warm lj-scheduler places a gang of
    `--gang` such pods (gang annotations; creation to the last bind, `gang_<n>_place_s`,
    absent when it did not complete within GANG_TIMEOUT_S + 60 s, `gang_<n>_bound` beside
-   it), and a gang of 17 held to two TDM nodes (16 GPUs), which cannot fit: it is watched
-   until every member was refused, and none may be bound or have its claim allocated
-   meanwhile (`gang_unfit_*`); `partial_gangs` counts gangs with some but not all members
-   bound. `--profile DIR` runs lj-scheduler under cProfile (bench_scheduler.py's).
+   it, `gang_<n>_create_s` the span of its POSTs), and a gang of 17 held to two TDM nodes
+   (16 GPUs), which cannot fit: it is watched until every member was refused, and none may
+   be bound or have its claim allocated meanwhile (`gang_unfit_*`); `partial_gangs` counts
+   gangs with some but not all members bound. `--profile DIR` runs lj-scheduler under
+   cProfile (bench_scheduler.py's).
 
     uv run python DevicePlugin/bench/bench_dra.py --out bench/parts/dra.json
 
@@ -740,6 +741,7 @@ def gang_run(
         }
         bodies = [whole_pod(f"big-{i:03d}", ns, ns, annotations) for i in range(size)]
         sent = create_timed(kube, ns, bodies)
+        results[f"gang_{size}_create_s"] = round(max(sent.values()) - min(sent.values()), 2)
         try:
             watch.wait(size, GANG_TIMEOUT_S + 60)
             results[f"gang_{size}_place_s"] = round(
