@@ -564,13 +564,15 @@ def clear(kube: KubeClient, ns: str) -> None:
 
 
 def claim_violations(kube: KubeClient, inventories: Mapping[str, Sequence[pb.Device]]) -> list[str]:
-    """Breaches of the sharing invariant across every allocated claim of the cluster: a whole
-    device held by two claims, or shares over a device's cores or memory."""
+    """Breaches of the sharing invariant across every allocated claim on the bench's nodes
+    (`inventories`; the prepare part's claims are on a node of their own): a whole device
+    held by two claims, or shares over a device's cores or memory."""
     items, _ = kube.list_all(f"{RESOURCE_API}/resourceclaims")
     holdings = [
         (pool, f"{claim['metadata']['namespace']}/{claim['metadata']['name']}", share)
         for claim in items
-        if claim.get("status", {}).get("allocation")
+        if (allocation := claim.get("status", {}).get("allocation"))
+        and all(r["pool"] in inventories for r in allocation["devices"]["results"])
         for pool, _, share in allocated_shares(claim, DRIVER, inventories)
     ]
     return sharing_violations("claims", holdings)
