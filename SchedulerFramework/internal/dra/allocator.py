@@ -71,7 +71,8 @@ class _Search:
         self.state = state
         self.selectors = state.selectors
         self.devices = state.node_devices.get(node, ())
-        self.counters_used = state.counters_used(node)
+        self.node = node
+        self._counters_used: dict[CounterKey, dict[str, Decimal]] | None = None
         self.claims = claims
         self.taken: dict[DeviceKey, list[Mapping[str, Decimal]]] = {}
         self.chosen: list[tuple[Claim, Request, Device, Mapping[str, Decimal]]] = []
@@ -80,7 +81,8 @@ class _Search:
 
     # -- what a device offers -----------------------------------------------------------
 
-    def _matches(self, device: Device, request: Request) -> bool:
+    def matches(self, device: Device, request: Request) -> bool:
+        """Whether the request's class and selectors select the device, taints tolerated."""
         device_class = self.state.classes[request.class_name]
         for expression in (*device_class.selectors, *request.selectors):
             memo = device.matches.get(expression)
@@ -147,7 +149,9 @@ class _Search:
         return True
 
     def _counters(self, key: CounterKey) -> dict[str, Decimal]:
-        used = dict(self.counters_used.get(key, {}))
+        if self._counters_used is None:  # worked out once, for devices that consume counters
+            self._counters_used = self.state.counters_used(self.node)
+        used = dict(self._counters_used.get(key, {}))
         for taken in self.taken:
             device = self.state.device(taken)
             if device is None or self.state.usage(taken) is not None:
@@ -194,7 +198,7 @@ class _Search:
         cannot have all of its devices."""
         out = []
         for device in self.devices:
-            if not self._matches(device, request):
+            if not self.matches(device, request):
                 continue
             consumed = self._consumption(device, request)
             if consumed is None:
@@ -257,6 +261,31 @@ class _Search:
             if not self.taken[device.key]:
                 del self.taken[device.key]
         return False
+
+
+def candidate_nodes(state: DraState, claims: Sequence[Claim]) -> list[str]:
+    """The nodes with, for every request of the claims, a device one of its alternatives
+    selects (free or not), fullest first among those with room; the device match per node
+    is memoized until devices or classes change. Callers checked each claim."""
+    key = tuple(
+        tuple((r.class_name, r.selectors, r.tolerations) for r in claim_request.alternatives)
+        for claim in claims
+        for claim_request in claim.requests
+    )
+    nodes = state.nodes_matching.get(key)
+    if nodes is None:
+        search = _Search(state, "", claims)
+        nodes = [
+            node
+            for node, devices in state.node_devices.items()
+            if all(
+                any(any(search.matches(d, r) for d in devices) for r in claim_request.alternatives)
+                for claim in claims
+                for claim_request in claim.requests
+            )
+        ]
+        state.nodes_matching[key] = nodes
+    return state.rank_by_room(nodes)
 
 
 def check_claim(claim: Claim, state: DraState) -> str | None:

@@ -72,6 +72,8 @@ class DraState:
         """claim UID -> (claim key, the allocation this scheduler chose and has not seen)"""
         self.selectors = Selectors()
         """the CEL selectors of classes and claims, compiled once"""
+        self.nodes_matching: dict[object, list[str]] = {}
+        """memo of the allocator's `candidate_nodes`, emptied when devices or classes change"""
 
     # -- slices --------------------------------------------------------------------------
 
@@ -120,6 +122,7 @@ class DraState:
         return current if len(current) >= current[0].slice_count else []
 
     def _rebuild_node(self, node: str) -> None:
+        self.nodes_matching.clear()
         for device in self.node_devices.get(node, ()):
             self._devices.pop(device.key, None)
         devices: list[Device] = []
@@ -143,9 +146,11 @@ class DraState:
     def update_class(self, obj: Mapping[str, Any]) -> None:
         parsed = parse_class(obj)
         self.classes[parsed.name] = parsed
+        self.nodes_matching.clear()
 
     def remove_class(self, name: str) -> None:
         self.classes.pop(name, None)
+        self.nodes_matching.clear()
 
     # -- claims and the ledger -----------------------------------------------------------
 
@@ -229,6 +234,18 @@ class DraState:
                 self._count(claim.uid, self._held.pop(claim.uid), -1)
                 released.append(claim.uid)
         return released
+
+    def rank_by_room(self, nodes: Iterable[str]) -> list[str]:
+        """Those of `nodes` with a device free or shareable, fullest first (binpack: the
+        search for a pod's claims starts where devices are already in use)."""
+        ranked = []
+        for node in nodes:
+            devices = self.node_devices.get(node, ())
+            used = sum(1 for d in devices if d.key in self._usage)
+            if used < len(devices) or any(d.allow_multiple for d in devices):
+                ranked.append((-used, node))
+        ranked.sort()
+        return [node for _, node in ranked]
 
     def holds_claims_of(self, pod_uid: str) -> bool:
         """Whether a claim made for this pod still holds devices."""

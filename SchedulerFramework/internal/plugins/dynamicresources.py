@@ -33,6 +33,7 @@ from lj_runtimekit.schedulerframework.internal.dra.allocator import (
     ClaimAllocation,
     ClaimProblem,
     allocate,
+    candidate_nodes,
     check_claim,
     copies_that_fit,
     node_fullness,
@@ -81,6 +82,9 @@ CLAIMS_ALLOCATED_ELSEWHERE = "DynamicResources/claims-allocated-elsewhere"
 """CycleState key a caller sets when the kube-scheduler allocates the pod's claims (extender
 mode): PreFilter then lets a pod with claims through."""
 _STATE = "DynamicResources/claims"
+RANKED_NODES_TO_SCORE = 64
+"""A pod with claims to allocate tries the nodes with room fullest first; this many feasible
+ones are enough (as GpuShare's rankedNodesToScore for whole devices)."""
 WRITE_ATTEMPTS = 5
 """Tries of a claim's update that conflicts with another writer."""
 
@@ -217,6 +221,20 @@ class DynamicResources(
         if pod_claims.node:
             return PreFilterResult(
                 [pod_claims.node], "node(s) did not match the node of the pod's allocated claims"
+            ), SUCCESS
+        if to_allocate:
+            nodes = candidate_nodes(dra, to_allocate)
+            if not nodes:
+                names = ", ".join(c.key for c in to_allocate)
+                return None, unschedulable(
+                    f"cannot allocate ResourceClaim(s) {names}: no node has a free device of "
+                    f"driver {self.driver} they select (claims for other drivers' devices are "
+                    "kube-scheduler's)"
+                )
+            return PreFilterResult(
+                nodes,
+                f"node(s) had no free device of driver {self.driver} the claims select",
+                RANKED_NODES_TO_SCORE,
             ), SUCCESS
         return None, SUCCESS
 
