@@ -223,8 +223,8 @@ class DynamicResources(
                 [pod_claims.node], "node(s) did not match the node of the pod's allocated claims"
             ), SUCCESS
         if to_allocate:
-            nodes = candidate_nodes(dra, to_allocate)
-            if not nodes:
+            candidates = candidate_nodes(dra, to_allocate)
+            if not candidates:
                 names = ", ".join(c.key for c in to_allocate)
                 return None, unschedulable(
                     f"cannot allocate ResourceClaim(s) {names}: no node has a free device of "
@@ -232,7 +232,7 @@ class DynamicResources(
                     "kube-scheduler's)"
                 )
             return PreFilterResult(
-                nodes,
+                candidates,
                 f"node(s) had no free device of driver {self.driver} the claims select",
                 RANKED_NODES_TO_SCORE,
             ), SUCCESS
