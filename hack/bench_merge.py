@@ -84,6 +84,8 @@ TARGETS = {
     ("dra", "gang_256_place_s"): ("<=", 5.0),
     ("dra", "partial_gangs"): ("==", 0.0),
     ("dra", "overcommit_violations"): ("==", 0.0),
+    ("dra", "lj_churn_overcommit_violations"): ("==", 0.0),
+    ("dra", "lj_churn_ledger_mismatches"): ("==", 0.0),
     ("kueue", "partial_workloads"): ("==", 0.0),
     ("e2e", "churn_device_conflicts"): ("==", 0.0),
     ("e2e", "churn_ledger_mismatches"): ("==", 0.0),
