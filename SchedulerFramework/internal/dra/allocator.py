@@ -386,5 +386,4 @@ def node_fullness(state: DraState, node: str, extra: int = 0) -> float:
     devices = state.node_devices.get(node, ())
     if not devices:
         return 0.0
-    used = sum(1 for d in devices if state.usage(d.key) is not None)
-    return min(1.0, (used + extra) / len(devices))
+    return min(1.0, (state.devices_in_use(node) + extra) / len(devices))

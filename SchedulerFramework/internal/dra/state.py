@@ -235,13 +235,17 @@ class DraState:
                 released.append(claim.uid)
         return released
 
+    def devices_in_use(self, node: str) -> int:
+        """How many of the node's devices some allocation holds."""
+        return sum(1 for d in self.node_devices.get(node, ()) if d.key in self._usage)
+
     def rank_by_room(self, nodes: Iterable[str]) -> list[str]:
         """Those of `nodes` with a device free or shareable, fullest first (binpack: the
         search for a pod's claims starts where devices are already in use)."""
         ranked = []
         for node in nodes:
             devices = self.node_devices.get(node, ())
-            used = sum(1 for d in devices if d.key in self._usage)
+            used = self.devices_in_use(node)
             if used < len(devices) or any(d.allow_multiple for d in devices):
                 ranked.append((-used, node))
         ranked.sort()
