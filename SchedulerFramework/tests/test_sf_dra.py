@@ -4,14 +4,19 @@ tests)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes
+from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices
+from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.protocol import DRA_MODE, NodeDevice, encode_inventory
 from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
 from lj_runtimekit.schedulerframework.internal.extender.server import Extender
 from lj_runtimekit.schedulerframework.internal.plugins.dynamicresources import claim_names
+from lj_runtimekit.testkit.dra import exactly, synthetic_gpus
 from lj_runtimekit.testkit.scheduler.fake import CORE, GPU, MEM, PROTOCOL, FakeCluster
 from lj_runtimekit.testkit.waits import wait_for
 
@@ -144,3 +149,77 @@ def test_claim_names_reads_the_spec() -> None:
     obj = {"metadata": {"name": "p", "uid": "u"}, "spec": {"resourceClaims": CLAIMS}}
     assert claim_names(parse_pod(obj)) == ["gpu"]
     assert claim_names(parse_pod({"metadata": {"name": "p"}, "spec": {}})) == []
+
+
+def test_gang_plans_once_every_members_claims_are_made_and_wakes_them_all(
+    make_cluster: MakeCluster,
+) -> None:
+    cluster = make_cluster(NO_BACKOFF)
+    cluster.add_node("a", labels=DRA_LABEL)
+    for device_class in device_classes(PROTOCOL, extended_resources=False):
+        cluster.scheduler.on_device_class("ADDED", device_class)
+    gpus = synthetic_gpus(2, pb.DEVICE_MODE_EXCLUSIVE)
+    for obj in build_slices(gpus, node_name="a", protocol=PROTOCOL, generation=1):
+        cluster.scheduler.on_resource_slice("ADDED", obj)
+    a = PROTOCOL.annotations
+    gang = {a.gang_group: "g", a.gang_min_members: "2"}
+    template = [{"name": "gpu", "resourceClaimTemplateName": "whole-gpu"}]
+    first, second = (
+        cluster.add_pod(name, {"cpu": "1"}, annotations=gang, resourceClaims=template)
+        for name in ("m0", "m1")
+    )
+
+    def claim_made(uid: str) -> None:
+        """The controller manager makes the member's claim; the scheduler sees the claim."""
+        pod = cluster.pods[uid]
+        name = f"{pod['metadata']['name']}-gpu"
+        owner = {"kind": "Pod", "name": pod["metadata"]["name"], "uid": uid, "controller": True}
+        meta = {"name": name, "namespace": "default", "uid": f"claim-{uid}"}
+        request = exactly("gpu", PROTOCOL.dra.whole_class("gpu"))
+        cluster.scheduler.on_resource_claim(
+            "ADDED",
+            {
+                "metadata": {**meta, "resourceVersion": "1", "ownerReferences": [owner]},
+                "spec": {"devices": {"requests": [request]}},
+            },
+        )
+
+    def pod_names_claim(uid: str) -> None:
+        """The controller manager names the member's claim in its status."""
+        pod = cluster.pods[uid]
+        made = [{"name": "gpu", "resourceClaimName": f"{pod['metadata']['name']}-gpu"}]
+        pod["status"]["resourceClaimStatuses"] = made
+        cluster.scheduler.on_pod("MODIFIED", copy.deepcopy(pod))
+
+    def last_reason(uid: str) -> str:
+        return cluster.events(uid, "FailedScheduling")[-1]
+
+    cluster.schedule()
+    for uid in (first, second):
+        assert cluster.node_of(uid) == ""
+        assert (
+            "member default/m0 is waiting for the ResourceClaim of pod claim gpu to be made"
+            in last_reason(uid)
+        )
+    claim_made(first)
+    pod_names_claim(first)
+    # m1's claim is seen before its pod names it: that event is the last, and both wait on
+    claim_made(second)
+
+    def both_wait_for_m1() -> bool:
+        cluster.schedule()
+        return all("member default/m1 is waiting for" in last_reason(u) for u in (first, second))
+
+    wait_for(both_wait_for_m1, 5, "both members waiting for m1's claim", interval_s=0.01)
+    assert not any(cluster.events(uid, "GangPlanned") for uid in (first, second))
+    # m1's pod update brings only m1 back; planning wakes m0, and the gang is placed whole
+    pod_names_claim(second)
+    cluster.schedule()
+    (planned,) = [e for uid in (first, second) for e in cluster.events(uid, "GangPlanned")]
+    assert "2 member(s) planned" in planned
+    assert cluster.scheduler.queue.counts() == {
+        "active": 0,
+        "backoff": 0,
+        "unschedulable": 0,
+        "in_flight": 2,  # both reserved: the gang is complete and binds
+    }

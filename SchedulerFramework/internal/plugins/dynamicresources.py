@@ -396,6 +396,17 @@ def _devices_of(item: ClaimAllocation) -> set[tuple[str, str, str]]:
     return {r.key for r in item.results}
 
 
+def claim_awaited(dra: DraState, pod: PodInfo) -> str | None:
+    """What one of the pod's ResourceClaims still waits for (None: each is made and in the
+    scheduler's cache)."""
+    for entry, name in pod_claim_names(pod.obj):
+        if name is None:
+            return f"the ResourceClaim of pod claim {entry} to be made from its template"
+        if name and f"{pod.namespace}/{name}" not in dra.claims:
+            return f"ResourceClaim {pod.namespace}/{name}"
+    return None
+
+
 def claim_copies(dra: DraState, pod: PodInfo, node: str, limit: int) -> int | None:
     """How many pods like `pod`, each with claims like its unallocated ones, the node's
     devices hold (at most `limit`); None when it has no claim to allocate."""

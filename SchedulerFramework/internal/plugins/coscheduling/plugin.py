@@ -74,7 +74,10 @@ from lj_runtimekit.schedulerframework.internal.plugins.coscheduling.gang import 
     gang_of,
     jobset_size,
 )
-from lj_runtimekit.schedulerframework.internal.plugins.dynamicresources import claim_copies
+from lj_runtimekit.schedulerframework.internal.plugins.dynamicresources import (
+    claim_awaited,
+    claim_copies,
+)
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.assign import copies_that_fit
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.plugin import device_request
 from lj_runtimekit.schedulerframework.internal.plugins.gpushare.request import RequestError
@@ -565,6 +568,8 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             return unschedulable(unmet.reason)
         g.unmet = None
         self._claim(g, _Plan(slots, now + spec.timeout_s, how, note))
+        # the members turned away while the gang could not plan try their slots now
+        self.handle.activate([p.uid for p in g.pending() if p.uid != pod.uid])
         claimed = sum(len(nodes) for nodes in slots.values())
         log.info(
             "gang planned",
@@ -670,6 +675,13 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                     "the rest"
                 )
             if g.plan is None:
+                # planned before, the members without their claims would fit nowhere
+                for p in g.pending():
+                    awaited = claim_awaited(self.handle.cache.dra, p)
+                    if awaited is not None:
+                        return None, unschedulable(
+                            f"gang {g.key}: member {p.key} is waiting for {awaited}"
+                        )
                 # the same cluster state gives the same answer: the gang's other members
                 # do not plan again until something changed
                 seen = (self.handle.cache.generation, tuple(sorted(self._claims.items())))
