@@ -15,7 +15,11 @@ from lj_runtimekit.envtest.controlplane import ControlPlane
 from lj_runtimekit.envtest.nodes import NodeFactory, Taint
 from lj_runtimekit.proto.pkg.kube import STRATEGIC_MERGE_PATCH, KubeClient, KubeError
 from lj_runtimekit.proto.pkg.protocol import decode_assignment, encode_inventory, load_protocol
-from lj_runtimekit.schedulerframework.internal.scheduler.conditions import status_patch
+from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
+from lj_runtimekit.schedulerframework.internal.scheduler.conditions import (
+    ConditionWriter,
+    status_patch,
+)
 from lj_runtimekit.testkit.scheduler.fake import (
     nvlink_inventory,
     preferred_affinity,
@@ -376,3 +380,41 @@ def test_an_unschedulable_pod_shows_pod_scheduled_false_until_it_is_bound(
         )
     assert refused.value.status == 409
     assert condition().status == "True"
+
+
+def test_a_condition_decided_on_a_changed_pod_is_written_unless_it_was_bound(
+    api_client: k8s_client.ApiClient, namespace: str
+) -> None:
+    kube = KubeClient(api_client)
+    writer = ConditionWriter(kube)
+    base = f"/api/v1/namespaces/{namespace}/pods"
+    stale: dict[str, dict[str, Any]] = {}
+    for name in ("changed", "bound", "last"):
+        manifest = pod(name, "nobody", {}, {})  # no scheduler of that name: it stays pending
+        stale[name] = kube.request("POST", base, body=manifest)
+
+    def message(name: str) -> str | None:
+        conditions = kube.request("GET", f"{base}/{name}").get("status", {}).get("conditions")
+        found = [c for c in conditions or () if c["type"] == "PodScheduled"]
+        return f"{found[0]['status']}: {found[0].get('message', '')}" if found else None
+
+    try:
+        # both change after the failure was decided; one is bound meanwhile
+        for name in ("changed", "bound"):
+            label = {"metadata": {"labels": {"x": "y"}}}
+            kube.request("PATCH", f"{base}/{name}", body=label, content_type=STRATEGIC_MERGE_PATCH)
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": "bound"},
+            "target": {"kind": "Node", "name": "elsewhere"},
+        }
+        kube.request("POST", f"{base}/bound/binding", body=binding)
+        for name in ("changed", "bound", "last"):
+            writer.unschedulable(parse_pod(stale[name]), "Unschedulable", f"{name}: no room")
+        # one thread writes in order: once the last is there, the others were decided
+        wait_for(lambda: message("last") == "False: last: no room", 30, "the last condition")
+        assert message("changed") == "False: changed: no room"
+        assert message("bound") == "True: "
+    finally:
+        writer.stop()

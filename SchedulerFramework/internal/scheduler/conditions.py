@@ -14,7 +14,10 @@ makes the scheduling loop wait on the API server (a full queue drops the
 write; the pod's next failure writes again). Each patch carries the
 resourceVersion of the pod object the failure was decided on: the API server
 refuses it (409) when the pod changed since, so a late write never marks a
-pod that was bound meanwhile.
+pod that was bound meanwhile. A pod changed otherwise (its previous condition
+written, its claims named) is read again and, still unbound, gets the write
+with its new resourceVersion: a failure that ended the pod's tries (a gang
+refused whole) never leaves an earlier message standing.
 """
 
 from __future__ import annotations
@@ -113,9 +116,23 @@ class ConditionWriter:
     def _send(self, item: Write) -> None:
         assert self.kube is not None
         namespace, name, version, condition = item
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        try:
+            self._patch(path, version, condition)
+        except KubeError as exc:
+            if exc.status != 409 or not version:
+                raise
+            pod = self.kube.request("GET", path)
+            meta = pod.get("metadata") or {}
+            if (pod.get("spec") or {}).get("nodeName") or meta.get("deletionTimestamp"):
+                return  # bound or going since: the condition is not the scheduler's to write
+            self._patch(path, str(meta.get("resourceVersion") or ""), condition)
+
+    def _patch(self, path: str, version: str, condition: dict[str, Any]) -> None:
+        assert self.kube is not None
         self.kube.request(
             "PATCH",
-            f"/api/v1/namespaces/{namespace}/pods/{name}/status",
+            f"{path}/status",
             body=status_patch(condition, version),
             content_type=STRATEGIC_MERGE_PATCH,
         )
