@@ -219,6 +219,46 @@ def test_the_ledger_follows_the_claims_not_the_assumptions() -> None:
     assert state.holders((DRIVER, "n", "gpu-0")) == []
 
 
+def test_devices_in_use_follow_the_ledger_through_slice_changes() -> None:
+    state = cluster({"a": synthetic_gpus(4, pb.DEVICE_MODE_EXCLUSIVE)})
+
+    def counted() -> dict[str, int]:
+        return {node: state.devices_in_use(node) for node in ("a", "b")}
+
+    def recounted() -> dict[str, int]:
+        return {
+            node: sum(1 for d in state.node_devices.get(node, ()) if state.usage(d.key))
+            for node in ("a", "b")
+        }
+
+    # a claim allocated on node b before b's slices are seen counts once they are
+    other = cluster({"b": synthetic_gpus(2, pb.DEVICE_MODE_EXCLUSIVE)})
+    early = claim(other, exactly("g", WHOLE))
+    planned, why = allocate(other, "b", [early])
+    assert planned is not None, why
+    state.assume(early, Allocation("b", planned[0].results))
+    assert counted() == recounted() == {"a": 0, "b": 0}
+    for obj in build_slices(
+        synthetic_gpus(2, pb.DEVICE_MODE_EXCLUSIVE), node_name="b", protocol=P, generation=1
+    ):
+        state.update_slice(obj)
+    assert counted() == recounted() == {"a": 0, "b": 1}
+    held = [claim(state, exactly("g", WHOLE)) for _ in range(3)]
+    place(state, "a", *held)
+    assert counted() == recounted() == {"a": 3, "b": 1}
+    assert state.rank_by_room(["a", "b"]) == ["a", "b"]
+    # a newer generation drops two devices, one of them held: the count follows the slice
+    for obj in build_slices(
+        synthetic_gpus(2, pb.DEVICE_MODE_EXCLUSIVE), node_name="a", protocol=P, generation=2
+    ):
+        state.update_slice(obj)
+    assert counted() == recounted() == {"a": 2, "b": 1}
+    assert state.rank_by_room(["a", "b"]) == ["b"]  # a has no free device left
+    for c in [*held, early]:
+        state.forget(c.uid)
+    assert counted() == recounted() == {"a": 0, "b": 0}
+
+
 def test_newer_pool_generation_replaces_the_devices() -> None:
     state = cluster({"n": synthetic_gpus(2, pb.DEVICE_MODE_EXCLUSIVE)})
     for obj in build_slices(

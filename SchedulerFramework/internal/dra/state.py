@@ -64,6 +64,10 @@ class DraState:
         self._node_pools: dict[str, set[tuple[str, str]]] = {}
         self._devices: dict[DeviceKey, Device] = {}
         self._usage: dict[DeviceKey, Usage] = {}
+        self._in_use: Counter[str] = Counter()
+        """node -> how many of its devices are in `_usage` (kept as the ledger changes)"""
+        self._shareable: set[str] = set()
+        """nodes with a device that allows several allocations"""
         self._held: dict[str, Allocation] = {}
         """claim UID -> the allocation counted in the ledger"""
         self._claim_allocation: dict[str, Allocation] = {}
@@ -137,6 +141,11 @@ class DraState:
             self.node_devices.pop(node, None)
         for device in devices:
             self._devices[device.key] = device
+        self._in_use[node] = sum(1 for d in devices if d.key in self._usage)
+        if any(d.allow_multiple for d in devices):
+            self._shareable.add(node)
+        else:
+            self._shareable.discard(node)
 
     def device(self, key: DeviceKey) -> Device | None:
         return self._devices.get(key)
@@ -215,7 +224,10 @@ class DraState:
 
     def _count(self, claim_uid: str, allocation: Allocation, sign: int) -> None:
         for result in allocation.results:
-            usage = self._usage.setdefault(result.key, Usage())
+            usage = self._usage.get(result.key)
+            if usage is None:
+                usage = self._usage[result.key] = Usage()
+                self._mark_in_use(result.key, 1)
             usage.claims[claim_uid] += sign
             if usage.claims[claim_uid] <= 0:
                 del usage.claims[claim_uid]
@@ -223,6 +235,12 @@ class DraState:
                 usage.consumed[name] = usage.consumed.get(name, Decimal(0)) + sign * amount
             if not usage.claims:
                 del self._usage[result.key]
+                self._mark_in_use(result.key, -1)
+
+    def _mark_in_use(self, key: DeviceKey, sign: int) -> None:
+        device = self._devices.get(key)
+        if device is not None:  # else not counted: its node's rebuild counts it
+            self._in_use[device.node] += sign
 
     def release_claims_of(self, pod_uid: str) -> list[str]:
         """Preemption's simulation: the claims made for this pod (their owner) stop counting,
@@ -237,16 +255,15 @@ class DraState:
 
     def devices_in_use(self, node: str) -> int:
         """How many of the node's devices some allocation holds."""
-        return sum(1 for d in self.node_devices.get(node, ()) if d.key in self._usage)
+        return self._in_use.get(node, 0)
 
     def rank_by_room(self, nodes: Iterable[str]) -> list[str]:
         """Those of `nodes` with a device free or shareable, fullest first (binpack: the
         search for a pod's claims starts where devices are already in use)."""
         ranked = []
         for node in nodes:
-            devices = self.node_devices.get(node, ())
-            used = self.devices_in_use(node)
-            if used < len(devices) or any(d.allow_multiple for d in devices):
+            used = self._in_use.get(node, 0)
+            if used < len(self.node_devices.get(node, ())) or node in self._shareable:
                 ranked.append((-used, node))
         ranked.sort()
         return [node for _, node in ranked]
