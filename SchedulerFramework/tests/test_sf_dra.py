@@ -8,6 +8,8 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pytest
+
 from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes
 from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
@@ -151,15 +153,18 @@ def test_claim_names_reads_the_spec() -> None:
     assert claim_names(parse_pod({"metadata": {"name": "p"}, "spec": {}})) == []
 
 
+@pytest.mark.parametrize("gpus", [2, 1])
 def test_gang_plans_once_every_members_claims_are_made_and_wakes_them_all(
-    make_cluster: MakeCluster,
+    make_cluster: MakeCluster, gpus: int
 ) -> None:
+    """Two members, each claiming a GPU from a template: on 2 GPUs the gang is placed, on
+    1 refused; either way both members hear it once the last claim is there."""
     cluster = make_cluster(NO_BACKOFF)
     cluster.add_node("a", labels=DRA_LABEL)
     for device_class in device_classes(PROTOCOL, extended_resources=False):
         cluster.scheduler.on_device_class("ADDED", device_class)
-    gpus = synthetic_gpus(2, pb.DEVICE_MODE_EXCLUSIVE)
-    for obj in build_slices(gpus, node_name="a", protocol=PROTOCOL, generation=1):
+    devices = synthetic_gpus(gpus, pb.DEVICE_MODE_EXCLUSIVE)
+    for obj in build_slices(devices, node_name="a", protocol=PROTOCOL, generation=1):
         cluster.scheduler.on_resource_slice("ADDED", obj)
     a = PROTOCOL.annotations
     gang = {a.gang_group: "g", a.gang_min_members: "2"}
@@ -212,14 +217,18 @@ def test_gang_plans_once_every_members_claims_are_made_and_wakes_them_all(
 
     wait_for(both_wait_for_m1, 5, "both members waiting for m1's claim", interval_s=0.01)
     assert not any(cluster.events(uid, "GangPlanned") for uid in (first, second))
-    # m1's pod update brings only m1 back; planning wakes m0, and the gang is placed whole
+    # m1's pod update brings only m1 back; m1 wakes m0, and the gang is placed whole or
+    # refused to both
     pod_names_claim(second)
     cluster.schedule()
-    (planned,) = [e for uid in (first, second) for e in cluster.events(uid, "GangPlanned")]
-    assert "2 member(s) planned" in planned
-    assert cluster.scheduler.queue.counts() == {
-        "active": 0,
-        "backoff": 0,
-        "unschedulable": 0,
-        "in_flight": 2,  # both reserved: the gang is complete and binds
-    }
+    planned = [e for uid in (first, second) for e in cluster.events(uid, "GangPlanned")]
+    counts = cluster.scheduler.queue.counts()
+    if gpus == 2:
+        (plan,) = planned
+        assert "2 member(s) planned" in plan
+        assert counts["in_flight"] == 2  # both reserved: the gang is complete and binds
+    else:
+        assert planned == []
+        for uid in (first, second):
+            assert "no room for the 2 still to place" in last_reason(uid)
+        assert counts["unschedulable"] == 2

@@ -190,6 +190,8 @@ class _Gang:
     """(cluster state, status) of the last failed plan"""
     unmet: _Unmet | None = None
     """The last plan, if it was not met; forgotten when the gang's members change"""
+    awaiting_claims: bool = False
+    """Members were turned away because a member's ResourceClaims were not there yet"""
 
     def forget_failures(self) -> None:
         """The gang's members changed: a failed or unmet plan may go otherwise now."""
@@ -568,8 +570,6 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             return unschedulable(unmet.reason)
         g.unmet = None
         self._claim(g, _Plan(slots, now + spec.timeout_s, how, note))
-        # the members turned away while the gang could not plan try their slots now
-        self.handle.activate([p.uid for p in g.pending() if p.uid != pod.uid])
         claimed = sum(len(nodes) for nodes in slots.values())
         log.info(
             "gang planned",
@@ -679,9 +679,15 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                 for p in g.pending():
                     awaited = claim_awaited(self.handle.cache.dra, p)
                     if awaited is not None:
+                        g.awaiting_claims = True
                         return None, unschedulable(
                             f"gang {g.key}: member {p.key} is waiting for {awaited}"
                         )
+                if g.awaiting_claims:
+                    # the last claim came: the members turned away for it (whose own pods
+                    # may not change again) try now, to their slots or to the gang's refusal
+                    g.awaiting_claims = False
+                    self.handle.activate([p.uid for p in g.pending() if p.uid != pod.uid])
                 # the same cluster state gives the same answer: the gang's other members
                 # do not plan again until something changed
                 seen = (self.handle.cache.generation, tuple(sorted(self._claims.items())))
