@@ -449,9 +449,13 @@ GANG_TIMEOUT_S = 120
 UNFIT_NODES = ("gpu-0000", "gpu-0002")
 """Two TDM nodes (16 whole GPUs) the gang that cannot fit is held to, one member more."""
 UNFIT_TIMEOUT_S = 15
-WAITING = ("to be made from its template", "waiting for the rest")
-"""lj-scheduler's reasons while a pod's claim is not made yet or its gang not all created:
-a wait, not the gang's refusal."""
+WAITING = (
+    "to be made from its template",
+    "waiting for the rest",
+    "waiting for other members' ResourceClaims",
+)
+"""lj-scheduler's reasons while a pod's claim (or another member's) is not made yet or its
+gang not all created: a wait, not the gang's refusal."""
 
 
 def whole_space(kube: KubeClient, ns: str) -> None:

@@ -114,12 +114,14 @@ def _phase(pod: Mapping[str, Any]) -> str:
 
 WAITING = (
     "to be made from its template",
+    "waiting for other members' ResourceClaims",
     "is being allocated for another pod",
     "is being deleted",
 )
 """What lj-scheduler says on a pod (PodScheduled=False) while it waits for one of its claims
-(made by the controller manager, allocated by another pod's binding, deleted) and tries again
-when the claim changes; kube-scheduler waits for them without a condition."""
+(made by the controller manager, allocated by another pod's binding, deleted), or a gang
+member for the other members' claims, and tries again when the claim changes; kube-scheduler
+waits for them without a condition."""
 
 
 def _refusal(pod: Mapping[str, Any]) -> str:

@@ -675,14 +675,17 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                     "the rest"
                 )
             if g.plan is None:
-                # planned before, the members without their claims would fit nowhere
-                for p in g.pending():
-                    awaited = claim_awaited(self.handle.cache.dra, p)
-                    if awaited is not None:
-                        g.awaiting_claims = True
-                        return None, unschedulable(
-                            f"gang {g.key}: member {p.key} is waiting for {awaited}"
-                        )
+                # planned before, the members without their claims would fit nowhere; the
+                # messages stay the same while the claims come (a condition written once)
+                dra = self.handle.cache.dra
+                own = claim_awaited(dra, pod)
+                if own is not None or any(claim_awaited(dra, p) for p in g.pending()):
+                    g.awaiting_claims = True
+                    return None, unschedulable(
+                        f"waiting for {own}"
+                        if own is not None
+                        else f"gang {g.key}: waiting for other members' ResourceClaims"
+                    )
                 if g.awaiting_claims:
                     # the last claim came: the members turned away for it (whose own pods
                     # may not change again) try now, to their slots or to the gang's refusal
