@@ -289,3 +289,19 @@ def test_copies_that_fit_counts_a_gang_members_per_node_and_holds_nothing() -> N
     assert copies_that_fit(state, "n", [member], 2) == 2
     assert not any("/copy-" in uid for uid in state.assumed)
     assert len([d for d in state.node_devices["n"] if state.usage(d.key)]) == 2
+
+
+def test_a_changed_device_class_selects_anew() -> None:
+    state = cluster({"n": synthetic_gpus(2, pb.DEVICE_MODE_EXCLUSIVE)})
+    # the node's selection for the class is memoized; the claim takes one GPU
+    (((taken, _),),) = place(state, "n", claim(state, exactly("g", WHOLE)))
+    (whole,) = [
+        c for c in device_classes(P, extended_resources=False) if c["metadata"]["name"] == WHOLE
+    ]
+    index = state.device((DRIVER, "n", taken)).attribute("index")  # type: ignore[union-attr]
+    only_taken = {"cel": {"expression": f'device.attributes["{DRIVER}"].index == {index}'}}
+    selectors = [*whole["spec"].get("selectors", ()), only_taken]
+    state.update_class({**whole, "spec": {**whole["spec"], "selectors": selectors}})
+    assert refused(state, "n", claim(state, exactly("g", WHOLE)))
+    state.update_class(whole)
+    place(state, "n", claim(state, exactly("g", WHOLE)))

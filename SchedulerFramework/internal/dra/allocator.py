@@ -33,7 +33,7 @@ from lj_runtimekit.schedulerframework.internal.dra.objects import (
     Request,
     Result,
 )
-from lj_runtimekit.schedulerframework.internal.dra.state import DraState
+from lj_runtimekit.schedulerframework.internal.dra.state import DraState, Selection
 
 MAX_STEPS = 10_000
 NO_SCHEDULE_EFFECTS = ("NoSchedule", "NoExecute")
@@ -81,8 +81,9 @@ class _Search:
 
     # -- what a device offers -----------------------------------------------------------
 
-    def matches(self, device: Device, request: Request) -> bool:
-        """Whether the request's class and selectors select the device, taints tolerated."""
+    def matches(self, device: Device, request: Request, reasons: set[str] | None = None) -> bool:
+        """Whether the request's class and selectors select the device, taints tolerated;
+        a selector's error goes to `reasons` (default: the search's)."""
         device_class = self.state.classes[request.class_name]
         for expression in (*device_class.selectors, *request.selectors):
             memo = device.matches.get(expression)
@@ -91,13 +92,36 @@ class _Search:
                 device.matches[expression] = memo
             if not memo[0]:
                 if memo[1]:
-                    self.reasons.add(memo[1])
+                    (self.reasons if reasons is None else reasons).add(memo[1])
                 return False
         return all(
             any(t.tolerates(taint) for t in request.tolerations)
             for taint in device.taints
             if taint.effect in NO_SCHEDULE_EFFECTS
         )
+
+    def selected(self, request: Request) -> Selection:
+        """The node's devices `matches` selects for the request, each with what the request
+        would take of it (`_consumption`); memoized per node and request shape until
+        devices or classes change."""
+        key = (
+            self.node,
+            request.class_name,
+            request.selectors,
+            request.tolerations,
+            tuple(sorted(request.capacity.items())),
+        )
+        memo = self.state.devices_matching.get(key)
+        if memo is None:
+            reasons: set[str] = set()
+            found = tuple(
+                (d, self._consumption(d, request))
+                for d in self.devices
+                if self.matches(d, request, reasons)
+            )
+            memo = self.state.devices_matching[key] = (found, frozenset(reasons))
+        self.reasons |= memo[1]
+        return memo[0]
 
     def _consumption(self, device: Device, request: Request) -> Mapping[str, Decimal] | None:
         """What the request takes of a shared device, {} of another one; None: it cannot."""
@@ -197,10 +221,7 @@ class _Search:
         """Devices that may serve the request, best first; None: an `All` request that
         cannot have all of its devices."""
         out = []
-        for device in self.devices:
-            if not self.matches(device, request):
-                continue
-            consumed = self._consumption(device, request)
+        for device, consumed in self.selected(request):
             if consumed is None:
                 if request.all_devices:
                     return None

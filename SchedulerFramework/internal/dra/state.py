@@ -29,6 +29,10 @@ from lj_runtimekit.schedulerframework.internal.dra.objects import (
     parse_slice,
 )
 
+Selection = tuple[tuple[Device, Mapping[str, Decimal] | None], ...]
+"""A node's devices a request selects, each with what the request would take of it (None:
+it cannot have it)."""
+
 
 @dataclass
 class Usage:
@@ -78,6 +82,9 @@ class DraState:
         """the CEL selectors of classes and claims, compiled once"""
         self.nodes_matching: dict[object, list[str]] = {}
         """memo of the allocator's `candidate_nodes`, emptied when devices or classes change"""
+        self.devices_matching: dict[object, tuple[Selection, frozenset[str]]] = {}
+        """memo of the allocator: (node, request shape) -> the node's devices selected and
+        the selector errors met; emptied with `nodes_matching`"""
 
     # -- slices --------------------------------------------------------------------------
 
@@ -126,7 +133,7 @@ class DraState:
         return current if len(current) >= current[0].slice_count else []
 
     def _rebuild_node(self, node: str) -> None:
-        self.nodes_matching.clear()
+        self._forget_matches()
         for device in self.node_devices.get(node, ()):
             self._devices.pop(device.key, None)
         devices: list[Device] = []
@@ -147,6 +154,10 @@ class DraState:
         else:
             self._shareable.discard(node)
 
+    def _forget_matches(self) -> None:
+        self.nodes_matching.clear()
+        self.devices_matching.clear()
+
     def device(self, key: DeviceKey) -> Device | None:
         return self._devices.get(key)
 
@@ -155,11 +166,11 @@ class DraState:
     def update_class(self, obj: Mapping[str, Any]) -> None:
         parsed = parse_class(obj)
         self.classes[parsed.name] = parsed
-        self.nodes_matching.clear()
+        self._forget_matches()
 
     def remove_class(self, name: str) -> None:
         self.classes.pop(name, None)
-        self.nodes_matching.clear()
+        self._forget_matches()
 
     # -- claims and the ledger -----------------------------------------------------------
 
