@@ -51,7 +51,9 @@ default scheduler).
    rounds with its distribution-free interval. Then a warm lj-scheduler places a gang of
    `--gang` such pods (gang annotations; creation to the last bind, `gang_<n>_place_s`,
    absent when it did not complete within GANG_TIMEOUT_S + 60 s, `gang_<n>_bound` beside
-   it, `gang_<n>_create_s` the span of its POSTs), and a gang of 17 held to two TDM nodes
+   it, `gang_<n>_create_s` the span of its POSTs; its timeline from a claim watch:
+   `gang_<n>_claims_made_s`, `_first_allocated_s`, `_first_bound_s`), and a gang of 17 held
+   to two TDM nodes
    (16 GPUs), which cannot fit: it is watched until every member was refused, and none may
    be bound or have its claim allocated meanwhile (`gang_unfit_*`); `partial_gangs` counts
    gangs with some but not all members bound. `--profile DIR` runs lj-scheduler under
