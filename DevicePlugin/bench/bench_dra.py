@@ -133,6 +133,7 @@ from bench_scheduler import (  # the scheduler bench's parts
     QPS,
     BindWatch,
     delete_pods,
+    follow_watch,
     log,
     make_namespace,
     median_interval,
@@ -742,23 +743,15 @@ class ClaimWatch:
         self.thread.start()
 
     def _run(self) -> None:
-        rv = self.rv
-        while not self.stop.is_set():
-            try:
-                for kind, obj in self.kube.watch(self.path, rv, timeout_s=60):
-                    rv = obj["metadata"].get("resourceVersion", rv)
-                    if kind == "BOOKMARK":
-                        continue
-                    name, now = obj["metadata"]["name"], time.monotonic()
-                    self.made.setdefault(name, now)
-                    if (obj.get("status") or {}).get("allocation"):
-                        self.allocated.setdefault(name, now)
-                    if self.stop.is_set():
-                        return
-            except Exception as exc:  # the stream broke: resume from the last version
-                if self.stop.is_set():
-                    return
-                log(f"watch of {self.path} broke ({exc}); resuming")
+        follow_watch(self.kube, self.path, self.rv, self.stop, self._event)
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "BOOKMARK":
+            return
+        name, now = obj["metadata"]["name"], time.monotonic()
+        self.made.setdefault(name, now)
+        if (obj.get("status") or {}).get("allocation"):
+            self.allocated.setdefault(name, now)
 
 
 def gang_run(

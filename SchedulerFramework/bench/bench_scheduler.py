@@ -164,6 +164,28 @@ STAND_IN_PHASE = "bench.lj-runtimekit.io/bind-phase"
 """Keys of the stand-in record on the kube-scheduler's pods (see BindWatch)."""
 
 
+def follow_watch(
+    kube: KubeClient,
+    path: str,
+    rv: str,
+    stop: threading.Event,
+    handle: Callable[[str, dict[str, Any]], None],
+) -> None:
+    """`handle(type, object)` for each event of `path`'s watch from `rv` until `stop` is
+    set; a broken stream is resumed from the last version seen."""
+    while not stop.is_set():
+        try:
+            for kind, obj in kube.watch(path, rv, timeout_s=60):
+                rv = obj["metadata"].get("resourceVersion", rv)
+                handle(kind, obj)
+                if stop.is_set():
+                    return
+        except Exception as exc:  # the stream broke: resume from the last version
+            if stop.is_set():
+                return
+            log(f"watch of {path} broke ({exc}); resuming")
+
+
 class BindWatch:
     """Records when each pod of a namespace gets a node (from a watch), and plays the
     nodes' Device Plugins for lj-scheduler's pods: a pod bound with an assignment gets
@@ -241,20 +263,12 @@ class BindWatch:
         self.recorded.append(time.monotonic())
 
     def _run(self) -> None:
-        rv = self.rv
-        while not self.stop.is_set():
-            try:
-                for _, obj in self.kube.watch(self.path, rv, timeout_s=60):
-                    rv = obj["metadata"].get("resourceVersion", rv)
-                    if obj.get("spec", {}).get("nodeName"):
-                        self._bound(obj["metadata"]["name"])
-                        self._allocate(obj)
-                    if self.stop.is_set():
-                        return
-            except Exception as exc:  # the stream broke: resume from the last version
-                if self.stop.is_set():
-                    return
-                log(f"watch of {self.path} broke ({exc}); resuming")
+        follow_watch(self.kube, self.path, self.rv, self.stop, self._event)
+
+    def _event(self, _: str, obj: dict[str, Any]) -> None:
+        if obj.get("spec", {}).get("nodeName"):
+            self._bound(obj["metadata"]["name"])
+            self._allocate(obj)
 
     def measure_window(self, snapshot: Callable[[], dict[str, float]], n: int) -> None:
         """Take `snapshot()` (CPU seconds by process) at the first bind and at the `n`-th:
