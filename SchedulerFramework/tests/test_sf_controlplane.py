@@ -389,7 +389,7 @@ def test_a_condition_decided_on_a_changed_pod_is_written_unless_it_was_bound(
     writer = ConditionWriter(kube)
     base = f"/api/v1/namespaces/{namespace}/pods"
     stale: dict[str, dict[str, Any]] = {}
-    for name in ("changed", "bound", "last"):
+    for name in ("changed", "bound", "recreated", "last"):
         manifest = pod(name, "nobody", {}, {})  # no scheduler of that name: it stays pending
         stale[name] = kube.request("POST", base, body=manifest)
 
@@ -410,11 +410,24 @@ def test_a_condition_decided_on_a_changed_pod_is_written_unless_it_was_bound(
             "target": {"kind": "Node", "name": "elsewhere"},
         }
         kube.request("POST", f"{base}/bound/binding", body=binding)
-        for name in ("changed", "bound", "last"):
+        # and one is deleted and made again under its name: another pod
+        kube.request("DELETE", f"{base}/recreated")
+
+        def deleted() -> bool:
+            try:
+                kube.request("GET", f"{base}/recreated")
+            except KubeError as exc:
+                return exc.status == 404
+            return False
+
+        wait_for(deleted, 30, "recreated deleted")
+        kube.request("POST", base, body=pod("recreated", "nobody", {}, {}))
+        for name in ("changed", "bound", "recreated", "last"):
             writer.unschedulable(parse_pod(stale[name]), "Unschedulable", f"{name}: no room")
         # one thread writes in order: once the last is there, the others were decided
         wait_for(lambda: message("last") == "False: last: no room", 30, "the last condition")
         assert message("changed") == "False: changed: no room"
         assert message("bound") == "True: "
+        assert message("recreated") is None
     finally:
         writer.stop()

@@ -76,8 +76,8 @@ def status_patch(condition: dict[str, Any], resource_version: str) -> dict[str, 
     return body
 
 
-Write = tuple[str, str, str, dict[str, Any]]
-"""(namespace, pod name, resourceVersion the failure was decided on, condition)."""
+Write = tuple[str, str, str, dict[str, Any], str]
+"""(namespace, pod name, resourceVersion the failure was decided on, condition, pod UID)."""
 
 
 class ConditionWriter:
@@ -106,7 +106,7 @@ class ConditionWriter:
             self.written.append((pod.uid, condition))
             return
         version = str((pod.obj.get("metadata") or {}).get("resourceVersion") or "")
-        self._worker.put((pod.namespace, pod.name, version, condition))
+        self._worker.put((pod.namespace, pod.name, version, condition, pod.uid))
 
     def stop(self) -> None:
         """Drops the writes not sent yet and ends the thread."""
@@ -115,7 +115,7 @@ class ConditionWriter:
 
     def _send(self, item: Write) -> None:
         assert self.kube is not None
-        namespace, name, version, condition = item
+        namespace, name, version, condition, uid = item
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         try:
             self._patch(path, version, condition)
@@ -124,8 +124,12 @@ class ConditionWriter:
                 raise
             pod = self.kube.request("GET", path)
             meta = pod.get("metadata") or {}
-            if (pod.get("spec") or {}).get("nodeName") or meta.get("deletionTimestamp"):
-                return  # bound or going since: the condition is not the scheduler's to write
+            if (
+                meta.get("uid") != uid
+                or (pod.get("spec") or {}).get("nodeName")
+                or meta.get("deletionTimestamp")
+            ):
+                return  # another pod, bound or going since: the condition is not to write
             self._patch(path, str(meta.get("resourceVersion") or ""), condition)
 
     def _patch(self, path: str, version: str, condition: dict[str, Any]) -> None:
