@@ -388,9 +388,10 @@ def test_feature_gate_off_schedules_without_topology_and_says_so() -> None:
     uids = gang(c, "old", 10, **{A.gang_topology: "required"})
     c.schedule()
     assert all(nodes_of(c, uids))
-    note = c.events(uids[0], "GangTopologyOff")
-    assert note
-    assert "runs Runtime v1.14.0; feature topology-gang needs" in note[0]
+    (planner,) = [u for u in uids if c.events(u, "GangPlanned")]
+    (note,) = c.events(planner, "GangTopologyOff")  # once, with the plan
+    assert "runs Runtime v1.14.0; feature topology-gang needs" in note
+    assert not any(c.events(u, "GangTopologyOff") for u in uids if u != planner)
 
 
 @pytest.mark.parametrize(

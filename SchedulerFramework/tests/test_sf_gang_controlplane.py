@@ -279,8 +279,19 @@ def test_feature_gate_off_and_bad_group_definitions(
     make_nodes(node_factory, ns, blocks=2, switches=1, per=2, runtime="v1.14.0")
     old = create_gang(core, ns, sel, "old", 3, **{A.gang_topology: "required"})
     wait_for(lambda: set(old) <= set(bound(core, ns)), 60, "gang bound without topology")
-    assert has_event(core, ns, old[0], "GangTopologyOff: topology-aware gang placement is off")
-    assert has_event(core, ns, old[0], "feature topology-gang needs v1.15.0")
+
+    # said once, on the member whose cycle made the plan; a waiting member's GangWaiting says so
+    def planners() -> list[str]:
+        return [p for p in old if has_event(core, ns, p, "GangTopologyOff")]
+
+    wait_for(planners, 30, "GangTopologyOff", describe=lambda: str(events(core, ns, old[0])))
+    (planner,) = planners()
+    assert has_event(core, ns, planner, "GangPlanned")
+    assert has_event(core, ns, planner, "GangTopologyOff: topology-aware gang placement is off")
+    assert has_event(core, ns, planner, "feature topology-gang needs v1.15.0")
+    waiting = [e for p in old for e in events(core, ns, p) if e.startswith("GangWaiting")]
+    assert waiting
+    assert all("placed without topology" in e for e in waiting)
     bad: dict[str, tuple[dict[str, str], dict[str, str], str]] = {
         "nomin": ({A.gang_group: "x"}, {}, "has no minimum: set annotation"),
         "notint": ({A.gang_group: "x", A.gang_min_members: "two"}, {}, "must be an integer"),

@@ -582,6 +582,8 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
             f"gang {g.key}: {need} member(s) planned on {claimed} node(s) ({how}); they reserve "
             f"within {spec.timeout_s:g}s",
         )
+        if note:  # said once, with the plan: each member's GangWaiting names the placement
+            self.handle.event(pod, "Normal", "GangTopologyOff", note)
         return SUCCESS
 
     def _need(self, pod: PodInfo, g: _Gang, spec: GangSpec, need: int) -> GangNeed:
@@ -859,8 +861,6 @@ class Coscheduling(PodEventPlugin, PreFilterPlugin, FilterPlugin, ReservePlugin,
                 return unschedulable(f"gang {g.key} timed out before this member reserved"), 0.0
             g.waiting.add(pod.uid)
             self._update_gauges()
-            if g.plan is not None and g.plan.gate_note:
-                self.handle.event(pod, "Normal", "GangTopologyOff", g.plan.gate_note)
             self.handle.event(
                 pod,
                 "Normal",
