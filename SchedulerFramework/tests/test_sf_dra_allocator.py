@@ -15,6 +15,7 @@ from lj_runtimekit.deviceplugin.internal.dra.classes import device_classes, prof
 from lj_runtimekit.deviceplugin.internal.dra.slices import build_slices
 from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.protocol import load_protocol
+from lj_runtimekit.schedulerframework.internal.dra import allocator
 from lj_runtimekit.schedulerframework.internal.dra.allocator import (
     ClaimProblem,
     allocate,
@@ -305,3 +306,13 @@ def test_a_changed_device_class_selects_anew() -> None:
     assert refused(state, "n", claim(state, exactly("g", WHOLE)))
     state.update_class(whole)
     place(state, "n", claim(state, exactly("g", WHOLE)))
+
+
+def test_the_device_selection_memo_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator, "MAX_DEVICE_SELECTIONS", 3)
+    state = cluster({f"n{i}": synthetic_gpus(1, pb.DEVICE_MODE_EXCLUSIVE) for i in range(5)})
+    c = claim(state, exactly("g", WHOLE))
+    for i in range(5):
+        place(state, f"n{i}", c)
+        state.forget(c.uid)
+        assert len(state.devices_matching) <= 3

@@ -33,7 +33,11 @@ from lj_runtimekit.schedulerframework.internal.dra.objects import (
     Request,
     Result,
 )
-from lj_runtimekit.schedulerframework.internal.dra.state import DraState, Selection
+from lj_runtimekit.schedulerframework.internal.dra.state import (
+    MAX_DEVICE_SELECTIONS,
+    DraState,
+    Selection,
+)
 
 MAX_STEPS = 10_000
 NO_SCHEDULE_EFFECTS = ("NoSchedule", "NoExecute")
@@ -119,6 +123,8 @@ class _Search:
                 for d in self.devices
                 if self.matches(d, request, reasons)
             )
+            if len(self.state.devices_matching) >= MAX_DEVICE_SELECTIONS:
+                self.state.devices_matching.clear()
             memo = self.state.devices_matching[key] = (found, frozenset(reasons))
         self.reasons |= memo[1]
         return memo[0]

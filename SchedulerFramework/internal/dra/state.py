@@ -29,6 +29,10 @@ from lj_runtimekit.schedulerframework.internal.dra.objects import (
     parse_slice,
 )
 
+MAX_DEVICE_SELECTIONS = 1 << 16
+"""Entries of `DraState.devices_matching` kept (nodes times request shapes); past that the
+memo starts again (claims may each have their own selectors)."""
+
 Selection = tuple[tuple[Device, Mapping[str, Decimal] | None], ...]
 """A node's devices a request selects, each with what the request would take of it (None:
 it cannot have it)."""
