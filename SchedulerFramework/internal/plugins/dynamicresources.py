@@ -168,10 +168,7 @@ class DynamicResources(
         nodes: set[str] = set()
         for entry, name in pod_claim_names(pod.obj):
             if name is None:
-                return None, unschedulable(
-                    f"waiting for the ResourceClaim of pod claim {entry} to be made from "
-                    "its template"
-                )
+                return None, unschedulable(f"waiting for {_unmade(entry)}")
             if not name:
                 continue  # the template made no claim for it: nothing to allocate
             claim = dra.claims.get(f"{pod.namespace}/{name}")
@@ -396,12 +393,16 @@ def _devices_of(item: ClaimAllocation) -> set[tuple[str, str, str]]:
     return {r.key for r in item.results}
 
 
+def _unmade(entry: str) -> str:
+    return f"the ResourceClaim of pod claim {entry} to be made from its template"
+
+
 def claim_awaited(dra: DraState, pod: PodInfo) -> str | None:
     """What one of the pod's ResourceClaims still waits for (None: each is made and in the
     scheduler's cache)."""
     for entry, name in pod_claim_names(pod.obj):
         if name is None:
-            return f"the ResourceClaim of pod claim {entry} to be made from its template"
+            return _unmade(entry)
         if name and f"{pod.namespace}/{name}" not in dra.claims:
             return f"ResourceClaim {pod.namespace}/{name}"
     return None
