@@ -16,6 +16,8 @@ from lj_runtimekit.proto.lingjun.runtime.v1 import runtime_pb2 as pb
 from lj_runtimekit.proto.pkg.protocol import DRA_MODE, NodeDevice, encode_inventory
 from lj_runtimekit.schedulerframework.internal.cache.cache import Cache
 from lj_runtimekit.schedulerframework.internal.cache.podinfo import parse_pod
+from lj_runtimekit.schedulerframework.internal.dra.allocator import allocate
+from lj_runtimekit.schedulerframework.internal.dra.objects import allocation_to_api
 from lj_runtimekit.schedulerframework.internal.extender.server import Extender
 from lj_runtimekit.schedulerframework.internal.plugins.dynamicresources import claim_names
 from lj_runtimekit.testkit.dra import exactly, synthetic_gpus
@@ -229,3 +231,63 @@ def test_gang_plans_once_every_members_claims_are_made_and_wakes_them_all(
     wait_for(settled, 5, "the gang placed or refused to both members", interval_s=0.01)
     planned = [e for uid in (first, second) for e in cluster.events(uid, "GangPlanned")]
     assert len(planned) == (1 if gpus == 2 else 0)
+
+
+def test_a_claim_event_brings_back_the_pods_it_may_help(make_cluster: MakeCluster) -> None:
+    """As upstream's queueing hint: a claim made or changed brings back the pods that use
+    it, not every pod turned away for devices; a claim whose devices are freed (its
+    allocation gone, or the claim deleted) brings back every one of them."""
+    cluster = make_cluster(NO_BACKOFF)
+    cluster.add_node("a", labels=DRA_LABEL)
+    scheduler = cluster.scheduler
+    for device_class in device_classes(PROTOCOL, extended_resources=False):
+        scheduler.on_device_class("ADDED", device_class)
+    for obj in build_slices(
+        synthetic_gpus(1, pb.DEVICE_MODE_EXCLUSIVE), node_name="a", protocol=PROTOCOL, generation=1
+    ):
+        scheduler.on_resource_slice("ADDED", obj)
+    request = exactly("gpu", PROTOCOL.dra.whole_class("gpu"))
+
+    def claim(name: str, version: int, allocation: Mapping[str, Any] | None = None) -> None:
+        meta = {"name": name, "namespace": "default", "uid": f"uid-{name}"}
+        obj = {
+            "metadata": {**meta, "resourceVersion": str(version)},
+            "spec": {"devices": {"requests": [request]}},
+            "status": {"allocation": allocation} if allocation else {},
+        }
+        scheduler.on_resource_claim("MODIFIED" if version > 1 else "ADDED", obj)
+
+    # the only GPU is held by the claim "held"
+    claim("held", 1)
+    held = scheduler.cache.dra.claims["default/held"]
+    planned, _ = allocate(scheduler.cache.dra, "a", [held])
+    assert planned is not None
+    (results,) = [item.results for item in planned]
+    allocation = allocation_to_api("a", results, (), "2026-01-01T00:00:00Z")
+    claim("held", 2, allocation)
+    claim("mine", 1)
+    uid = cluster.add_pod(
+        "waiter", {"cpu": "1"}, resourceClaims=[{"name": "gpu", "resourceClaimName": "mine"}]
+    )
+    assert cluster.schedule() == 1
+    assert "no node has a free device" in cluster.events(uid, "FailedScheduling")[-1]
+
+    def moved_by(change: Callable[[], None]) -> bool:
+        """Whether the claim event took the waiter out of the unschedulable pods."""
+        change()
+        moved = scheduler.queue.counts()["unschedulable"] == 0
+        wait_for(
+            lambda: cluster.schedule() >= 0 and scheduler.queue.counts()["unschedulable"] == 1,
+            5,
+            "the waiter tried again and turned away",
+            interval_s=0.01,
+        )
+        return moved
+
+    assert not moved_by(lambda: claim("another", 1))  # not the waiter's, frees nothing
+    assert moved_by(lambda: claim("mine", 2))  # the waiter's own claim changed
+    assert not moved_by(lambda: claim("held", 3, allocation))  # still holds the GPU
+    claim("held", 4)  # its allocation went: the GPU is free
+    assert scheduler.queue.counts()["unschedulable"] == 0
+    wait_for(lambda: cluster.schedule() > 0, 5, "the waiter tried again", interval_s=0.01)
+    assert scheduler.cache.pods[uid].node == "a"  # placed on the freed GPU

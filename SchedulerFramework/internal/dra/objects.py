@@ -463,6 +463,17 @@ def pod_claim_names(pod: Mapping[str, Any]) -> list[tuple[str, str | None]]:
     return out
 
 
+def uses_claim(pod: Mapping[str, Any], claim: Claim) -> bool:
+    """Whether the pod uses `claim`: names it, or owns it (made from one of its templates,
+    before the pod's status names it)."""
+    meta = pod.get("metadata") or {}
+    if meta.get("namespace", "default") != claim.namespace:
+        return False
+    return claim.owner_uid == meta.get("uid") or any(
+        name == claim.name for _, name in pod_claim_names(pod)
+    )
+
+
 def allocation_to_api(
     node: str, results: Sequence[Result], config: Sequence[Mapping[str, Any]], timestamp: str
 ) -> dict[str, Any]:

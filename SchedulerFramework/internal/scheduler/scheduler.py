@@ -29,6 +29,7 @@ from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
     parse_pod,
 )
 from lj_runtimekit.schedulerframework.internal.config.config import Config
+from lj_runtimekit.schedulerframework.internal.dra.objects import uses_claim
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     PodEventPlugin,
     QueueingHintPlugin,
@@ -494,16 +495,26 @@ class Scheduler:
         with self._cache.lock:
             dra = self._cache.dra
             before = dra.claims.get(key)
-            if etype == "DELETED":
+            after = None if etype == "DELETED" else dra.update_claim(obj)
+            if after is None:
                 dra.remove_claim(key)
-                after = None
-            else:
-                after = dra.update_claim(obj).allocation
-            if (before.allocation if before else None) != after:
+            held = before.allocation if before else None
+            if held != (after.allocation if after else None):
                 self._cache.devices_changed()  # devices held or freed
             else:
                 self._cache.generation += 1  # e.g. a claim made for a pod from its template
-        self._cluster_event(ClusterEvent.RESOURCE_CLAIM)
+        if after is None or (held is not None and held != after.allocation):
+            self._cluster_event(ClusterEvent.RESOURCE_CLAIM)  # gone, or its devices freed
+            return
+        claim = after
+
+        def uses(pod: PodInfo, _plugin: str) -> bool:
+            # as upstream's queueing hint: a claim made, allocated or reserved matters to
+            # the pods that use it alone (a gang's members waiting for the others' claims
+            # are woken by the gang once the last one is there)
+            return uses_claim(pod.obj, claim)
+
+        self._cluster_event(ClusterEvent.RESOURCE_CLAIM, uses)
 
     def on_device_class(self, etype: str, obj: KubeObject) -> None:
         with self._cache.lock:
