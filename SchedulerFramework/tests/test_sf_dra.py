@@ -276,12 +276,12 @@ def test_a_claim_event_brings_back_the_pods_it_may_help(make_cluster: MakeCluste
         """Whether the claim event took the waiter out of the unschedulable pods."""
         change()
         moved = scheduler.queue.counts()["unschedulable"] == 0
-        wait_for(
-            lambda: cluster.schedule() >= 0 and scheduler.queue.counts()["unschedulable"] == 1,
-            5,
-            "the waiter tried again and turned away",
-            interval_s=0.01,
-        )
+
+        def turned_away_again() -> bool:
+            cluster.schedule()
+            return scheduler.queue.counts()["unschedulable"] == 1
+
+        wait_for(turned_away_again, 5, "the waiter tried again and turned away", interval_s=0.01)
         return moved
 
     assert not moved_by(lambda: claim("another", 1))  # not the waiter's, frees nothing

@@ -29,7 +29,7 @@ from lj_runtimekit.schedulerframework.internal.cache.podinfo import (
     parse_pod,
 )
 from lj_runtimekit.schedulerframework.internal.config.config import Config
-from lj_runtimekit.schedulerframework.internal.dra.objects import uses_claim
+from lj_runtimekit.schedulerframework.internal.dra.objects import Claim, uses_claim
 from lj_runtimekit.schedulerframework.internal.framework.interface import (
     PodEventPlugin,
     QueueingHintPlugin,
@@ -495,15 +495,18 @@ class Scheduler:
         with self._cache.lock:
             dra = self._cache.dra
             before = dra.claims.get(key)
-            after = None if etype == "DELETED" else dra.update_claim(obj)
-            if after is None:
+            after: Claim | None = None
+            if etype == "DELETED":
                 dra.remove_claim(key)
+            else:
+                after = dra.update_claim(obj)
             held = before.allocation if before else None
-            if held != (after.allocation if after else None):
+            now = after.allocation if after else None
+            if held != now:
                 self._cache.devices_changed()  # devices held or freed
             else:
                 self._cache.generation += 1  # e.g. a claim made for a pod from its template
-        if after is None or (held is not None and held != after.allocation):
+        if after is None or (held is not None and held != now):
             self._cluster_event(ClusterEvent.RESOURCE_CLAIM)  # gone, or its devices freed
             return
         claim = after
